@@ -1,0 +1,40 @@
+"""Recipe section ``workload`` for CNN image classification (``workload.kind: cnn``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CNNWorkloadConfig:
+    kind: str = "cnn"
+    """Workload family tag; selects this schema."""
+    model: str = "simple_cnn"
+    """simple_cnn | resnet18_cifar | torchvision:<name> (any torchvision classification model)."""
+    dataset: str = "digits"
+    """digits (scikit-learn's bundled 8x8 digits) | synthetic | cifar10 | imagefolder."""
+    data_root: str | None = None
+    """Folder of the data set: CIFAR-10 root (holding cifar-10-batches-py) or an ImageFolder root
+    (with train/ and val/ sub-folders)."""
+    download: bool = False
+    """CIFAR-10 only: download into data_root when absent (needs torchvision and internet)."""
+    num_classes: int = 10
+    """Number of classes (synthetic data; checked against the data set otherwise)."""
+    image_size: int = 32
+    """Side of the square images fed to the model (synthetic, digits and imagefolder resize to it)."""
+    synthetic_train_size: int = 50000
+    """Synthetic data: number of training images."""
+    synthetic_val_size: int = 10000
+    """Synthetic data: number of validation images."""
+    val_fraction: float = 0.2
+    """digits: fraction held out as the test split (stratified, seeded)."""
+    augment: bool = False
+    """Random crop (padding 4) and horizontal flip on training batches."""
+    data_on_device: str = "auto"
+    """auto | true | false: keep tensor data sets on the accelerator and augment there."""
+    loader_workers: int = 4
+    """imagefolder: DataLoader worker processes per training worker."""
+    pin_memory: bool = True
+    """imagefolder: pinned host memory for faster host-to-GPU copies."""
+    label_smoothing: float = 0.0
+    """Cross-entropy label smoothing."""
