@@ -21,7 +21,7 @@ class CNNWorkloadConfig:
     num_classes: int = 10
     """Number of classes (synthetic data; checked against the data set otherwise)."""
     image_size: int = 32
-    """Side of the square images fed to the model (synthetic, digits and imagefolder resize to it)."""
+    """Side of the square images fed to the model (synthetic, digits, imagefolder resize to it)."""
     synthetic_train_size: int = 50000
     """Synthetic data: number of training images."""
     synthetic_val_size: int = 10000

@@ -1,0 +1,126 @@
+"""Sharding and batching: one DistributedSampler built by the runtime, two ways to batch.
+
+- Tensor data (``TensorData``) stays where it is — on the GPU when it fits — and batches are
+  gathered by index on the device: no DataLoader, no per-step host-to-device copy.
+- A map-style ``Dataset`` goes through a DataLoader with the runtime's own sampler, so that
+  worker processes, pinned memory and persistent workers are kept (Ray's
+  ``prepare_data_loader`` would rebuild the loader and drop them).
+
+The sampler can start an epoch part-way, which is how a mid-epoch checkpoint resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from runtime.distributed import WorkerContext
+from runtime.workloads.base import Split, TensorData
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class ShardSampler(DistributedSampler):
+    """DistributedSampler over indices 0..n-1 (shuffled per epoch, padded to equal shards)
+    that can skip the first samples of an epoch."""
+
+    def __init__(self, length: int, ctx: WorkerContext, seed: int, shuffle: bool = True) -> None:
+        super().__init__(
+            range(length), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed
+        )
+        self.skip = 0
+
+    def set_position(self, epoch: int, skip: int = 0) -> None:
+        self.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self.skip :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+def micro_batches_per_epoch(length: int, ctx: WorkerContext, batch_size: int) -> int:
+    """Full micro-batches each rank sees per epoch (the last partial one is dropped)."""
+    per_rank = -(-length // ctx.world_size)  # DistributedSampler pads to equal shards
+    return per_rank // batch_size
+
+
+class TrainBatches:
+    """Iterates one rank's training micro-batches, epoch by epoch."""
+
+    def __init__(
+        self,
+        split: Split,
+        ctx: WorkerContext,
+        batch_size: int,
+        seed: int,
+        loader_workers: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        self.split = split
+        self.device = ctx.device
+        self.batch_size = batch_size
+        self.sampler = ShardSampler(len(split), ctx, seed)  # type: ignore[arg-type]
+        self.loader: DataLoader | None = None
+        if not isinstance(split, TensorData):
+            self.loader = DataLoader(
+                split,
+                batch_size=batch_size,
+                sampler=self.sampler,
+                drop_last=True,
+                num_workers=loader_workers,
+                pin_memory=pin_memory and ctx.device.type == "cuda",
+                persistent_workers=loader_workers > 0,
+                prefetch_factor=4 if loader_workers > 0 else None,
+            )
+
+    def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Batch]:
+        self.sampler.set_position(epoch, skip_batches * self.batch_size)
+        if self.loader is not None:
+            for inputs, targets in self.loader:
+                yield (
+                    inputs.to(self.device, non_blocking=True),
+                    targets.to(self.device, non_blocking=True),
+                )
+            return
+        assert isinstance(self.split, TensorData)
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        order = order.to(self.split.inputs.device)
+        for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
+            idx = order[start : start + self.batch_size]
+            yield (
+                _to(self.split.inputs[idx], self.device),
+                _to(self.split.targets[idx], self.device),
+            )
+
+
+def eval_batches(
+    split: Split, ctx: WorkerContext, batch_size: int, loader_workers: int = 0
+) -> Iterator[Batch]:
+    """This rank's share of a validation split: every sample exactly once over all ranks
+    (strided, not padded, so metrics are exact)."""
+    indices = torch.arange(ctx.rank, len(split), ctx.world_size)  # type: ignore[arg-type]
+    if isinstance(split, TensorData):
+        indices = indices.to(split.inputs.device)
+        for start in range(0, len(indices), batch_size):
+            idx = indices[start : start + batch_size]
+            yield _to(split.inputs[idx], ctx.device), _to(split.targets[idx], ctx.device)
+        return
+    assert isinstance(split, Dataset)
+    loader = DataLoader(
+        torch.utils.data.Subset(split, indices.tolist()),
+        batch_size=batch_size,
+        num_workers=loader_workers,
+        pin_memory=ctx.device.type == "cuda",
+    )
+    for inputs, targets in loader:
+        yield _to(inputs, ctx.device), _to(targets, ctx.device)
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)

@@ -1,0 +1,101 @@
+"""Who am I in the worker group, and the few collectives the loop needs.
+
+Ray Train has already created the process group (nccl on GPU, gloo on CPU) when a worker's
+loop starts; these helpers also work without one (world size 1, plain tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def ray_context() -> WorkerContext:
+    """The context of a Ray Train worker."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    return WorkerContext(
+        rank=ctx.get_world_rank(),
+        local_rank=ctx.get_local_rank(),
+        world_size=ctx.get_world_size(),
+        node_rank=ctx.get_node_rank(),
+        device=ray.train.torch.get_device(),
+    )
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def wrap(model: nn.Module, ctx: WorkerContext) -> nn.Module:
+    """DDP when there is more than one rank; the bare module otherwise (no wrapper, no no_sync)."""
+    if ctx.world_size == 1:
+        return model
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def sync_context(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient all-reduce on non-final micro-steps of an accumulation window."""
+    if sync or not isinstance(model, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def all_reduce_sums(
+    values: dict[str, torch.Tensor | float], device: torch.device
+) -> dict[str, float]:
+    """Sum each value over ranks in one collective; returns plain floats."""
+    keys = sorted(values)
+    packed = torch.stack(
+        [torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys]
+    )
+    if is_initialized():
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, packed.tolist(), strict=True))
+
+
+def all_gather_objects(obj: Any, world_size: int) -> list[Any]:
+    if not is_initialized() or world_size == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+@contextlib.contextmanager
+def main_first(ctx: WorkerContext) -> Iterator[None]:
+    """Let rank 0 do something first (e.g. fill a cache) while the others wait."""
+    if not ctx.is_main and is_initialized():
+        dist.barrier()
+    yield
+    if ctx.is_main and is_initialized():
+        dist.barrier()

@@ -1,0 +1,162 @@
+"""Driver side of ``trainforge train``: connect to Ray, check resources, open the MLflow run,
+build the ``TorchTrainer`` and run it.
+
+Every check that can fail because of the user's request happens here, before any worker
+starts, and raises RecipeError.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from runtime import config, tracking
+from runtime.errors import RecipeError
+
+FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
+
+
+def connect() -> None:
+    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or None
+    # The local dashboard stays on loopback; Ray Train's state queries need it.
+    ray.init(address=address, log_to_driver=True, dashboard_host="127.0.0.1")
+
+
+def worker_resources(scaling: Any, use_gpu: bool) -> dict[str, float]:
+    resources = dict(scaling.resources_per_worker)
+    resources.setdefault("CPU", 1)
+    if use_gpu:
+        resources.setdefault("GPU", 1)
+    return resources
+
+
+def check_resources(scaling: Any, available: dict[str, float]) -> bool:
+    """Raise RecipeError when the cluster cannot host the workers; return whether to use GPUs.
+    Resolves ``use_all_gpus`` into ``num_workers``."""
+    gpus = available.get("GPU", 0)
+    if scaling.use_all_gpus:
+        if gpus < 1 or scaling.use_gpu == "false":
+            raise RecipeError("scaling.use_all_gpus: true, but the Ray cluster has no GPU to use")
+        scaling.num_workers = int(gpus // scaling.resources_per_worker.get("GPU", 1))
+    if scaling.use_gpu == "true" and gpus == 0:
+        raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
+    use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
+    for resource, amount in worker_resources(scaling, use_gpu).items():
+        need, have = amount * scaling.num_workers, available.get(resource, 0)
+        if need > have:
+            raise RecipeError(
+                f"scaling.num_workers: {scaling.num_workers} workers × {amount:g} {resource} "
+                f"need {need:g} {resource}, but the Ray cluster has {have:g}"
+            )
+    return use_gpu
+
+
+def storage_root(run: Any) -> str:
+    """Absolute storage path (Ray workers run elsewhere); URIs such as s3:// pass through."""
+    if "://" in run.storage_path:
+        return run.storage_path
+    return str(Path(run.storage_path).expanduser().resolve())
+
+
+def check_existing_run(cfg: DictConfig, storage: str) -> None:
+    if "://" in storage:
+        return
+    run_dir = Path(storage) / cfg.run.name
+    if run_dir.exists() and not cfg.checkpoint.resume:
+        raise RecipeError(
+            f"run.name: a run named {cfg.run.name!r} exists at {run_dir} and checkpoint.resume is "
+            "false; pick another run.name or set checkpoint.resume=true"
+        )
+
+
+def train(cfg: DictConfig) -> int:
+    """Run the recipe to completion. Returns the process exit status."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from runtime.workloads import check_workload_data
+
+    check_workload_data(cfg.workload)
+    storage = storage_root(cfg.run)
+    check_existing_run(cfg, storage)
+    connect()
+    use_gpu = check_resources(cfg.scaling, ray.cluster_resources())
+
+    recipe = config.to_container(cfg)
+    recipe_yaml = config.to_yaml(cfg)
+    payload: dict[str, Any] = {"recipe": recipe}
+    if os.environ.get(FAIL_AFTER_EPOCH_ENV):
+        payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
+    handle = None
+    if cfg.tracking.enabled:
+        handle = tracking.start_run(cfg.tracking, cfg.run.name, recipe, recipe_yaml)
+        payload["mlflow"] = {"tracking_uri": handle.tracking_uri, "run_id": handle.run_id}
+        state = "reopened" if handle.resumed else "created"
+        print(f"[trainforge] MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
+
+    # ray.train.report blocks once the controller's one-slot result queue is full, until the
+    # controller's next poll (2 s by default): poll faster so short epochs don't wait on it.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    trainer = TorchTrainer(
+        train_loop_per_worker=_worker_entry,
+        train_loop_config=payload,
+        torch_config=TorchConfig(
+            backend="nccl" if use_gpu else "gloo", timeout_s=cfg.scaling.timeout_s
+        ),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=cfg.scaling.num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker=worker_resources(cfg.scaling, use_gpu),
+            placement_strategy=cfg.scaling.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=cfg.run.name,
+            storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            # Ray Train logs every report at INFO; our own progress lines say what matters.
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+        ),
+    )
+    status = "FAILED"
+    try:
+        result = trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
+        return 130
+    except ray.train.TrainingFailedError as exc:
+        print(f"[trainforge] training failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if handle is not None:
+            tracking.end_run(handle, status)
+
+    print(f"[trainforge] run {cfg.run.name!r} finished: {_format(result.metrics)}")
+    if result.checkpoint is not None:
+        print(f"[trainforge] latest checkpoint: {result.checkpoint.path}")
+    return 0
+
+
+def _worker_entry(payload: dict[str, Any]) -> None:
+    # Imported in the worker so the driver does not pay for the loop's imports twice.
+    from runtime.trainer import train_worker
+
+    train_worker(payload)
+
+
+def _format(metrics: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(metrics.items())
+    )

@@ -1,0 +1,50 @@
+"""Optimizer and learning-rate schedule from the recipe's ``train`` section."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def build_optimizer(model: nn.Module, train: Any) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # fused kernels are one launch per step instead of one per tensor (CUDA only)
+    fused = {"fused": True} if params and params[0].is_cuda else {}
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, **fused)
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, **fused)
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=train.lr,
+            momentum=train.momentum,
+            nesterov=train.momentum > 0,
+            weight_decay=train.weight_decay,
+        )
+    raise AssertionError(f"unvalidated optimizer {train.optimizer}")
+
+
+def lr_factor(step: int, total_steps: int, train: Any) -> float:
+    """Multiplier of the peak LR at optimizer step ``step`` (0-based)."""
+    if train.warmup_steps and step < train.warmup_steps:
+        return (step + 1) / train.warmup_steps
+    if train.schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - train.warmup_steps)
+    progress = min(1.0, (step - train.warmup_steps) / decay_steps)
+    floor = train.min_lr_ratio
+    if train.schedule == "cosine":
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return floor + (1 - floor) * (1 - progress)  # linear
+
+
+def build_schedule(
+    optimizer: torch.optim.Optimizer, train: Any, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, total_steps, train)
+    )

@@ -1,0 +1,84 @@
+"""Progress lines from rank 0: epoch, step, loss, throughput and ETA — plus perf metrics."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from runtime.checkpoint import Position
+from runtime.distributed import WorkerContext
+
+
+class Progress:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        total_steps: int,
+        epochs: int,
+        global_batch: int,
+        facts: dict[str, Any],
+    ) -> None:
+        self.ctx = ctx
+        self.total_steps = total_steps
+        self.epochs = epochs
+        self.global_batch = global_batch
+        self.facts = facts
+        self.started = self.last = time.perf_counter()
+        self.first_step = 0
+        self.step_ms = 0.0
+
+    def start(self, position: Position) -> None:
+        self.started = self.last = time.perf_counter()
+        self.first_step = position.global_step
+        facts = ", ".join(f"{k}={v}" for k, v in self.facts.items())
+        resumed = f", resuming at epoch {position.epoch + 1} step {position.global_step}"
+        self._print(
+            f"training {self.total_steps} steps over {self.epochs} epochs on "
+            f"{self.ctx.world_size} worker(s) ({self.ctx.device.type}), global batch "
+            f"{self.global_batch}{resumed if position.global_step else ''}; {facts}"
+        )
+
+    def step_metrics(self, position: Position, steps: int) -> dict[str, float]:
+        """Throughput since the previous call (the caller has already synchronised the device
+        by reading the loss)."""
+        now = time.perf_counter()
+        elapsed = max(now - self.last, 1e-9)
+        self.last = now
+        self.step_ms = 1000 * elapsed / steps
+        metrics = {
+            "perf/step_ms": self.step_ms,
+            "perf/samples_per_s": self.global_batch * steps / elapsed,
+        }
+        if self.ctx.device.type == "cuda":
+            metrics["sys/gpu_mem_gb"] = torch.cuda.max_memory_allocated(self.ctx.device) / 1e9
+        return metrics
+
+    def log_step(self, position: Position, metrics: dict[str, float]) -> None:
+        remaining = (self.total_steps - position.global_step) * self.step_ms / 1000
+        self._print(
+            f"epoch {position.epoch + 1}/{self.epochs} step {position.global_step}/"
+            f"{self.total_steps} loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
+            f"{metrics['perf/samples_per_s']:,.0f} samples/s {self.step_ms:.1f} ms/step "
+            f"eta {timedelta(seconds=round(remaining))}"
+        )
+
+    def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
+        shown = {k: v for k, v in metrics.items() if k.startswith(("val/", "train/loss"))}
+        text = " ".join(f"{k} {v:.4f}" for k, v in shown.items())
+        self._print(f"epoch {epoch + 1}/{self.epochs} done: {text}")
+
+    def finish(self, position: Position) -> None:
+        elapsed = time.perf_counter() - self.started
+        steps = position.global_step - self.first_step
+        rate = f", {self.global_batch * steps / elapsed:,.0f} samples/s" if steps else ""
+        self._print(f"finished at step {position.global_step} in {elapsed:.1f} s{rate}")
+
+    def _print(self, text: str) -> None:
+        if self.ctx.is_main:
+            # Not print(): Ray Train patches print in workers and the line would appear twice.
+            sys.stdout.write(f"[trainforge] {text}\n")
+            sys.stdout.flush()

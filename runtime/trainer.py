@@ -1,0 +1,250 @@
+"""The training loop every Ray Train worker runs — one loop, read it top to bottom.
+
+Per optimizer step: ``grad_accum_steps`` micro-batches, each forward+backward under autocast,
+DDP's all-reduce skipped on all but the last (``no_sync``), the loss divided by the number of
+micro-steps so the accumulated gradient is the mean; then unscale → clip → step → LR schedule.
+Progress and metrics every ``log_every_steps``; evaluation and checkpoints at epoch ends.
+Every rank reaches every ``ray.train.report`` call (epoch ends and checkpoints): it is a barrier.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from runtime import config, distributed
+from runtime.checkpoint import Checkpointer, Position, restore_rng
+from runtime.data import TrainBatches, eval_batches, micro_batches_per_epoch
+from runtime.distributed import WorkerContext
+from runtime.optim import build_optimizer, build_schedule
+from runtime.precision import Precision
+from runtime.progress import Progress
+from runtime.tracking import WorkerTracker
+from runtime.workloads import build_workload
+from runtime.workloads.base import Workload
+
+
+def train_worker(payload: dict[str, Any]) -> None:
+    """Entry point of each Ray Train worker. ``payload`` comes from ``runtime.launch``."""
+    run(payload, distributed.ray_context())
+
+
+def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
+    cfg = config.from_container(payload["recipe"])
+    train_cfg, precision_cfg = cfg.train, cfg.precision
+    setup_backends(precision_cfg, ctx)
+    seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
+
+    workload = build_workload(cfg.workload, seed=cfg.run.seed, precision=precision_cfg)
+    with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
+        train_split, val_split = workload.datasets(ctx.device)
+    torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
+    model = workload.build_model().to(ctx.device)
+    if precision_cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(model, train_cfg)
+    precision = Precision(precision_cfg.dtype, ctx.device)
+
+    loader_workers = getattr(cfg.workload, "loader_workers", 0)
+    batches = TrainBatches(
+        train_split,
+        ctx,
+        train_cfg.batch_size,
+        seed=cfg.run.seed,
+        loader_workers=loader_workers,
+        pin_memory=getattr(cfg.workload, "pin_memory", False),
+    )
+    micro_per_epoch = micro_batches_per_epoch(len(train_split), ctx, train_cfg.batch_size)
+    steps_per_epoch = micro_per_epoch // train_cfg.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"train.batch_size={train_cfg.batch_size} × grad_accum_steps="
+            f"{train_cfg.grad_accum_steps} is larger than a worker's shard of "
+            f"{len(train_split)} / {ctx.world_size} samples: no optimizer step fits in an epoch"
+        )
+    total_steps = train_cfg.max_steps or steps_per_epoch * train_cfg.epochs
+    epochs = -(-total_steps // steps_per_epoch)
+    scheduler = build_schedule(optimizer, train_cfg, total_steps)
+
+    checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg))
+    position = restore(checkpointer.latest(), model, optimizer, scheduler, precision, ctx)
+    train_model = distributed.wrap(model, ctx)
+    if precision_cfg.compile:
+        train_model = torch.compile(train_model)
+
+    tracker = WorkerTracker(payload.get("mlflow"), ctx)
+    global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
+    progress = Progress(ctx, total_steps, epochs, global_batch, workload.describe())
+    progress.start(position)
+    fail_after_epoch = payload.get("fail_after_epoch")
+
+    def state() -> dict[str, Any]:
+        return {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": precision.state_dict(),
+            "epoch": position.epoch,
+            "step_in_epoch": position.step_in_epoch,
+            "global_step": position.global_step,
+        }
+
+    loss_sum = torch.zeros((), device=ctx.device)
+    steps_since_log = 0
+    metrics: dict[str, float] = {}
+    while position.epoch < epochs and position.global_step < total_steps:
+        epoch = position.epoch
+        train_model.train()
+        micro_batches = batches.epoch(
+            epoch, skip_batches=position.step_in_epoch * train_cfg.grad_accum_steps
+        )
+        while position.step_in_epoch < steps_per_epoch and position.global_step < total_steps:
+            window = [next(micro_batches) for _ in range(train_cfg.grad_accum_steps)]
+            log_now = (position.global_step + 1) % train_cfg.log_every_steps == 0
+            loss, grad_norm = optimizer_step(
+                train_model, window, workload, precision, optimizer,
+                train_cfg.clip_grad_norm, measure_norm=log_now,
+            )  # fmt: skip
+            scheduler.step()
+            position.step_in_epoch += 1
+            position.global_step += 1
+            loss_sum += loss
+            steps_since_log += 1
+
+            if log_now:
+                metrics = train_metrics(loss_sum, steps_since_log, grad_norm, scheduler, ctx)
+                metrics.update(progress.step_metrics(position, steps_since_log))
+                loss_sum.zero_()
+                steps_since_log = 0
+                tracker.log(metrics, position.global_step)
+                progress.log_step(position, metrics)
+            # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
+            # for the Ray Train controller's poll once its one-slot queue is full.
+            if checkpointer.due_after_step(position.global_step):
+                tracker.flush()
+                checkpointer.report(metrics | {"epoch": epoch}, state)
+
+        micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
+        last = position.global_step >= total_steps or epoch + 1 >= epochs
+        if last or (epoch + 1) % train_cfg.eval_every_epochs == 0:
+            metrics = metrics | evaluate(model, val_split, workload, precision, ctx, train_cfg)
+        metrics = metrics | {"epoch": epoch + 1}
+        tracker.log(metrics, position.global_step)
+        position.epoch, position.step_in_epoch = epoch + 1, 0
+        progress.log_epoch(epoch, metrics)
+        tracker.flush()
+        save = checkpointer.due_after_epoch(epoch, last)
+        checkpointer.report(metrics, state if save else None)
+        if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
+            raise RuntimeError(
+                f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
+            )
+
+    if not metrics:  # resumed a run that had already finished: evaluate and report once more
+        metrics = evaluate(model, val_split, workload, precision, ctx, train_cfg)
+        metrics["epoch"] = position.epoch
+        checkpointer.report(metrics, None)
+    progress.finish(position)
+    tracker.close()
+
+
+def optimizer_step(
+    model: nn.Module,
+    window: list[tuple[torch.Tensor, torch.Tensor]],
+    workload: Workload,
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+    clip_grad_norm: float | None,
+    measure_norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over a window of micro-batches. Returns (mean loss, grad norm)."""
+    micro_steps = len(window)
+    loss_total = torch.zeros((), device=window[0][0].device)
+    for i, (inputs, targets) in enumerate(window):
+        # forward and backward both inside no_sync: DDP decides at backward whether to reduce
+        with distributed.sync_context(model, sync=i == micro_steps - 1):
+            with precision.autocast():
+                loss = workload.loss(model, workload.prepare_batch(inputs, train=True), targets)
+            precision.backward(loss / micro_steps)
+        loss_total += loss.detach().float()
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = precision.step(optimizer, params, clip_grad_norm, measure_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return loss_total / micro_steps, grad_norm
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    split: Any,
+    workload: Workload,
+    precision: Precision,
+    ctx: WorkerContext,
+    train_cfg: Any,
+) -> dict[str, float]:
+    """Validation metrics over the whole split (each sample once across ranks)."""
+    model.eval()
+    sums: dict[str, torch.Tensor] = {}
+    for inputs, targets in eval_batches(split, ctx, batch_size=max(train_cfg.batch_size, 256)):
+        with precision.autocast():
+            batch = workload.eval_sums(model, workload.prepare_batch(inputs, train=False), targets)
+        for key, value in batch.items():
+            sums[key] = sums.get(key, 0) + value.detach().float()
+    model.train()
+    return workload.summarize(distributed.all_reduce_sums(sums, ctx.device))
+
+
+def train_metrics(
+    loss_sum: torch.Tensor,
+    steps: int,
+    grad_norm: torch.Tensor | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ctx: WorkerContext,
+) -> dict[str, float]:
+    values: dict[str, torch.Tensor | float] = {"loss": loss_sum / steps}
+    if grad_norm is not None:
+        values["grad_norm"] = grad_norm
+    summed = distributed.all_reduce_sums(values, ctx.device)  # one collective, one host sync
+    metrics = {f"train/{k}": v / ctx.world_size for k, v in summed.items()}
+    metrics["train/lr"] = scheduler.get_last_lr()[0]
+    return metrics
+
+
+def restore(
+    state: dict[str, Any] | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    precision: Precision,
+    ctx: WorkerContext,
+) -> Position:
+    if state is None:
+        return Position()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    precision.load_state_dict(state["scaler"])
+    if not restore_rng(state["rng"], ctx):
+        seed_everything(int(state["global_step"]) * 1000 + ctx.rank)
+    return Position(state["epoch"], state["step_in_epoch"], state["global_step"])
+
+
+def setup_backends(precision_cfg: Any, ctx: WorkerContext) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = precision_cfg.tf32
+    torch.backends.cudnn.allow_tf32 = precision_cfg.tf32
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+        torch.backends.cudnn.benchmark = True
+    if os.environ.get("OMP_NUM_THREADS") is None and ctx.device.type == "cpu":
+        torch.set_num_threads(1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

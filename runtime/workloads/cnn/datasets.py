@@ -1,0 +1,472 @@
+"""Data sets for the CNN workload, chosen by the recipe key ``workload.dataset``.
+
+Small data sets (digits, synthetic, CIFAR-10) come back as whole normalised tensors, so the
+trainer can keep them on the accelerator and slice batches without a DataLoader. ImageFolder
+trees can be arbitrarily large and come back as lazily decoding map-style ``Dataset``s.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset
+
+from runtime.errors import RecipeError
+from runtime.workloads.cnn.config import CNNWorkloadConfig
+
+KNOWN_DATASETS = ("digits", "synthetic", "cifar10", "imagefolder")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+CIFAR10_FOLDER = "cifar-10-batches-py"
+CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_FILE = "test_batch"
+CIFAR10_NUM_CLASSES = 10
+CIFAR10_IMAGE_SIZE = 32
+
+# ImageFolder trees are usually photos, for which the ImageNet statistics are the convention
+# (and what torchvision's pretrained models expect); computing per-tree statistics would need
+# a full pass over possibly millions of files.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class TensorSplit:
+    """A whole split held in memory."""
+
+    images: torch.Tensor
+    """float32 N×C×H×W, already normalised."""
+    labels: torch.Tensor
+    """int64 N."""
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass
+class CNNData:
+    train: TensorSplit | Dataset
+    """A TensorSplit, or a Dataset whose items are (float32 C×H×W normalised tensor, int label)."""
+    val: TensorSplit | Dataset
+    in_channels: int
+    num_classes: int
+    image_size: int
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def check_data(cfg: CNNWorkloadConfig) -> None:
+    """Cheap driver-side checks (names and paths, no image decoding) before any worker starts."""
+    _check_dataset_name(cfg.dataset)
+    if cfg.dataset == "cifar10":
+        root = _require_data_root(cfg)
+        if not _cifar10_folder(root).is_dir():
+            if not cfg.download:
+                raise _cifar10_missing_error(root)
+            _check_torchvision_installed()
+        else:
+            _check_cifar10_files(root)
+    elif cfg.dataset == "imagefolder":
+        root = _require_data_root(cfg)
+        train_classes = _scan_classes(_split_dir(root, "train"))
+        val_classes = _scan_classes(_split_dir(root, "val"))
+        _check_same_classes(root, train_classes, val_classes)
+        for split, classes in (("train", train_classes), ("val", val_classes)):
+            for name in classes:
+                _require_some_image(root / split / name)
+        _check_num_classes(cfg, len(train_classes), f"imagefolder tree {root}")
+
+
+def load_data(cfg: CNNWorkloadConfig, seed: int, device: torch.device | None = None) -> CNNData:
+    """Load the data set named by ``workload.dataset``.
+
+    ``seed`` fixes the digits split and the synthetic data. ``device`` is only used by the
+    synthetic data set, which is generated there directly; everything else comes back on CPU.
+    """
+    _check_dataset_name(cfg.dataset)
+    if cfg.dataset == "digits":
+        return _load_digits(cfg, seed)
+    if cfg.dataset == "synthetic":
+        return _load_synthetic(cfg, seed, device)
+    if cfg.dataset == "cifar10":
+        return _load_cifar10(cfg)
+    return _load_imagefolder(cfg)
+
+
+def augment_batch(images: torch.Tensor, padding: int = 4) -> torch.Tensor:
+    """Random crop (zero padding ``padding``) and random horizontal flip, per image.
+
+    Runs on the batch's own device with that device's default RNG, as one gather: no Python
+    loop over images, so it stays cheap on the GPU.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"augment_batch expects an N×C×H×W batch, got shape {tuple(images.shape)}")
+    if padding < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    n, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (padding, padding, padding, padding)) if padding else images
+    top = torch.randint(0, 2 * padding + 1, (n, 1), device=device)
+    left = torch.randint(0, 2 * padding + 1, (n, 1), device=device)
+    flip = torch.rand(n, 1, device=device) < 0.5
+    rows = top + torch.arange(h, device=device)
+    across = torch.arange(w, device=device)
+    # Folding the flip into the column index makes crop and flip a single gather.
+    cols = left + torch.where(flip, (w - 1) - across, across)
+    batch_idx = torch.arange(n, device=device).view(n, 1, 1, 1)
+    channel_idx = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch_idx, channel_idx, rows.view(n, 1, h, 1), cols.view(n, 1, 1, w)]
+
+
+# --------------------------------------------------------------------------- shared checks
+
+
+def _check_dataset_name(name: str) -> None:
+    if name not in KNOWN_DATASETS:
+        raise RecipeError(
+            f"workload.dataset={name!r} is not a known data set; "
+            f"choose one of: {', '.join(KNOWN_DATASETS)}"
+        )
+
+
+def _require_data_root(cfg: CNNWorkloadConfig) -> Path:
+    if not cfg.data_root:
+        raise RecipeError(
+            f"workload.data_root is not set, but workload.dataset={cfg.dataset!r} reads its "
+            "images from there"
+        )
+    return Path(cfg.data_root).expanduser()
+
+
+def _check_num_classes(cfg: CNNWorkloadConfig, found: int, where: str) -> None:
+    if cfg.num_classes != found:
+        raise RecipeError(
+            f"workload.num_classes={cfg.num_classes} but {where} has {found} classes; "
+            f"set workload.num_classes={found}"
+        )
+
+
+def _normalise_per_channel(train: torch.Tensor, val: torch.Tensor) -> None:
+    """Normalise both splits in place with the train split's per-channel statistics."""
+    # Statistics from train only, so nothing about the held-out split leaks into training.
+    dims = (0, 2, 3)
+    mean = train.mean(dim=dims, keepdim=True)
+    std = train.std(dim=dims, keepdim=True).clamp_min(1e-8)
+    for split in (train, val):
+        split.sub_(mean).div_(std)
+
+
+# --------------------------------------------------------------------------- digits
+
+
+def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    _check_num_classes(cfg, 10, "the digits data set")
+    if not 0.0 < cfg.val_fraction < 1.0:
+        raise RecipeError(f"workload.val_fraction={cfg.val_fraction} must lie strictly in (0, 1)")
+    digits = load_digits()
+    labels = digits.target.astype(np.int64)
+    # The 8x8 pixels hold counts 0..16.
+    small = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)
+    images = F.interpolate(
+        small, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
+    )
+    try:
+        train_idx, val_idx = train_test_split(
+            np.arange(len(labels)), test_size=cfg.val_fraction, random_state=seed, stratify=labels
+        )
+    except ValueError as exc:
+        raise RecipeError(
+            f"workload.val_fraction={cfg.val_fraction} cannot split the digits data set "
+            f"(1797 images, 10 classes) with every class on both sides: {exc}"
+        ) from exc
+    train_idx_t = torch.from_numpy(train_idx)
+    val_idx_t = torch.from_numpy(val_idx)
+    train_images, val_images = images[train_idx_t], images[val_idx_t]
+    _normalise_per_channel(train_images, val_images)
+    all_labels = torch.from_numpy(labels)
+    return CNNData(
+        train=TensorSplit(train_images, all_labels[train_idx_t]),
+        val=TensorSplit(val_images, all_labels[val_idx_t]),
+        in_channels=1,
+        num_classes=10,
+        image_size=cfg.image_size,
+    )
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def _load_synthetic(cfg: CNNWorkloadConfig, seed: int, device: torch.device | None) -> CNNData:
+    for key, value in (
+        ("synthetic_train_size", cfg.synthetic_train_size),
+        ("synthetic_val_size", cfg.synthetic_val_size),
+        ("image_size", cfg.image_size),
+    ):
+        if value < 1:
+            raise RecipeError(f"workload.{key}={value} must be at least 1")
+    if cfg.num_classes < 2:
+        raise RecipeError(f"workload.num_classes={cfg.num_classes} must be at least 2")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    # A generator of the target device's type lets CUDA fill the tensors in place instead of
+    # building hundreds of MB on the host and copying them over. Its stream differs from the
+    # CPU one, so the same seed gives different (but still reproducible) data per device type.
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return CNNData(
+        train=_random_split(cfg, cfg.synthetic_train_size, generator, device),
+        val=_random_split(cfg, cfg.synthetic_val_size, generator, device),
+        in_channels=3,
+        num_classes=cfg.num_classes,
+        image_size=cfg.image_size,
+    )
+
+
+def _random_split(
+    cfg: CNNWorkloadConfig, size: int, generator: torch.Generator, device: torch.device
+) -> TensorSplit:
+    shape = (size, 3, cfg.image_size, cfg.image_size)
+    images = torch.randn(shape, generator=generator, device=device)
+    labels = torch.randint(0, cfg.num_classes, (size,), generator=generator, device=device)
+    return TensorSplit(images, labels)
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+
+def _cifar10_folder(root: Path) -> Path:
+    return root / CIFAR10_FOLDER
+
+
+def _cifar10_missing_error(root: Path) -> RecipeError:
+    return RecipeError(
+        f"workload.data_root={str(root)!r}: CIFAR-10 folder {_cifar10_folder(root)} does not "
+        "exist; set workload.download=true to fetch it there, or point workload.data_root at "
+        f"a folder holding {CIFAR10_FOLDER}"
+    )
+
+
+def _check_cifar10_files(root: Path) -> None:
+    for name in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE):
+        path = _cifar10_folder(root) / name
+        if not path.is_file():
+            raise RecipeError(
+                f"workload.data_root={str(root)!r}: CIFAR-10 file {path} is missing; the folder "
+                f"{_cifar10_folder(root)} looks incomplete (delete it and set "
+                "workload.download=true to fetch it again)"
+            )
+
+
+def _load_cifar10(cfg: CNNWorkloadConfig) -> CNNData:
+    root = _require_data_root(cfg)
+    _check_num_classes(cfg, CIFAR10_NUM_CLASSES, "CIFAR-10")
+    if not _cifar10_folder(root).is_dir():
+        if not cfg.download:
+            raise _cifar10_missing_error(root)
+        _download_cifar10(root)
+    _check_cifar10_files(root)
+    folder = _cifar10_folder(root)
+    train_images, train_labels = _read_cifar10_batches(
+        root, [folder / name for name in CIFAR10_TRAIN_FILES]
+    )
+    val_images, val_labels = _read_cifar10_batches(root, [folder / CIFAR10_TEST_FILE])
+    _normalise_per_channel(train_images, val_images)
+    return CNNData(
+        train=TensorSplit(train_images, train_labels),
+        val=TensorSplit(val_images, val_labels),
+        in_channels=3,
+        num_classes=CIFAR10_NUM_CLASSES,
+        # The files hold 32x32 images; workload.image_size does not resize them.
+        image_size=CIFAR10_IMAGE_SIZE,
+    )
+
+
+def _read_cifar10_batches(root: Path, paths: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    images: list[np.ndarray] = []
+    labels: list[np.ndarray] = []
+    for path in paths:
+        batch = _read_cifar10_batch(root, path)
+        images.append(batch[b"data"])
+        labels.append(np.asarray(batch[b"labels"], dtype=np.int64))
+    # Each row is 3072 bytes, channel-major: 1024 red, then green, then blue.
+    pixels = np.concatenate(images).reshape(-1, 3, CIFAR10_IMAGE_SIZE, CIFAR10_IMAGE_SIZE)
+    as_float = torch.from_numpy(pixels).float().div_(255.0)
+    return as_float, torch.from_numpy(np.concatenate(labels))
+
+
+def _read_cifar10_batch(root: Path, path: Path) -> dict[bytes, Any]:
+    # CIFAR-10's official distribution is pickled; only point data_root at trusted copies.
+    try:
+        with path.open("rb") as handle:
+            batch = pickle.load(handle, encoding="bytes")
+        data = np.asarray(batch[b"data"], dtype=np.uint8)
+        if data.ndim != 2 or data.shape[1] != 3 * CIFAR10_IMAGE_SIZE**2:
+            raise ValueError(f"b'data' has shape {data.shape}, expected N×3072")
+        if len(batch[b"labels"]) != data.shape[0]:
+            raise ValueError("b'labels' and b'data' differ in length")
+    except Exception as exc:
+        raise RecipeError(
+            f"workload.data_root={str(root)!r}: {path} is not a readable CIFAR-10 batch "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    return {b"data": data, b"labels": batch[b"labels"]}
+
+
+def _check_torchvision_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        raise RecipeError(
+            "workload.download=true needs torchvision to fetch CIFAR-10; "
+            "pip install 'trainforge[vision]'"
+        )
+
+
+def _download_cifar10(root: Path) -> None:
+    try:
+        from torchvision.datasets import CIFAR10
+    except Exception as exc:
+        raise RecipeError(
+            "workload.download=true needs torchvision to fetch CIFAR-10, which could not be "
+            f"imported ({type(exc).__name__}: {exc}); pip install 'trainforge[vision]'"
+        ) from exc
+    try:
+        # The archive holds the test batch as well, so fetching the train split is enough.
+        CIFAR10(root=str(root), train=True, download=True)
+    except Exception as exc:
+        raise RecipeError(
+            f"workload.download=true: fetching CIFAR-10 into workload.data_root={str(root)!r} "
+            f"failed ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+# --------------------------------------------------------------------------- ImageFolder
+
+
+class ImageFolderDataset(Dataset):
+    """``(path, label)`` pairs decoded with PIL on access, for trees too big for memory.
+
+    Holds only plain attributes so DataLoader worker processes can pickle it.
+    """
+
+    def __init__(self, samples: list[tuple[str, int]], classes: list[str], image_size: int):
+        self.samples = samples
+        self.classes = classes
+        self.image_size = image_size
+        self._mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self._std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        with Image.open(path) as image:
+            rgb = image.convert("RGB").resize(
+                (self.image_size, self.image_size), Image.Resampling.BILINEAR
+            )
+        pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0)
+        tensor = pixels.permute(2, 0, 1)
+        return (tensor - self._mean) / self._std, label
+
+
+def _load_imagefolder(cfg: CNNWorkloadConfig) -> CNNData:
+    root = _require_data_root(cfg)
+    if cfg.image_size < 1:
+        raise RecipeError(f"workload.image_size={cfg.image_size} must be at least 1")
+    classes = _scan_classes(_split_dir(root, "train"))
+    _check_same_classes(root, classes, _scan_classes(_split_dir(root, "val")))
+    _check_num_classes(cfg, len(classes), f"imagefolder tree {root}")
+    splits = {
+        split: ImageFolderDataset(_collect_samples(root / split, classes), classes, cfg.image_size)
+        for split in ("train", "val")
+    }
+    return CNNData(
+        train=splits["train"],
+        val=splits["val"],
+        in_channels=3,
+        num_classes=len(classes),
+        image_size=cfg.image_size,
+    )
+
+
+def _split_dir(root: Path, split: str) -> Path:
+    if not root.is_dir():
+        raise RecipeError(f"workload.data_root={str(root)!r}: folder {root} does not exist")
+    folder = root / split
+    if not folder.is_dir():
+        raise RecipeError(
+            f"workload.data_root={str(root)!r}: imagefolder needs {folder} holding one "
+            "sub-folder of images per class, and it does not exist"
+        )
+    return folder
+
+
+def _scan_classes(split_dir: Path) -> list[str]:
+    # Hidden folders (.ipynb_checkpoints, .DS_Store bundles) are tool droppings, not classes.
+    classes = sorted(
+        entry.name
+        for entry in split_dir.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".")
+    )
+    if not classes:
+        raise RecipeError(
+            f"workload.data_root: {split_dir} has no class sub-folders "
+            "(expected <split>/<class>/<images>)"
+        )
+    return classes
+
+
+def _check_same_classes(root: Path, train: list[str], val: list[str]) -> None:
+    if train == val:
+        return
+    only_train = sorted(set(train) - set(val))
+    only_val = sorted(set(val) - set(train))
+    raise RecipeError(
+        f"workload.data_root={str(root)!r}: train/ and val/ must hold the same class folders; "
+        f"only in train: {only_train or 'none'}, only in val: {only_val or 'none'}"
+    )
+
+
+def _iter_images(class_dir: Path) -> Iterator[Path]:
+    """Image files under ``class_dir`` (recursively), in a stable order."""
+    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
+        dirnames.sort()
+        for name in sorted(filenames):
+            # Leading-dot files are mostly macOS "._x.jpg" resource forks that PIL can't open.
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                yield Path(dirpath) / name
+
+
+def _require_some_image(class_dir: Path) -> None:
+    if next(_iter_images(class_dir), None) is None:
+        raise _no_images_error(class_dir)
+
+
+def _no_images_error(class_dir: Path) -> RecipeError:
+    return RecipeError(
+        f"workload.data_root: class folder {class_dir} holds no images "
+        f"({', '.join(IMAGE_EXTENSIONS)})"
+    )
+
+
+def _collect_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
+    samples: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        found = [(str(path), label) for path in _iter_images(split_dir / name)]
+        if not found:
+            raise _no_images_error(split_dir / name)
+        samples.extend(found)
+    return samples
