@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from runtime import launch
 
-        return launch.train(cfg)
+        return launch.train(cfg).exit_code
     except RecipeError as exc:
         print(f"trainforge: error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,18 @@ def check_existing_run(cfg: DictConfig, storage: str) -> None:
         )
 
 
-def train(cfg: DictConfig) -> int:
-    """Run the recipe to completion. Returns the process exit status."""
+@dataclass
+class Outcome:
+    """What `trainforge train` ends with: exit status, final metrics, latest checkpoint."""
+
+    exit_code: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    checkpoint_path: str | None = None
+    mlflow_run_id: str | None = None
+
+
+def train(cfg: DictConfig) -> Outcome:
+    """Run the recipe to completion."""
     import ray
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -135,18 +146,20 @@ def train(cfg: DictConfig) -> int:
     except KeyboardInterrupt:
         status = "KILLED"
         print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
-        return 130
+        return Outcome(130, mlflow_run_id=handle and handle.run_id)
     except ray.train.TrainingFailedError as exc:
         print(f"[trainforge] training failed: {exc}", file=sys.stderr)
-        return 1
+        print(f"[trainforge] re-run with run.name={cfg.run.name} to resume", file=sys.stderr)
+        return Outcome(1, mlflow_run_id=handle and handle.run_id)
     finally:
         if handle is not None:
             tracking.end_run(handle, status)
 
     print(f"[trainforge] run {cfg.run.name!r} finished: {_format(result.metrics)}")
-    if result.checkpoint is not None:
-        print(f"[trainforge] latest checkpoint: {result.checkpoint.path}")
-    return 0
+    checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
+    if checkpoint_path:
+        print(f"[trainforge] latest checkpoint: {checkpoint_path}")
+    return Outcome(0, dict(result.metrics), checkpoint_path, handle and handle.run_id)
 
 
 def _worker_entry(payload: dict[str, Any]) -> None:
