@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
@@ -155,7 +156,7 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(f"recipe not found: {path}")
     try:
         user = OmegaConf.load(path)
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
+    except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as exc:
         raise RecipeError(f"cannot read recipe {path}: {_first_line(exc)}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"recipe {path} must be a mapping of sections, not a list")
@@ -172,6 +173,9 @@ def build(user: DictConfig) -> DictConfig:
     """Merge user values onto the typed defaults, pick the workload schema, validate."""
     from runtime.workloads import workload_schema  # the registry imports workload configs
 
+    for name in Recipe.__dataclass_fields__:
+        if name in user and name != "workload" and not isinstance(user[name], DictConfig):
+            raise RecipeError(f"{name}: must be a section of settings, got {user[name]!r}")
     workload_user = user.get("workload") if "workload" in user else None
     body = OmegaConf.masked_copy(user, [k for k in user if k != "workload"])
     cfg = _merge(OmegaConf.structured(Recipe), body)

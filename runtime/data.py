@@ -104,7 +104,8 @@ def eval_batches(
 ) -> Iterator[Batch]:
     """This rank's share of a validation split: every sample exactly once over all ranks
     (strided, not padded, so metrics are exact)."""
-    indices = torch.arange(ctx.rank, len(split), ctx.world_size)  # type: ignore[arg-type]
+    # max(): a rank beyond the end of a tiny split simply gets no batches
+    indices = torch.arange(ctx.rank, max(ctx.rank, len(split)), ctx.world_size)  # type: ignore[arg-type]
     if isinstance(split, TensorData):
         indices = indices.to(split.inputs.device)
         for start in range(0, len(indices), batch_size):

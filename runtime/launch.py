@@ -47,7 +47,13 @@ def check_resources(scaling: Any, available: dict[str, float]) -> bool:
     if scaling.use_all_gpus:
         if gpus < 1 or scaling.use_gpu == "false":
             raise RecipeError("scaling.use_all_gpus: true, but the Ray cluster has no GPU to use")
-        scaling.num_workers = int(gpus // scaling.resources_per_worker.get("GPU", 1))
+        per_worker = scaling.resources_per_worker.get("GPU", 1)
+        if per_worker <= 0 or gpus < per_worker:
+            raise RecipeError(
+                f"scaling.use_all_gpus: each worker asks for {per_worker:g} GPU "
+                f"(scaling.resources_per_worker.GPU) and the Ray cluster has {gpus:g}"
+            )
+        scaling.num_workers = int(gpus // per_worker)
     if scaling.use_gpu == "true" and gpus == 0:
         raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
     use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)

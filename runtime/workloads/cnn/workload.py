@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import torch
@@ -10,7 +11,12 @@ from torch import nn
 
 from runtime.errors import RecipeError
 from runtime.workloads.base import Split, TensorData
-from runtime.workloads.cnn.datasets import TensorSplit, augment_batch, load_data
+from runtime.workloads.cnn.datasets import (
+    KNOWN_DATASETS,
+    TensorSplit,
+    augment_batch,
+    load_data,
+)
 from runtime.workloads.cnn.models import build_model, check_model_name
 
 # Keep a data set on the GPU only when it leaves most of the memory to training.
@@ -29,6 +35,13 @@ def check(cfg: Any) -> None:
     if cfg.loader_workers < 0:
         raise RecipeError(f"workload.loader_workers: must be >= 0, got {cfg.loader_workers}")
     check_model_name(cfg.model)
+    if cfg.dataset not in KNOWN_DATASETS:
+        close = difflib.get_close_matches(cfg.dataset, KNOWN_DATASETS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise RecipeError(
+            f"workload.dataset: {cfg.dataset!r} is not a known data set{hint}; "
+            f"choose one of: {', '.join(KNOWN_DATASETS)}"
+        )
 
 
 class CNNWorkload:

@@ -1,0 +1,52 @@
+"""Shared test setup: one thread per process (2-core CI machines), no MLflow telemetry, and one
+local Ray instance shared by every test marked ``ray`` (they all run on one xdist worker)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Before torch or ray are imported anywhere: OpenMP's default of 2 threads on 2 cores makes
+# small matmuls 100x slower whenever another process is busy.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    for item in items:
+        if "ray" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)"))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray for the whole session (ray.init costs ~5 s on 2 cores)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=max(2, os.cpu_count() or 2),
+            dashboard_host="127.0.0.1",
+            log_to_driver=True,
+        )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in a fresh directory: runs/ and mlflow.db land there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path

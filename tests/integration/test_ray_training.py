@@ -1,0 +1,104 @@
+"""End to end through Ray Train on CPU workers (gloo): accuracy, accumulation parity, resume.
+
+All tests share one local Ray instance (``ray_cluster``) and run on one xdist worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from runtime import checkpoint, config, launch
+from runtime.cli import main as cli_main
+from runtime.tracking import resolve_uri
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+
+
+def _train(*overrides: str) -> launch.Outcome:
+    return launch.train(config.load(DIGITS, list(overrides)))
+
+
+def _params(outcome: launch.Outcome) -> dict[str, torch.Tensor]:
+    assert outcome.checkpoint_path is not None
+    return checkpoint.load(outcome.checkpoint_path)["model"]
+
+
+def test_digits_two_workers_reach_95_percent(ray_cluster, in_tmp: Path) -> None:
+    outcome = _train("run.name=digits-acc", "scaling.num_workers=2")
+    assert outcome.exit_code == 0
+    assert outcome.metrics["val/accuracy"] >= 0.95, outcome.metrics
+    assert outcome.metrics["epoch"] == 15
+
+    # The run is in the embedded SQLite MLflow store, finished, with its curve and recipe.
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    run = client.get_run(outcome.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.lr"] == "0.002"
+    history = client.get_metric_history(run.info.run_id, "val/accuracy")
+    assert len(history) == 15 and history[-1].value >= 0.95
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["recipe.yaml"]
+
+
+def test_accumulation_matches_more_workers(ray_cluster, in_tmp: Path) -> None:
+    """1 worker × 2 micro-steps == 2 workers × 1 micro-step: same samples per optimizer step
+    (DistributedSampler shards one permutation), same mean gradient."""
+    common = ["train.max_steps=12", "train.batch_size=16", "train.optimizer=sgd", "train.lr=0.05",
+              "tracking.enabled=false"]  # fmt: skip
+    accumulated = _train(
+        "run.name=accum", "scaling.num_workers=1", "train.grad_accum_steps=2", *common
+    )
+    data_parallel = _train(
+        "run.name=ddp", "scaling.num_workers=2", "train.grad_accum_steps=1", *common
+    )
+    assert accumulated.exit_code == data_parallel.exit_code == 0
+    a, b = _params(accumulated), _params(data_parallel)
+    assert checkpoint.load(accumulated.checkpoint_path)["global_step"] == 12
+    assert checkpoint.load(data_parallel.checkpoint_path)["global_step"] == 12
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+    # and training did move the weights (the comparison is not vacuous)
+    one_step = _train("run.name=one-step", "scaling.num_workers=1", *common, "train.max_steps=1")
+    moved = [not torch.allclose(_params(one_step)[name], a[name]) for name in a]
+    assert all(moved)
+
+
+def test_resume_after_failure_is_bitwise_identical(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    common = ["scaling.num_workers=2", "train.epochs=3", "workload.augment=true"]
+    reference = _train("run.name=straight", *common)
+    assert reference.exit_code == 0
+
+    monkeypatch.setenv(launch.FAIL_AFTER_EPOCH_ENV, "1")
+    crashed = _train("run.name=interrupted", *common)
+    assert crashed.exit_code == 1
+    monkeypatch.delenv(launch.FAIL_AFTER_EPOCH_ENV)
+    resumed = _train("run.name=interrupted", *common)
+    assert resumed.exit_code == 0
+    assert resumed.mlflow_run_id == crashed.mlflow_run_id  # one MLflow run across the restart
+
+    final = checkpoint.load(resumed.checkpoint_path)
+    assert (final["epoch"], final["global_step"]) == (3, 66)
+    ref, got = _params(reference), _params(resumed)
+    for name in ref:
+        assert torch.equal(ref[name], got[name]), name
+
+    # It continued at epoch 2: each epoch's metrics were logged once, in order, with no gap.
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    epochs = client.get_metric_history(resumed.mlflow_run_id, "epoch")
+    assert [int(m.value) for m in epochs] == [1, 2, 3]
+    assert client.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
+
+
+def test_use_gpu_true_without_gpu_exits_2(ray_cluster, in_tmp: Path, capsys) -> None:
+    code = cli_main(["train", str(DIGITS), "run.name=nogpu", "scaling.use_gpu=true"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "scaling.use_gpu" in err and "no GPU" in err
+    assert not (in_tmp / "runs" / "nogpu").exists()

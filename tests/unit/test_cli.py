@@ -1,0 +1,207 @@
+"""The command line and the driver-side checks that run before any Ray worker starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import runtime
+from runtime import cli, config, launch
+from runtime.errors import RecipeError
+from runtime.workloads import check_workload_data
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+CIFAR10 = REPO / "recipes" / "cnn" / "cifar10_resnet18.yaml"
+
+
+def _scaling(*overrides: str):
+    """A real, validated scaling section (types as the loader makes them)."""
+    return config.load(DIGITS, list(overrides)).scaling
+
+
+def _subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+# --- trainforge validate -------------------------------------------------------------------
+
+
+def test_validate_prints_loadable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(DIGITS), "train.lr=0.05"]) == 0
+    out, err = capsys.readouterr()
+    printed = OmegaConf.create(out)
+    expected = config.load(DIGITS, ["train.lr=0.05"])
+    assert OmegaConf.to_container(printed) == config.to_container(expected)
+    assert printed.train.lr == 0.05
+    assert "Traceback" not in err
+    assert "global batch: 64" in err  # 32 per worker × 2 workers × 1
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("train.lrr=1", "train.lrr"), ("train.lr=0", "train.lr"), ("precision.dtype=fp8", "dtype")],
+)
+def test_validate_bad_override_is_one_error_line(
+    capsys: pytest.CaptureFixture[str], override: str, key: str
+) -> None:
+    assert cli.main(["validate", str(DIGITS), override]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("trainforge: error:")
+    assert key in lines[0]
+    assert "Traceback" not in err
+
+
+def test_validate_missing_recipe_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "absent.yaml"
+    assert cli.main(["validate", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainforge: error:")
+    assert str(missing) in err
+
+
+def test_module_entry_point_reports_bad_override() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime", "validate", str(DIGITS), "train.lrr=1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_subprocess_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "train.lrr" in done.stderr
+    assert done.stderr.startswith("trainforge: error:")
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_version() -> None:
+    script = shutil.which("trainforge")
+    command = [script] if script else [sys.executable, "-m", "runtime"]
+    done = subprocess.run(
+        [*command, "--version"],
+        capture_output=True,
+        text=True,
+        env=_subprocess_env(),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"trainforge {runtime.__version__}"
+
+
+# --- launch.check_resources ----------------------------------------------------------------
+
+
+def test_use_gpu_true_without_gpu() -> None:
+    with pytest.raises(RecipeError, match=r"scaling\.use_gpu"):
+        launch.check_resources(_scaling("scaling.use_gpu=true"), {"CPU": 2})
+
+
+def test_too_few_gpus_for_the_workers() -> None:
+    scaling = _scaling("scaling.use_gpu=true", "scaling.num_workers=2")
+    with pytest.raises(RecipeError, match=r"scaling\.num_workers.*GPU"):
+        launch.check_resources(scaling, {"CPU": 8, "GPU": 1})
+
+
+def test_too_few_cpus_for_the_workers() -> None:
+    scaling = _scaling("scaling.use_gpu=false", "scaling.num_workers=4")
+    with pytest.raises(RecipeError, match=r"scaling\.num_workers.*CPU"):
+        launch.check_resources(scaling, {"CPU": 2})
+
+
+def test_resources_per_worker_are_multiplied_by_workers() -> None:
+    scaling = _scaling("scaling.num_workers=2", "scaling.resources_per_worker.CPU=3")
+    with pytest.raises(RecipeError, match=r"need 6 CPU.*has 5"):
+        launch.check_resources(scaling, {"CPU": 5})
+    assert launch.check_resources(scaling, {"CPU": 6}) is False
+
+
+def test_auto_uses_gpus_when_there_are_some() -> None:
+    scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
+    assert launch.check_resources(scaling, {"CPU": 8, "GPU": 2}) is True
+    assert launch.worker_resources(scaling, True) == {"CPU": 1, "GPU": 1}
+    scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
+    assert launch.check_resources(scaling, {"CPU": 8}) is False
+    assert launch.worker_resources(scaling, False) == {"CPU": 1}
+
+
+def test_use_all_gpus_sets_num_workers() -> None:
+    scaling = _scaling("scaling.use_all_gpus=true", "scaling.num_workers=1")
+    assert launch.check_resources(scaling, {"CPU": 8, "GPU": 4}) is True
+    assert scaling.num_workers == 4
+
+
+def test_use_all_gpus_without_gpus() -> None:
+    scaling = _scaling("scaling.use_all_gpus=true")
+    with pytest.raises(RecipeError, match=r"scaling\.use_all_gpus"):
+        launch.check_resources(scaling, {"CPU": 8})
+
+
+def test_use_all_gpus_with_too_few_gpus_per_worker() -> None:
+    scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=2")
+    with pytest.raises(RecipeError, match=r"scaling\."):
+        launch.check_resources(scaling, {"CPU": 8, "GPU": 1})
+
+
+def test_use_all_gpus_with_zero_gpus_per_worker() -> None:
+    scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=0")
+    with pytest.raises(RecipeError, match=r"scaling\."):
+        launch.check_resources(scaling, {"CPU": 8, "GPU": 4})
+
+
+# --- launch.check_existing_run -------------------------------------------------------------
+
+
+def test_existing_run_without_resume_is_refused(tmp_path: Path) -> None:
+    cfg = config.load(DIGITS, ["checkpoint.resume=false"])
+    launch.check_existing_run(cfg, str(tmp_path))  # no run folder yet: fine
+    (tmp_path / cfg.run.name).mkdir()
+    with pytest.raises(RecipeError, match=r"run\.name"):
+        launch.check_existing_run(cfg, str(tmp_path))
+
+
+def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
+    cfg = config.load(DIGITS, ["checkpoint.resume=true"])
+    (tmp_path / cfg.run.name).mkdir()
+    launch.check_existing_run(cfg, str(tmp_path))
+
+
+def test_storage_root_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = config.load(DIGITS, ["run.storage_path=./runs"]).run
+    assert launch.storage_root(run) == str((tmp_path / "runs").resolve())
+    run = config.load(DIGITS, ["run.storage_path=s3://bucket/runs"]).run
+    assert launch.storage_root(run) == "s3://bucket/runs"
+
+
+# --- data checks ---------------------------------------------------------------------------
+
+
+def test_cifar10_missing_data_root(tmp_path: Path) -> None:
+    cfg = config.load(CIFAR10, [f"workload.data_root={tmp_path / 'nothing-here'}"])
+    with pytest.raises(RecipeError, match=r"workload\.data_root"):
+        check_workload_data(cfg.workload)
+
+
+def test_validate_notes_missing_data_but_succeeds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the recipe's ./data/cifar10 does not exist here
+    assert cli.main(["validate", str(CIFAR10)]) == 0
+    out, err = capsys.readouterr()
+    assert OmegaConf.create(out).workload.dataset == "cifar10"
+    assert "note" in err
+    assert "workload.data_root" in err
+    assert "Traceback" not in err
