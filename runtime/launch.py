@@ -93,6 +93,8 @@ class Outcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     checkpoint_path: str | None = None
     mlflow_run_id: str | None = None
+    backend: str = ""
+    num_workers: int = 0
 
 
 def train(cfg: DictConfig) -> Outcome:
@@ -145,6 +147,7 @@ def train(cfg: DictConfig) -> Outcome:
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
         ),
     )
+    backend = "nccl" if use_gpu else "gloo"
     status = "FAILED"
     try:
         result = trainer.fit()
@@ -165,7 +168,14 @@ def train(cfg: DictConfig) -> Outcome:
     checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
     if checkpoint_path:
         print(f"[trainforge] latest checkpoint: {checkpoint_path}")
-    return Outcome(0, dict(result.metrics), checkpoint_path, handle and handle.run_id)
+    return Outcome(
+        0,
+        dict(result.metrics),
+        checkpoint_path,
+        handle and handle.run_id,
+        backend=backend,
+        num_workers=cfg.scaling.num_workers,
+    )
 
 
 def _worker_entry(payload: dict[str, Any]) -> None:

@@ -131,15 +131,18 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
 
         micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
         last = position.global_step >= total_steps or epoch + 1 >= epochs
-        if last or (epoch + 1) % train_cfg.eval_every_epochs == 0:
-            metrics = metrics | evaluate(model, val_split, workload, precision, ctx, train_cfg)
-        metrics = metrics | {"epoch": epoch + 1}
-        tracker.log(metrics, position.global_step)
+        epoch_metrics: dict[str, float] = {"epoch": epoch + 1}
+        evaluated = last or (epoch + 1) % train_cfg.eval_every_epochs == 0
+        if evaluated:
+            epoch_metrics |= evaluate(model, val_split, workload, precision, ctx, train_cfg)
+        tracker.log(epoch_metrics, position.global_step)
+        metrics = metrics | epoch_metrics
         position.epoch, position.step_in_epoch = epoch + 1, 0
         progress.log_epoch(epoch, metrics)
         tracker.flush()
         save = checkpointer.due_after_epoch(epoch, last)
-        checkpointer.report(metrics, state if save else None)
+        if save or evaluated:  # nothing new for Ray otherwise; a report is a barrier
+            checkpointer.report(metrics, state if save else None)
         if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
             raise RuntimeError(
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"

@@ -1,0 +1,85 @@
+"""GPU tier: run on the lent GPU machine (``pytest -m gpu tests/gpu``); skipped without CUDA.
+
+Mixed precision over NCCL through Ray Train on 2 GPUs, the CIFAR-10 ResNet-18 recipe on
+synthetic data on every GPU, a torchvision model by name, and data resident on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import checkpoint, config, launch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.ray]
+
+CIFAR = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "cifar10_resnet18.yaml"
+SYNTHETIC = [
+    "workload.dataset=synthetic",
+    "workload.synthetic_train_size=16384",
+    "workload.synthetic_val_size=2048",
+    "tracking.enabled=false",
+]
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_mixed_precision_on_two_gpus_over_nccl(ray_cluster, in_tmp: Path, dtype: str) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    cfg = config.load(
+        CIFAR,
+        [f"run.name=amp-{dtype}", "scaling.use_all_gpus=false", "scaling.num_workers=2",
+         f"precision.dtype={dtype}", "train.max_steps=40", "train.log_every_steps=10",
+         "train.grad_accum_steps=2", "train.clip_grad_norm=5.0", *SYNTHETIC],
+    )  # fmt: skip
+    outcome = launch.train(cfg)
+    assert outcome.exit_code == 0
+    assert outcome.backend == "nccl" and outcome.num_workers == 2
+    assert math.isfinite(outcome.metrics["train/loss"])
+    assert math.isfinite(outcome.metrics["train/grad_norm"])
+    assert 0.0 <= outcome.metrics["val/accuracy"] <= 1.0
+    state = checkpoint.load(outcome.checkpoint_path)
+    assert state["global_step"] == 40
+    if dtype == "fp16":  # the GradScaler's state is part of the checkpoint
+        assert state["scaler"]["scale"] > 0
+    else:
+        assert state["scaler"] == {}
+
+
+def test_cifar10_resnet18_recipe_on_synthetic_data_all_gpus(ray_cluster, in_tmp: Path) -> None:
+    cfg = config.load(
+        CIFAR, ["train.max_steps=100", "workload.synthetic_train_size=51200", *SYNTHETIC[:1],
+                *SYNTHETIC[2:]],
+    )  # fmt: skip
+    outcome = launch.train(cfg)
+    assert outcome.exit_code == 0
+    assert outcome.num_workers == _gpus() and outcome.backend == "nccl"
+    assert outcome.metrics["perf/samples_per_s"] > 1000
+    assert outcome.metrics["sys/gpu_mem_gb"] > 0
+    print(f"cifar10 recipe, synthetic data, {_gpus()} GPUs: {outcome.metrics}")
+
+
+def test_torchvision_model_by_name(ray_cluster, in_tmp: Path) -> None:
+    cfg = config.load(
+        CIFAR, ["run.name=tv", "scaling.use_all_gpus=false", "scaling.num_workers=1",
+                "workload.model=torchvision:resnet18", "train.max_steps=10", *SYNTHETIC],
+    )  # fmt: skip
+    outcome = launch.train(cfg)
+    assert outcome.exit_code == 0
+    state = checkpoint.load(outcome.checkpoint_path)
+    assert state["model"]["fc.weight"].shape == (10, 512)  # torchvision's resnet18 head
+
+
+def test_tensor_data_is_kept_on_the_gpu() -> None:
+    from runtime.workloads.cnn.workload import CNNWorkload
+
+    cfg = config.load(CIFAR, ["workload.dataset=digits", "workload.model=simple_cnn"]).workload
+    train, val = CNNWorkload(cfg, seed=0).datasets(torch.device("cuda", 0))
+    assert train.inputs.is_cuda and train.targets.is_cuda and val.inputs.is_cuda
