@@ -24,12 +24,26 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument(
             "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.lr=0.01"
         )
+    sync = commands.add_parser(
+        "tracking-sync",
+        help="send what a run kept locally while MLflow was unreachable",
+        description="Replay RUN_DIR/tracking-spool.jsonl into the MLflow run (found by run name).",
+    )
+    sync.add_argument("run_dir", help="the run's folder: <run.storage_path>/<run.name>")
+    sync.add_argument("--tracking-uri", help="send to this server instead of the recorded one")
+    ui = commands.add_parser("ui", help="open the MLflow UI on the runs of a tracking store")
+    ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    ui.add_argument("--port", type=int, default=5000)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.command == "tracking-sync":
+            return _tracking_sync(args.run_dir, args.tracking_uri)
+        if args.command == "ui":
+            return _ui(args.tracking_uri, args.port)
         from runtime import config
 
         cfg = config.load(args.recipe, args.overrides)
@@ -44,6 +58,47 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as exc:
         print(f"trainforge: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
+    from runtime.tracking import configure_client_env
+    from runtime.tracking_spool import replay, spool_path
+
+    path = spool_path(run_dir)
+    if not path.is_file():
+        raise RecipeError(f"nothing to sync: {path} does not exist (everything was sent)")
+    configure_client_env()
+    try:
+        counts = replay(path, tracking_uri)
+    except Exception as exc:
+        print(f"trainforge: MLflow still unreachable, {path} kept: {exc}", file=sys.stderr)
+        return 1
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    print(f"[trainforge] synced {path}: {summary}")
+    return 0
+
+
+def _ui(tracking_uri: str | None, port: int) -> int:
+    import subprocess
+
+    from runtime.tracking import resolve_uri
+
+    uri = resolve_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        print(f"[trainforge] that store is served already: open {uri}")
+        return 0
+    print(f"[trainforge] MLflow UI for {uri} at http://127.0.0.1:{port}")
+    command = [
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return subprocess.call(command)
 
 
 def _warn_missing_data(cfg: object) -> None:

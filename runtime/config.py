@@ -126,6 +126,16 @@ class TrackingSection:
     working directory."""
     experiment: str = "trainforge"
     """MLflow experiment name."""
+    system_metrics: bool = True
+    """CPU, memory, disk, network and GPU metrics from every node (system/node_N/…)."""
+    system_metrics_interval_s: float = 10.0
+    """Seconds between system metric samples."""
+    log_model: bool = True
+    """Log the final model with mlflow.pytorch.log_model (the state dict is always logged)."""
+    profile_steps: int = 0
+    """Profile this many optimizer steps on rank 0 with torch.profiler and log the Chrome trace."""
+    profile_start_step: int = 5
+    """First optimizer step of the profiling window (after warm-up)."""
 
 
 @dataclass
@@ -230,6 +240,13 @@ def check_values(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value < low:
             raise RecipeError(f"{key}: must be >= {low}, got {value}")
+    if cfg.tracking.profile_steps < 0 or cfg.tracking.profile_start_step < 0:
+        raise RecipeError("tracking.profile_steps and tracking.profile_start_step must be >= 0")
+    if cfg.tracking.system_metrics_interval_s <= 0:
+        raise RecipeError(
+            f"tracking.system_metrics_interval_s: must be > 0, got "
+            f"{cfg.tracking.system_metrics_interval_s}"
+        )
     for key in ("train.max_steps", "checkpoint.every_steps"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 1:

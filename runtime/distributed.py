@@ -72,15 +72,20 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def all_reduce_sums(
     values: dict[str, torch.Tensor | float], device: torch.device
-) -> dict[str, float]:
-    """Sum each value over ranks in one collective; returns plain floats."""
+) -> dict[str, torch.Tensor]:
+    """Sum each value (scalar or tensor) over ranks in one collective and one host sync;
+    returns float64 CPU tensors of the original shapes."""
     keys = sorted(values)
-    packed = torch.stack(
-        [torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys]
-    )
+    tensors = [torch.as_tensor(values[k], dtype=torch.float64, device=device) for k in keys]
+    packed = torch.cat([t.reshape(-1) for t in tensors])
     if is_initialized():
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-    return dict(zip(keys, packed.tolist(), strict=True))
+    packed = packed.cpu()
+    out, offset = {}, 0
+    for key, tensor in zip(keys, tensors, strict=True):
+        out[key] = packed[offset : offset + tensor.numel()].reshape(tensor.shape)
+        offset += tensor.numel()
+    return out
 
 
 def all_gather_objects(obj: Any, world_size: int) -> list[Any]:

@@ -74,6 +74,15 @@ def storage_root(run: Any) -> str:
     return str(Path(run.storage_path).expanduser().resolve())
 
 
+def spool_file(cfg: DictConfig, storage: str) -> Path:
+    """Where tracking records wait when MLflow is unreachable: beside the checkpoints when the
+    storage is a local/NFS path, else in the working directory."""
+    from runtime.tracking_spool import spool_path
+
+    base = Path("trainforge-spool").resolve() if "://" in storage else Path(storage)
+    return spool_path(base / cfg.run.name)
+
+
 def check_existing_run(cfg: DictConfig, storage: str) -> None:
     if "://" in storage:
         return
@@ -118,10 +127,13 @@ def train(cfg: DictConfig) -> Outcome:
         payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
     handle = None
     if cfg.tracking.enabled:
-        handle = tracking.start_run(cfg.tracking, cfg.run.name, recipe, recipe_yaml)
-        payload["mlflow"] = {"tracking_uri": handle.tracking_uri, "run_id": handle.run_id}
-        state = "reopened" if handle.resumed else "created"
-        print(f"[trainforge] MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
+        handle = tracking.start_run(
+            cfg.tracking, cfg.run.name, recipe, recipe_yaml, str(spool_file(cfg, storage))
+        )
+        payload["mlflow"] = handle.for_workers()
+        if handle.run_id is not None:
+            state = "reopened" if handle.resumed else "created"
+            print(f"[trainforge] MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
 
     # ray.train.report blocks once the controller's one-slot result queue is full, until the
     # controller's next poll (2 s by default): poll faster so short epochs don't wait on it.
@@ -148,10 +160,11 @@ def train(cfg: DictConfig) -> Outcome:
         ),
     )
     backend = "nccl" if use_gpu else "gloo"
-    status = "FAILED"
+    status, checkpoint_path = "FAILED", None
     try:
         result = trainer.fit()
         status = "FINISHED"
+        checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
     except KeyboardInterrupt:
         status = "KILLED"
         print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
@@ -162,10 +175,9 @@ def train(cfg: DictConfig) -> Outcome:
         return Outcome(1, mlflow_run_id=handle and handle.run_id)
     finally:
         if handle is not None:
-            tracking.end_run(handle, status)
+            tracking.finish_run(handle, status, checkpoint_path)
 
     print(f"[trainforge] run {cfg.run.name!r} finished: {_format(result.metrics)}")
-    checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
     if checkpoint_path:
         print(f"[trainforge] latest checkpoint: {checkpoint_path}")
     return Outcome(

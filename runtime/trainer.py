@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,9 @@ from runtime.data import TrainBatches, eval_batches, micro_batches_per_epoch
 from runtime.distributed import WorkerContext
 from runtime.optim import build_optimizer, build_schedule
 from runtime.precision import Precision
+from runtime.profiling import StepProfiler
 from runtime.progress import Progress
-from runtime.tracking import WorkerTracker
+from runtime.tracking_worker import WorkerTracker
 from runtime.workloads import build_workload
 from runtime.workloads.base import Workload
 
@@ -77,7 +80,9 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     if precision_cfg.compile:
         train_model = torch.compile(train_model)
 
-    tracker = WorkerTracker(payload.get("mlflow"), ctx)
+    tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
+    tracker.start()
+    profiler = StepProfiler(cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx)
     global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
     progress = Progress(ctx, total_steps, epochs, global_batch, workload.describe())
     progress.start(position)
@@ -97,6 +102,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     loss_sum = torch.zeros((), device=ctx.device)
     steps_since_log = 0
     metrics: dict[str, float] = {}
+    eval_sums: dict[str, torch.Tensor] = {}
     while position.epoch < epochs and position.global_step < total_steps:
         epoch = position.epoch
         train_model.train()
@@ -115,6 +121,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
             position.global_step += 1
             loss_sum += loss
             steps_since_log += 1
+            profiler.after_step(position.global_step)
 
             if log_now:
                 metrics = train_metrics(loss_sum, steps_since_log, grad_norm, scheduler, ctx)
@@ -126,34 +133,58 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
             # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
             # for the Ray Train controller's poll once its one-slot queue is full.
             if checkpointer.due_after_step(position.global_step):
-                tracker.flush()
                 checkpointer.report(metrics | {"epoch": epoch}, state)
+                tracker.commit()  # these metrics are now covered by a checkpoint
 
         micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
         last = position.global_step >= total_steps or epoch + 1 >= epochs
         epoch_metrics: dict[str, float] = {"epoch": epoch + 1}
         evaluated = last or (epoch + 1) % train_cfg.eval_every_epochs == 0
         if evaluated:
-            epoch_metrics |= evaluate(model, val_split, workload, precision, ctx, train_cfg)
+            val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
+            epoch_metrics |= val_metrics
         tracker.log(epoch_metrics, position.global_step)
         metrics = metrics | epoch_metrics
         position.epoch, position.step_in_epoch = epoch + 1, 0
         progress.log_epoch(epoch, metrics)
-        tracker.flush()
         save = checkpointer.due_after_epoch(epoch, last)
         if save or evaluated:  # nothing new for Ray otherwise; a report is a barrier
             checkpointer.report(metrics, state if save else None)
+        if save:
+            tracker.commit()
         if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
             raise RuntimeError(
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
             )
 
     if not metrics:  # resumed a run that had already finished: evaluate and report once more
-        metrics = evaluate(model, val_split, workload, precision, ctx, train_cfg)
+        metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
         metrics["epoch"] = position.epoch
         checkpointer.report(metrics, None)
     progress.finish(position)
+    profiler.stop()
+    if ctx.is_main:
+        log_final_artifacts(tracker, workload, model, val_split, eval_sums, profiler)
     tracker.close()
+
+
+def log_final_artifacts(
+    tracker: WorkerTracker,
+    workload: Workload,
+    model: nn.Module,
+    val_split: Any,
+    eval_sums: dict[str, torch.Tensor],
+    profiler: StepProfiler,
+) -> None:
+    """Rank 0, at the end: the model, the workload's figures, the profiler trace."""
+    if not tracker.logs_metrics:
+        return
+    with tempfile.TemporaryDirectory(prefix="trainforge-artifacts-") as folder:
+        tracker.log_artifacts(workload.write_figures(eval_sums, Path(folder)), "plots")
+    if profiler.trace is not None:
+        tracker.log_artifacts([profiler.trace], "profiler")
+    example, _ = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
+    tracker.log_model(distributed.unwrap(model), workload.prepare_batch(example, train=False))
 
 
 def optimizer_step(
@@ -189,8 +220,9 @@ def evaluate(
     precision: Precision,
     ctx: WorkerContext,
     train_cfg: Any,
-) -> dict[str, float]:
-    """Validation metrics over the whole split (each sample once across ranks)."""
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """Validation metrics over the whole split (each sample once across ranks), and the summed
+    statistics they came from."""
     model.eval()
     sums: dict[str, torch.Tensor] = {}
     for inputs, targets in eval_batches(split, ctx, batch_size=max(train_cfg.batch_size, 256)):
@@ -199,7 +231,8 @@ def evaluate(
         for key, value in batch.items():
             sums[key] = sums.get(key, 0) + value.detach().float()
     model.train()
-    return workload.summarize(distributed.all_reduce_sums(sums, ctx.device))
+    summed = distributed.all_reduce_sums(sums, ctx.device)
+    return workload.summarize(summed), summed
 
 
 def train_metrics(
@@ -213,7 +246,7 @@ def train_metrics(
     if grad_norm is not None:
         values["grad_norm"] = grad_norm
     summed = distributed.all_reduce_sums(values, ctx.device)  # one collective, one host sync
-    metrics = {f"train/{k}": v / ctx.world_size for k, v in summed.items()}
+    metrics = {f"train/{k}": v.item() / ctx.world_size for k, v in summed.items()}
     metrics["train/lr"] = scheduler.get_last_lr()[0]
     return metrics
 

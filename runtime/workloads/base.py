@@ -7,6 +7,7 @@ owns only its model, its data and how to score a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -52,8 +53,12 @@ class Workload(Protocol):
         """Summable statistics of one validation batch (summed over batches and ranks)."""
         ...
 
-    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Validation metrics from the summed statistics, e.g. val/loss and val/accuracy."""
+        ...
+
+    def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
+        """PNG files made from the final validation statistics (e.g. a confusion matrix)."""
         ...
 
     def describe(self) -> dict[str, Any]:

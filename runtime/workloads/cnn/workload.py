@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.errors import RecipeError
+from runtime.plots import confusion_matrix
 from runtime.workloads.base import Split, TensorData
 from runtime.workloads.cnn.datasets import (
     KNOWN_DATASETS,
@@ -90,15 +92,29 @@ class CNNWorkload:
         self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         logits = model(inputs).float()
+        predicted = logits.argmax(dim=1)
+        classes = logits.shape[1]
+        confusion = torch.bincount(targets * classes + predicted, minlength=classes * classes)
         return {
             "loss_sum": F.cross_entropy(logits, targets, reduction="sum"),
-            "correct": (logits.argmax(dim=1) == targets).sum(),
+            "correct": (predicted == targets).sum(),
             "count": torch.tensor(len(targets), device=targets.device),
+            "confusion": confusion.reshape(classes, classes),
         }
 
-    def summarize(self, sums: dict[str, float]) -> dict[str, float]:
-        count = max(sums.get("count", 0.0), 1.0)
-        return {"val/loss": sums["loss_sum"] / count, "val/accuracy": sums["correct"] / count}
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        count = max(sums["count"].item(), 1.0)
+        return {
+            "val/loss": sums["loss_sum"].item() / count,
+            "val/accuracy": sums["correct"].item() / count,
+        }
+
+    def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
+        if "confusion" not in sums:
+            return []
+        path = folder / "confusion_matrix.png"
+        confusion_matrix(sums["confusion"].numpy(), path)
+        return [path]
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.cfg.model, "dataset": self.cfg.dataset, **self.info}

@@ -1,0 +1,81 @@
+"""What could not reach the MLflow server, kept on disk and replayed later.
+
+Training never waits for tracking: when the server is unreachable (at start, or mid-run after
+retries), the records go to ``<storage_path>/<run.name>/tracking-spool.jsonl``, one JSON object
+a line. ``trainforge tracking-sync RUN_DIR`` replays them into the run — found by its run name,
+created if the server never saw it — and removes the file once everything is in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+SPOOL_FILE = "tracking-spool.jsonl"
+_lock = threading.Lock()
+
+
+class Spool:
+    def __init__(self, path: str | Path, run: dict[str, str]) -> None:
+        """``run``: tracking_uri, experiment and run_name — enough to find or recreate the run."""
+        self.path = Path(path)
+        self.run = run
+
+    def write(self, kind: str, **data: Any) -> None:
+        record = {"kind": kind, "run": self.run, **data}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _lock, self.path.open("a") as stream:
+            stream.write(json.dumps(record) + "\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+
+
+def spool_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / SPOOL_FILE
+
+
+def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
+    """Send every spooled record to MLflow; returns counts by kind. Raises on failure, leaving
+    the spool in place (replay is idempotent for params, tags, status and artifacts; metrics
+    are only sent once because the file is removed after a complete replay)."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from runtime.tracking import find_or_create_run
+
+    path = Path(path)
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    counts: dict[str, int] = {}
+    run_ids: dict[tuple[str, str, str], str] = {}
+    for record in records:
+        run = record["run"]
+        uri = tracking_uri or run["tracking_uri"]
+        client = MlflowClient(tracking_uri=uri)
+        key = (uri, run["experiment"], run["run_name"])
+        if key not in run_ids:
+            run_ids[key] = find_or_create_run(client, run["experiment"], run["run_name"])[0]
+        run_id = run_ids[key]
+        kind = record["kind"]
+        if kind == "metrics":
+            metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
+            for start in range(0, len(metrics), 1000):
+                client.log_batch(run_id, metrics=metrics[start : start + 1000])
+        elif kind == "params":
+            params = [Param(k, v) for k, v in record["params"].items()]
+            for start in range(0, len(params), 100):
+                client.log_batch(run_id, params=params[start : start + 100])
+        elif kind == "tags":
+            for k, v in record["tags"].items():
+                client.set_tag(run_id, k, v)
+        elif kind == "artifact":
+            client.log_artifact(run_id, record["local_path"], record.get("artifact_path"))
+        elif kind == "text":
+            client.log_text(run_id, record["text"], record["artifact_file"])
+        elif kind == "status":
+            client.set_terminated(run_id, status=record["status"])
+        counts[kind] = counts.get(kind, 0) + 1
+    path.unlink()
+    return counts

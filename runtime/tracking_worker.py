@@ -1,0 +1,242 @@
+"""MLflow tracking inside the workers: rank 0's metrics and artifacts, every node's system
+metrics.
+
+Metrics are buffered and committed when a checkpoint is saved (and at the end): a run that
+crashes and resumes from its last checkpoint re-does exactly the steps whose metrics were not
+committed, so the metric history has no gap and no repeated step. A background thread does the
+sending; the training thread only appends to a list. When the server is down, the sender keeps
+retrying; what is still unsent at the end goes to the spool (``tracking_spool``).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.distributed import WorkerContext, all_gather_objects
+from runtime.tracking import RunHandle, configure_client_env, warn
+from runtime.tracking_spool import Spool
+
+MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step
+COMMIT_WAIT_S = 2.0  # how long a checkpoint waits for its metrics to be acknowledged
+CLOSE_WAIT_S = 15.0
+
+
+class Sender(threading.Thread):
+    """Sends committed metric batches in order, retrying with backoff while the server is down."""
+
+    def __init__(self, handle: RunHandle) -> None:
+        super().__init__(name="trainforge-mlflow-sender", daemon=True)
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=handle.tracking_uri)
+        self.run_id = handle.run_id
+        self.uri = handle.tracking_uri
+        self.batches: queue.Queue[list[MetricRow] | None] = queue.Queue()
+        self.unsent: list[list[MetricRow]] = []
+        self.idle = threading.Event()
+        self.idle.set()
+        self.stopping = threading.Event()
+
+    def send(self, rows: list[MetricRow]) -> None:
+        self.idle.clear()
+        self.batches.put(rows)
+
+    def run(self) -> None:
+        from mlflow.entities import Metric
+
+        while True:
+            rows = self.batches.get()
+            if rows is None:
+                return
+            delay = 1.0
+            while True:
+                try:
+                    metrics = [Metric(*row) for row in rows]
+                    for start in range(0, len(metrics), 1000):
+                        self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+                    rows = []
+                    break
+                except Exception as exc:
+                    warn(f"MLflow at {self.uri} stopped answering ({exc}); retrying, "
+                         "training goes on")  # fmt: skip
+                    if self.stopping.wait(delay):
+                        self.unsent.append(rows)
+                        self._drain_unsent()
+                        return
+                    delay = min(delay * 2, 30.0)
+            if self.batches.empty():
+                self.idle.set()
+
+    def _drain_unsent(self) -> None:
+        while not self.batches.empty():
+            rows = self.batches.get_nowait()
+            if rows:
+                self.unsent.append(rows)
+
+    def stop(self, wait_s: float) -> list[list[MetricRow]]:
+        """Give the queue ``wait_s`` seconds to empty; return what could not be sent."""
+        self.idle.wait(wait_s)
+        self.stopping.set()
+        self.batches.put(None)
+        self.join(timeout=wait_s)
+        if self.is_alive():  # stuck inside a request: whatever is queued counts as unsent
+            self._drain_unsent()
+        return [rows for rows in self.unsent if rows]
+
+
+class WorkerTracker:
+    def __init__(self, handle: dict[str, Any] | None, section: Any, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.section = section
+        self.handle = RunHandle(**handle) if handle else None
+        self.logs_metrics = self.handle is not None and ctx.is_main
+        self.pending: list[MetricRow] = []
+        self.sender: Sender | None = None
+        self.system_monitor: Any = None
+        self.busy_s = 0.0  # time the training thread spends in tracking calls
+
+    @property
+    def online(self) -> bool:
+        return self.handle is not None and self.handle.run_id is not None
+
+    def start(self) -> None:
+        """Every rank calls this (the node count needs a collective)."""
+        node_ids = all_gather_objects(self.ctx.node_rank, self.ctx.world_size)
+        if self.handle is None:
+            return
+        configure_client_env()
+        if self.online and self.ctx.local_rank == 0 and self.section.system_metrics:
+            self._start_system_metrics()
+        if not self.logs_metrics:
+            return
+        tags = {
+            "world_size": str(self.ctx.world_size),
+            "node_count": str(len(set(node_ids))),
+            "device": self.ctx.device.type,
+        }
+        if self.ctx.device.type == "cuda":
+            tags["gpu"] = torch.cuda.get_device_name(self.ctx.device)
+        if self.online:
+            self.sender = Sender(self.handle)
+            self.sender.start()
+            try:
+                for key, value in tags.items():
+                    self.sender.client.set_tag(self.handle.run_id, key, value)
+            except Exception as exc:
+                warn(f"could not tag the MLflow run ({exc}); training goes on")
+                self._spool().write("tags", tags=tags)
+        else:
+            self._spool().write("tags", tags=tags)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if not self.logs_metrics:
+            return
+        now = int(time.time() * 1000)
+        self.pending.extend((key, float(value), now, step) for key, value in metrics.items())
+
+    def commit(self) -> None:
+        """The metrics logged so far are covered by a saved checkpoint: send them."""
+        if not self.logs_metrics or not self.pending:
+            return
+        started = time.perf_counter()
+        rows, self.pending = self.pending, []
+        if self.sender is not None:
+            self.sender.send(rows)
+            # Wait briefly, so a crash right after a checkpoint does not lose its metrics.
+            self.sender.idle.wait(COMMIT_WAIT_S)
+        else:
+            self._spool().write("metrics", metrics=rows)
+        self.busy_s += time.perf_counter() - started
+
+    def log_artifacts(self, files: list[Path], artifact_path: str) -> None:
+        if not self.logs_metrics:
+            return
+        for path in files:
+            if self.online:
+                try:
+                    self.sender.client.log_artifact(self.handle.run_id, str(path), artifact_path)
+                    continue
+                except Exception as exc:
+                    warn(f"could not upload {path.name} to MLflow ({exc}); spooled")
+            kept = self._spool_dir() / artifact_path / path.name
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_bytes(path.read_bytes())
+            self._spool().write("artifact", local_path=str(kept), artifact_path=artifact_path)
+
+    def log_model(self, model: nn.Module, example: torch.Tensor) -> None:
+        """The final weights as a state dict, and as an MLflow model loadable with
+        ``mlflow.pytorch.load_model`` (with its input example and explicit requirements)."""
+        if not self.logs_metrics:
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "state_dict.pt"
+            torch.save(model.state_dict(), path)
+            self.log_artifacts([path], "model_state")
+        if not (self.online and self.section.log_model):
+            return
+        try:
+            _log_mlflow_model(self.handle, model, example)
+        except Exception as exc:
+            warn(f"mlflow.pytorch.log_model failed ({exc}); the state dict is logged")
+
+    def close(self) -> None:
+        self.commit()
+        if self.sender is not None:
+            for rows in self.sender.stop(CLOSE_WAIT_S):
+                self._spool().write("metrics", metrics=rows)
+                warn(f"{len(rows)} metric values could not be sent; kept in the spool")
+        if self.system_monitor is not None:
+            self.system_monitor.finish()
+
+    def _start_system_metrics(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.system_monitor = SystemMetricsMonitor(
+                self.handle.run_id,
+                sampling_interval=self.section.system_metrics_interval_s,
+                resume_logging=self.handle.resumed,
+                node_id=f"node_{self.ctx.node_rank}",
+                tracking_uri=self.handle.tracking_uri,
+            )
+            self.system_monitor.start()
+        except Exception as exc:  # psutil missing, NVML absent…: training goes on
+            warn(f"system metrics are off on node {self.ctx.node_rank}: {exc}")
+            self.system_monitor = None
+
+    def _spool(self) -> Spool:
+        assert self.handle is not None
+        return self.handle.spool()
+
+    def _spool_dir(self) -> Path:
+        assert self.handle is not None
+        return Path(self.handle.spool_path).parent / "tracking-spool-files"
+
+
+def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor) -> None:
+    import mlflow
+    import numpy as np
+
+    import runtime
+
+    cpu_model = copy.deepcopy(model).float().cpu().eval()
+    mlflow.set_tracking_uri(handle.tracking_uri)
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
+    with mlflow.start_run(run_id=handle.run_id):
+        mlflow.pytorch.log_model(
+            cpu_model,
+            name="model",
+            input_example=example.detach().float().cpu().numpy(),
+            pip_requirements=requirements,
+            # the model's classes live in this package: ship it so the model loads anywhere
+            code_paths=[str(Path(runtime.__file__).parent)],
+        )
