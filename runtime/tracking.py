@@ -222,11 +222,12 @@ def log_learning_curve(client: Any, run_id: str) -> None:
 _warned: set[str] = set()
 
 
-def warn(message: str) -> None:
-    """Say a tracking problem once, not once per step."""
-    if message in _warned:
+def warn(message: str, key: str | None = None) -> None:
+    """Say a tracking problem once (per ``key``, default the message), not once per step."""
+    key = key or message
+    if key in _warned:
         return
-    _warned.add(message)
+    _warned.add(key)
     sys.stderr.write(f"[trainforge] warning: {message}\n")
     sys.stderr.flush()
 

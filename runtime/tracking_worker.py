@@ -45,6 +45,7 @@ class Sender(threading.Thread):
         self.idle = threading.Event()
         self.idle.set()
         self.stopping = threading.Event()
+        self.failing = False  # the last attempt failed: nobody should wait on us
 
     def send(self, rows: list[MetricRow]) -> None:
         self.idle.clear()
@@ -64,10 +65,12 @@ class Sender(threading.Thread):
                     for start in range(0, len(metrics), 1000):
                         self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
                     rows = []
+                    self.failing = False
                     break
                 except Exception as exc:
-                    warn(f"MLflow at {self.uri} stopped answering ({exc}); retrying, "
-                         "training goes on")  # fmt: skip
+                    self.failing = True
+                    warn(f"MLflow at {self.uri} stopped answering ({exc}); retrying in the "
+                         "background, training goes on", key="sender")  # fmt: skip
                     if self.stopping.wait(delay):
                         self.unsent.append(rows)
                         self._drain_unsent()
@@ -84,7 +87,8 @@ class Sender(threading.Thread):
 
     def stop(self, wait_s: float) -> list[list[MetricRow]]:
         """Give the queue ``wait_s`` seconds to empty; return what could not be sent."""
-        self.idle.wait(wait_s)
+        if not self.failing:
+            self.idle.wait(wait_s)
         self.stopping.set()
         self.batches.put(None)
         self.join(timeout=wait_s)
@@ -151,8 +155,10 @@ class WorkerTracker:
         rows, self.pending = self.pending, []
         if self.sender is not None:
             self.sender.send(rows)
-            # Wait briefly, so a crash right after a checkpoint does not lose its metrics.
-            self.sender.idle.wait(COMMIT_WAIT_S)
+            # Wait briefly, so a crash right after a checkpoint does not lose its metrics —
+            # unless the server is down: then training must not wait on it.
+            if not self.sender.failing:
+                self.sender.idle.wait(COMMIT_WAIT_S)
         else:
             self._spool().write("metrics", metrics=rows)
         self.busy_s += time.perf_counter() - started
@@ -193,7 +199,11 @@ class WorkerTracker:
         if self.sender is not None:
             for rows in self.sender.stop(CLOSE_WAIT_S):
                 self._spool().write("metrics", metrics=rows)
-                warn(f"{len(rows)} metric values could not be sent; kept in the spool")
+                warn(
+                    f"{len(rows)} metric values could not be sent; kept in "
+                    f"{self.handle.spool_path} for `trainforge tracking-sync`",
+                    key="unsent",
+                )
         if self.system_monitor is not None:
             self.system_monitor.finish()
 

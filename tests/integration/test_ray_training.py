@@ -79,6 +79,8 @@ def test_resume_after_failure_is_bitwise_identical(
     monkeypatch.setenv(launch.FAIL_AFTER_EPOCH_ENV, "1")
     crashed = _train("run.name=interrupted", *common)
     assert crashed.exit_code == 1
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    assert client.get_run(crashed.mlflow_run_id).info.status == "FAILED"
     monkeypatch.delenv(launch.FAIL_AFTER_EPOCH_ENV)
     resumed = _train("run.name=interrupted", *common)
     assert resumed.exit_code == 0
@@ -91,7 +93,6 @@ def test_resume_after_failure_is_bitwise_identical(
         assert torch.equal(ref[name], got[name]), name
 
     # It continued at epoch 2: each epoch's metrics were logged once, in order, with no gap.
-    client = MlflowClient(tracking_uri=resolve_uri(None))
     epochs = client.get_metric_history(resumed.mlflow_run_id, "epoch")
     assert [int(m.value) for m in epochs] == [1, 2, 3]
     assert client.get_run(resumed.mlflow_run_id).info.status == "FINISHED"

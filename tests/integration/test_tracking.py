@@ -1,0 +1,208 @@
+"""Tracking against a real `mlflow server` on 127.0.0.1 and a real headless Chromium.
+
+A training run made through `trainforge train` is read back with MlflowClient (params, tags,
+metric history, artifacts, the logged model, status) and opened in the MLflow UI. The server
+is stopped in the middle of another run: training finishes with exit 0 and the missing data
+comes back with `trainforge tracking-sync`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from runtime.cli import main as cli_main
+from tests.integration.mlflow_server import MlflowServer, free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = ROOT / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def served_run(ray_cluster, server: MlflowServer, tmp_path_factory: pytest.TempPathFactory):
+    """One real training run through the CLI, tracked by the server."""
+    workdir = tmp_path_factory.mktemp("served-run")
+    previous = Path.cwd()
+    os.chdir(workdir)
+    os.environ["TRAINFORGE_GIT_COMMIT"] = "0123456789abcdef"
+    try:
+        code = cli_main(
+            ["train", str(DIGITS), "run.name=served", "train.epochs=4",
+             f"tracking.tracking_uri={server.url}", "tracking.system_metrics_interval_s=1",
+             "tracking.profile_steps=2"]
+        )  # fmt: skip
+    finally:
+        os.chdir(previous)
+        del os.environ["TRAINFORGE_GIT_COMMIT"]
+    assert code == 0
+    client = MlflowClient(tracking_uri=server.url)
+    experiment = client.get_experiment_by_name("trainforge")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.`trainforge.run_name` = 'served'")
+    return client, run
+
+
+def test_run_is_complete_in_the_mlflow_server(
+    served_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, run = served_run
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    params, tags = run.data.params, run.data.tags
+    assert params["train.epochs"] == "4" and params["workload.model"] == "simple_cnn"
+    assert params["scaling.num_workers"] == "2"
+    assert tags["git.commit"] == "0123456789abcdef"
+    assert tags["world_size"] == "2" and tags["node_count"] == "1"
+    assert (
+        tags["version.torch"] == torch.__version__ and tags["version.mlflow"] == mlflow.__version__
+    )
+    checkpoint = Path(tags["trainforge.last_checkpoint"])
+    assert checkpoint.name.startswith("checkpoint_") and (checkpoint / "state.pt").is_file()
+
+    steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
+    assert steps == sorted(set(steps)) and len(steps) == 8  # every 10 of 88 steps, no repeats
+    epochs = [m.value for m in client.get_metric_history(run_id, "epoch")]
+    assert epochs == [1, 2, 3, 4]
+    assert run.data.metrics["val/accuracy"] > 0.8
+    assert any(key.startswith("system/node_0/cpu_utilization") for key in run.data.metrics)
+    assert "perf/samples_per_s" in run.data.metrics
+
+    def files(path: str | None = None) -> set[str]:
+        out = set()
+        for item in client.list_artifacts(run_id, path):
+            out |= files(item.path) if item.is_dir else {item.path}
+        return out
+
+    assert {"recipe.yaml", "plots/learning_curve.png", "plots/confusion_matrix.png",
+            "model_state/state_dict.pt", "profiler/trace_rank0.json"} <= files()  # fmt: skip
+    recipe = OmegaConf.load(client.download_artifacts(run_id, "recipe.yaml", str(tmp_path)))
+    assert recipe.run.name == "served" and recipe.train.epochs == 4
+
+    state_file = client.download_artifacts(run_id, "model_state/state_dict.pt", str(tmp_path))
+    state = torch.load(state_file, weights_only=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # for mlflow's fluent API
+    models = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run_id}'",
+        output_format="list",
+    )
+    assert len(models) == 1
+    loaded = mlflow.pytorch.load_model(f"models:/{models[0].model_id}")
+    loaded_state = loaded.state_dict()
+    assert loaded_state.keys() == state.keys()
+    assert all(torch.equal(loaded_state[k], state[k]) for k in state)
+    assert loaded(torch.randn(3, 1, 32, 32)).shape == (3, 10)
+
+
+def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    _, run = served_run
+    url = f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_text("served").first.wait_for(timeout=60_000)
+            page.get_by_text("val/accuracy").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "mlflow_run.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "mlflow_run.png").stat().st_size > 10_000
+
+
+def test_server_unreachable_at_start_spools_and_syncs(
+    ray_cluster, server: MlflowServer, in_tmp: Path, capsys
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = cli_main(["train", str(DIGITS), "run.name=offline", "train.epochs=2",
+                     f"tracking.tracking_uri={dead}"])  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err.count("is unreachable") == 1
+    spool = in_tmp / "runs" / "offline" / "tracking-spool.jsonl"
+    assert spool.is_file()
+
+    assert cli_main(["tracking-sync", str(spool.parent), "--tracking-uri", server.url]) == 0
+    assert not spool.exists()
+    client = MlflowClient(tracking_uri=server.url)
+    experiment = client.get_experiment_by_name("trainforge")
+    (run,) = client.search_runs(
+        [experiment.experiment_id], "tags.`trainforge.run_name` = 'offline'"
+    )
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.epochs"] == "2"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2]
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"recipe.yaml", "plots", "model_state"} <= names
+
+
+def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
+    ray_cluster, tmp_path: Path
+) -> None:
+    server = MlflowServer(tmp_path / "server").start()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    command = [sys.executable, "-m", "runtime", "train", str(DIGITS), "run.name=outage",
+               "train.epochs=40", "scaling.num_workers=1", f"tracking.tracking_uri={server.url}",
+               "tracking.system_metrics=false", "tracking.log_model=false"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    training = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        client = MlflowClient(tracking_uri=server.url)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and training.poll() is None:
+            runs = client.search_runs(
+                ["0", *[e.experiment_id for e in client.search_experiments()]]
+            )
+            if runs and client.get_metric_history(runs[0].info.run_id, "epoch"):
+                break
+            time.sleep(0.2)
+        server.stop()  # mid-run: the first epoch's metrics are in, 39 epochs to go
+        output, _ = training.communicate(timeout=300)
+    finally:
+        if training.poll() is None:
+            training.kill()
+    assert training.returncode == 0, output
+    assert output.count("stopped answering") == 1, output
+
+    spool = workdir / "runs" / "outage" / "tracking-spool.jsonl"
+    assert spool.is_file()
+    server.start()  # same port, same store
+    sync = subprocess.run([sys.executable, "-m", "runtime", "tracking-sync", str(spool.parent)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert sync.returncode == 0, sync.stderr
+    try:
+        (run,) = client.search_runs(
+            [client.get_experiment_by_name("trainforge").experiment_id],
+            "tags.`trainforge.run_name` = 'outage'",
+        )
+        epochs = [int(m.value) for m in client.get_metric_history(run.info.run_id, "epoch")]
+        assert epochs == list(range(1, 41))  # continuous: nothing lost, nothing twice
+        assert run.info.status == "FINISHED"
+    finally:
+        server.stop()
