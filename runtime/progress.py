@@ -71,6 +71,9 @@ class Progress:
         text = " ".join(f"{k} {v:.4f}" for k, v in shown.items())
         self._print(f"epoch {epoch + 1}/{self.epochs} done: {text}")
 
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
     def finish(self, position: Position) -> None:
         elapsed = time.perf_counter() - self.started
         steps = position.global_step - self.first_step

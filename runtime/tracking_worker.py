@@ -10,11 +10,13 @@ retrying; what is still unsent at the end goes to the spool (``tracking_spool``)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +146,22 @@ class WorkerTracker:
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.logs_metrics:
             return
+        started = time.perf_counter()
         now = int(time.time() * 1000)
         self.pending.extend((key, float(value), now, step) for key, value in metrics.items())
+        self.busy_s += time.perf_counter() - started
 
-    def commit(self) -> None:
+    @contextlib.contextmanager
+    def committing(self, enabled: bool = True) -> Iterator[None]:
+        """Around a checkpoint save: the metrics logged so far go out while the checkpoint is
+        written, and are confirmed once it is saved."""
+        if enabled:
+            self.commit(wait=False)
+        yield
+        if enabled:
+            self.confirm()
+
+    def commit(self, wait: bool = True) -> None:
         """The metrics logged so far are covered by a saved checkpoint: send them."""
         if not self.logs_metrics or not self.pending:
             return
@@ -155,12 +169,19 @@ class WorkerTracker:
         rows, self.pending = self.pending, []
         if self.sender is not None:
             self.sender.send(rows)
-            # Wait briefly, so a crash right after a checkpoint does not lose its metrics —
-            # unless the server is down: then training must not wait on it.
-            if not self.sender.failing:
-                self.sender.idle.wait(COMMIT_WAIT_S)
         else:
             self._spool().write("metrics", metrics=rows)
+        self.busy_s += time.perf_counter() - started
+        if wait:
+            self.confirm()
+
+    def confirm(self) -> None:
+        """Wait briefly for the sender, so a crash right after a checkpoint cannot lose the
+        metrics it covers — unless the server is down: training never waits on it."""
+        if self.sender is None or self.sender.failing:
+            return
+        started = time.perf_counter()
+        self.sender.idle.wait(COMMIT_WAIT_S)
         self.busy_s += time.perf_counter() - started
 
     def log_artifacts(self, files: list[Path], artifact_path: str) -> None:

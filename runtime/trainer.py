@@ -133,8 +133,8 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
             # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
             # for the Ray Train controller's poll once its one-slot queue is full.
             if checkpointer.due_after_step(position.global_step):
-                checkpointer.report(metrics | {"epoch": epoch}, state)
-                tracker.commit()  # these metrics are now covered by a checkpoint
+                with tracker.committing():  # these metrics are covered by this checkpoint
+                    checkpointer.report(metrics | {"epoch": epoch}, state)
 
         micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
         last = position.global_step >= total_steps or epoch + 1 >= epochs
@@ -143,15 +143,17 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         if evaluated:
             val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
             epoch_metrics |= val_metrics
+        if last:  # what this attempt cost, and how much of it was tracking on this thread
+            epoch_metrics["perf/train_s"] = progress.elapsed()
+            epoch_metrics["perf/tracking_s"] = tracker.busy_s
         tracker.log(epoch_metrics, position.global_step)
         metrics = metrics | epoch_metrics
         position.epoch, position.step_in_epoch = epoch + 1, 0
         progress.log_epoch(epoch, metrics)
         save = checkpointer.due_after_epoch(epoch, last)
         if save or evaluated:  # nothing new for Ray otherwise; a report is a barrier
-            checkpointer.report(metrics, state if save else None)
-        if save:
-            tracker.commit()
+            with tracker.committing(enabled=save):
+                checkpointer.report(metrics, state if save else None)
         if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
             raise RuntimeError(
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
