@@ -69,15 +69,40 @@ class Checkpointer:
             save(Path(folder), {**state_fn(), "rng": rng_states}, self.recipe_yaml)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
-    def latest(self) -> dict[str, Any] | None:
-        """The run's latest checkpoint state, or None for a fresh run."""
+    def latest(self, run_dir: str | None = None) -> dict[str, Any] | None:
+        """The run's latest checkpoint state, or None for a fresh run.
+
+        Ray Train registers a reported checkpoint asynchronously (its controller picks the
+        report up on its next poll); a worker that dies right after reporting can leave a
+        persisted checkpoint unregistered. So the run folder is searched too and the further
+        of the two wins: a saved checkpoint is never lost.
+        """
         import ray.train
 
+        candidates = []
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return None
-        with checkpoint.as_directory() as folder:
-            return load(Path(folder))
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder:
+                candidates.append(load(Path(folder)))
+        if run_dir is not None and "://" not in run_dir:
+            on_disk = newest_in(Path(run_dir))
+            if on_disk is not None:
+                candidates.append(on_disk)
+        return max(candidates, key=lambda state: state["global_step"], default=None)
+
+
+def newest_in(run_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint in ``run_dir`` with the most optimizer steps; unreadable ones (a copy cut
+    short by a crash) are skipped."""
+    best: dict[str, Any] | None = None
+    for folder in run_dir.glob("checkpoint_*"):
+        try:
+            state = load(folder)
+        except Exception:
+            continue
+        if best is None or state["global_step"] > best["global_step"]:
+            best = state
+    return best
 
 
 def save(folder: Path, state: dict[str, Any], recipe_yaml: str) -> None:

@@ -24,6 +24,20 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument(
             "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.lr=0.01"
         )
+    submit = commands.add_parser(
+        "submit",
+        help="submit a recipe to a Ray cluster with `ray job submit` (run name = submission id)",
+    )
+    submit.add_argument("recipe", help="path to a recipe YAML file inside the project")
+    submit.add_argument("overrides", nargs="*", metavar="key=value")
+    submit.add_argument("--address", help="Ray dashboard address (default: $RAY_ADDRESS)")
+    submit.add_argument("--runtime-env", help="runtime_env YAML (default: deploy/runtime_env.yaml)")
+    submit.add_argument("--no-wait", action="store_true", help="return once submitted")
+    submit.add_argument(
+        "--no-working-dir",
+        action="store_true",
+        help="ship nothing: the cluster's image already holds the project",
+    )
     sync = commands.add_parser(
         "tracking-sync",
         help="send what a run kept locally while MLflow was unreachable",
@@ -44,6 +58,20 @@ def main(argv: list[str] | None = None) -> int:
             return _tracking_sync(args.run_dir, args.tracking_uri)
         if args.command == "ui":
             return _ui(args.tracking_uri, args.port)
+        if args.command == "submit":
+            from pathlib import Path
+
+            from runtime import submit
+
+            env_file = Path(args.runtime_env) if args.runtime_env else submit.DEFAULT_RUNTIME_ENV
+            return submit.submit(
+                args.recipe,
+                args.overrides,
+                args.address,
+                env_file,
+                wait=not args.no_wait,
+                ship=not args.no_working_dir,
+            )
         from runtime import config
 
         cfg = config.load(args.recipe, args.overrides)

@@ -24,6 +24,8 @@ class WorkerContext:
     world_size: int
     node_rank: int
     device: torch.device
+    node_id: str = ""
+    """Ray's node id (two raylets on one host share a node_rank, which Ray derives from the IP)."""
 
     @property
     def is_main(self) -> bool:
@@ -32,6 +34,7 @@ class WorkerContext:
 
 def ray_context() -> WorkerContext:
     """The context of a Ray Train worker."""
+    import ray
     import ray.train
     import ray.train.torch
 
@@ -42,6 +45,7 @@ def ray_context() -> WorkerContext:
         world_size=ctx.get_world_size(),
         node_rank=ctx.get_node_rank(),
         device=ray.train.torch.get_device(),
+        node_id=ray.get_runtime_context().get_node_id(),
     )
 
 

@@ -27,8 +27,9 @@ def connect() -> None:
 
     if ray.is_initialized():
         return
-    address = os.environ.get("RAY_ADDRESS") or None
-    # The local dashboard stays on loopback; Ray Train's state queries need it.
+    # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
+    # ray.init() would join that one). The local dashboard stays on loopback.
+    address = os.environ.get("RAY_ADDRESS") or "local"
     ray.init(address=address, log_to_driver=True, dashboard_host="127.0.0.1")
 
 
@@ -122,7 +123,7 @@ def train(cfg: DictConfig) -> Outcome:
 
     recipe = config.to_container(cfg)
     recipe_yaml = config.to_yaml(cfg)
-    payload: dict[str, Any] = {"recipe": recipe}
+    payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{storage}/{cfg.run.name}"}
     if os.environ.get(FAIL_AFTER_EPOCH_ENV):
         payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
     handle = None

@@ -116,7 +116,7 @@ class WorkerTracker:
 
     def start(self) -> None:
         """Every rank calls this (the node count needs a collective)."""
-        node_ids = all_gather_objects(self.ctx.node_rank, self.ctx.world_size)
+        node_ids = all_gather_objects(self.ctx.node_id, self.ctx.world_size)
         if self.handle is None:
             return
         configure_client_env()

@@ -75,7 +75,8 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     scheduler = build_schedule(optimizer, train_cfg, total_steps)
 
     checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg))
-    position = restore(checkpointer.latest(), model, optimizer, scheduler, precision, ctx)
+    latest = checkpointer.latest(payload.get("run_dir"))
+    position = restore(latest, model, optimizer, scheduler, precision, ctx)
     train_model = distributed.wrap(model, ctx)
     if precision_cfg.compile:
         train_model = torch.compile(train_model)

@@ -36,6 +36,7 @@ def ray_cluster():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never join a `ray start` cluster another test is running
             num_cpus=max(2, os.cpu_count() or 2),
             dashboard_host="127.0.0.1",
             log_to_driver=True,

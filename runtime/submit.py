@@ -1,0 +1,140 @@
+"""`trainforge submit`: a thin wrapper over `ray job submit` for a recipe.
+
+- the run name is the submission id, so a job, its Ray Train run directory and its MLflow run
+  share one identity (a resubmitted run resumes instead of forking);
+- the project ships as the job's working_dir, without data, runs and caches;
+- the runtime_env file (deploy/runtime_env.yaml) carries the environment variables, plus the git
+  commit captured here (the shipped tree has no .git);
+- the entrypoint reserves no CPU or GPU: the driver only coordinates, and a reserved GPU would
+  starve a training worker.
+
+The recipe is validated before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runtime import config
+from runtime.errors import RecipeError
+from runtime.tracking import GIT_COMMIT_ENV, git_commit
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "deploy" / "runtime_env.yaml"
+EXCLUDES = [
+    ".git", ".device", ".whl", "data", "runs", "mlruns", "mlartifacts", "mlflow.db",
+    "trainforge-spool", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info",
+]  # fmt: skip
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def build_runtime_env(
+    runtime_env_file: Path | None, commit: str | None, ship: bool = True
+) -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    if runtime_env_file is not None:
+        if not runtime_env_file.is_file():
+            raise RecipeError(f"--runtime-env: {runtime_env_file} does not exist")
+        env = yaml.safe_load(runtime_env_file.read_text()) or {}
+        if not isinstance(env, dict):
+            raise RecipeError(f"--runtime-env: {runtime_env_file} must be a mapping")
+    if ship:
+        env.setdefault("working_dir", str(PROJECT_ROOT))
+        env["excludes"] = sorted(set(env.get("excludes", [])) | set(EXCLUDES))
+    env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
+    if commit:
+        env_vars[GIT_COMMIT_ENV] = commit
+    env["env_vars"] = env_vars
+    return env
+
+
+def command(
+    recipe: str, overrides: list[str], address: str | None, runtime_env: dict[str, Any],
+    submission_id: str, wait: bool,
+) -> list[str]:  # fmt: skip
+    args = ["ray", "job", "submit", "--submission-id", submission_id,
+            "--runtime-env-json", json.dumps(runtime_env),
+            "--entrypoint-num-cpus", "0", "--entrypoint-num-gpus", "0"]  # fmt: skip
+    if address:
+        args += ["--address", address]
+    if not wait:
+        args.append("--no-wait")
+    # `python -m runtime` runs from the shipped working_dir even where the console script
+    # is not installed.
+    return [*args, "--", "python", "-m", "runtime", "train", recipe, *overrides]
+
+
+def submit(
+    recipe: str,
+    overrides: list[str],
+    address: str | None = None,
+    runtime_env_file: Path | None = DEFAULT_RUNTIME_ENV,
+    wait: bool = True,
+    ship: bool = True,
+) -> int:
+    """``ship=False`` sends no working_dir: for clusters whose image already holds the project
+    (the container of deploy/docker); the recipe is then named by its absolute path."""
+    cfg = config.load(recipe, overrides)  # refuse a bad recipe before touching the cluster
+    recipe_arg = _relative_to_project(Path(recipe)) if ship else str(Path(recipe).resolve())
+    runtime_env = build_runtime_env(runtime_env_file, git_commit_of(PROJECT_ROOT), ship)
+    env = dict(os.environ)
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        env.setdefault("RAY_AUTH_MODE", "token")  # Ray ≥ 2.60 heads want the token
+    _clear_finished_job(cfg.run.name, address, env)
+    args = command(recipe_arg, overrides, address, runtime_env, cfg.run.name, wait)
+    print(
+        f"[trainforge] ray job submit --submission-id {shlex.quote(cfg.run.name)} … -- "
+        + shlex.join(args[args.index("--") + 1 :])
+    )
+    return subprocess.call(args, env=env)
+
+
+def git_commit_of(root: Path) -> str | None:
+    previous = Path.cwd()
+    try:
+        os.chdir(root)
+        return git_commit()
+    finally:
+        os.chdir(previous)
+
+
+def _relative_to_project(recipe: Path) -> str:
+    """The entrypoint runs inside the shipped project: name the recipe relative to it."""
+    resolved = recipe.resolve()
+    try:
+        return str(resolved.relative_to(PROJECT_ROOT))
+    except ValueError:
+        raise RecipeError(
+            f"recipe {recipe}: must live inside the project ({PROJECT_ROOT}) to ship with the job"
+        ) from None
+
+
+def job_status(submission_id: str, address: str | None) -> str | None:
+    """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown."""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    try:
+        return str(client.get_job_status(submission_id).value)
+    except RuntimeError:  # no job with this id
+        return None
+
+
+def _clear_finished_job(submission_id: str, address: str | None, env: dict[str, str]) -> None:
+    """A finished job with this id blocks resubmission; a running one is an error."""
+    from ray.job_submission import JobSubmissionClient
+
+    os.environ.update({k: v for k, v in env.items() if k == "RAY_AUTH_MODE"})
+    state = job_status(submission_id, address)
+    if state in ("RUNNING", "PENDING"):
+        raise RecipeError(f"run.name: job {submission_id!r} is {state} on the cluster already")
+    if state in TERMINAL:
+        JobSubmissionClient(address).delete_job(submission_id)
+        print(f"[trainforge] resubmitting {submission_id!r} (previous job {state}); it resumes")

@@ -1,0 +1,1 @@
+"""KubeRay CRD schemas (see README.md here)."""

@@ -1,0 +1,89 @@
+"""Real Ray clusters for the deploy tests: `ray start --head` and extra `ray start --address`
+nodes on this one machine, each a `--block` process stopped by the test (never a global
+`ray stop`, which would also stop the test session's own Ray)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.mlflow_server import free_port
+
+
+class RayNodes:
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.processes: list[subprocess.Popen] = []
+        self.gcs_port = free_port()
+        self.dashboard_port = free_port()
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def gcs(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def start_head(self, *args: str) -> RayNodes:
+        self._start(
+            ["ray", "start", "--head", "--block", f"--port={self.gcs_port}",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+             "--ray-client-server-port", str(free_port()), *args],
+            "head",
+        )  # fmt: skip
+        self._wait(lambda: self._status_ok(), "the Ray head")
+        return self
+
+    def add_node(self, *args: str) -> None:
+        before = self.node_count()
+        self._start(["ray", "start", "--block", f"--address={self.gcs}", *args], "node")
+        self._wait(lambda: self.node_count() > before, "the second Ray node")
+
+    def node_count(self) -> int:
+        out = subprocess.run(
+            ["ray", "status", f"--address={self.gcs}"], env=self.env, capture_output=True,
+            text=True, timeout=60,
+        )  # fmt: skip
+        active = out.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
+        return sum(1 for line in active.splitlines() if "node_" in line)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def _status_ok(self) -> bool:
+        return self.node_count() >= 1
+
+    def _start(self, args: list[str], name: str) -> None:
+        log = (self.log_dir / f"ray-{name}-{len(self.processes)}.log").open("wb")
+        self.processes.append(
+            subprocess.Popen(
+                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+
+    def _wait(self, ready, what: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.processes):
+                raise RuntimeError(f"{what} exited; logs in {self.log_dir}")
+            try:
+                if ready():
+                    return
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{what} did not come up within {timeout_s} s; logs in {self.log_dir}")
