@@ -8,6 +8,7 @@ starts, and raises RecipeError.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +112,9 @@ def train(cfg: DictConfig) -> Outcome:
     """Run the recipe to completion."""
     import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
+
+    _Trainer = _trainer_class()
 
     from runtime.workloads import check_workload_data
 
@@ -139,7 +142,7 @@ def train(cfg: DictConfig) -> Outcome:
     # ray.train.report blocks once the controller's one-slot result queue is full, until the
     # controller's next poll (2 s by default): poll faster so short epochs don't wait on it.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    trainer = TorchTrainer(
+    trainer = _Trainer(
         train_loop_per_worker=_worker_entry,
         train_loop_config=payload,
         torch_config=TorchConfig(
@@ -166,11 +169,13 @@ def train(cfg: DictConfig) -> Outcome:
         result = trainer.fit()
         status = "FINISHED"
         checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
-    except KeyboardInterrupt:
-        status = "KILLED"
-        print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
-        return Outcome(130, mlflow_run_id=handle and handle.run_id)
-    except ray.train.TrainingFailedError as exc:
+    except (KeyboardInterrupt, SystemExit, ray.train.TrainingFailedError) as exc:
+        if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
+            status = "KILLED"
+            print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
+            return Outcome(130, mlflow_run_id=handle and handle.run_id)
+        if isinstance(exc, SystemExit):
+            raise
         print(f"[trainforge] training failed: {exc}", file=sys.stderr)
         print(f"[trainforge] re-run with run.name={cfg.run.name} to resume", file=sys.stderr)
         return Outcome(1, mlflow_run_id=handle and handle.run_id)
@@ -189,6 +194,29 @@ def train(cfg: DictConfig) -> Outcome:
         backend=backend,
         num_workers=cfg.scaling.num_workers,
     )
+
+
+def _trainer_class() -> type:
+    from ray.train.torch import TorchTrainer
+
+    class Trainer(TorchTrainer):
+        """TorchTrainer that remembers a Ctrl-C: Ray Train's own SIGINT handler aborts the run
+        gracefully and fit() then ends like a failure; the run must be recorded as KILLED."""
+
+        interrupted = False
+
+        def _register_sigint_handler(self, controller: Any) -> None:
+            super()._register_sigint_handler(controller)
+            ray_handler = signal.getsignal(signal.SIGINT)
+
+            def on_sigint(signum: int, frame: Any) -> None:
+                self.interrupted = True
+                if callable(ray_handler):
+                    ray_handler(signum, frame)
+
+            signal.signal(signal.SIGINT, on_sigint)
+
+    return Trainer
 
 
 def _worker_entry(payload: dict[str, Any]) -> None:

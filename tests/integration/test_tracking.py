@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -206,3 +207,54 @@ def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
         assert run.info.status == "FINISHED"
     finally:
         server.stop()
+
+
+def test_ctrl_c_stops_the_run_as_killed(ray_cluster, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "runtime", "train", str(DIGITS), "run.name=ctrl-c",
+               "train.epochs=500", "scaling.num_workers=1",
+               "tracking.system_metrics=false"]  # fmt: skip
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    training = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        checkpoints = tmp_path / "runs" / "ctrl-c"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and training.poll() is None:
+            if any(p.is_dir() for p in checkpoints.glob("checkpoint_*")):
+                break
+            time.sleep(0.2)
+        training.send_signal(signal.SIGINT)
+        output, _ = training.communicate(timeout=120)
+    finally:
+        if training.poll() is None:
+            training.kill()
+    assert training.returncode == 130, output
+    assert "interrupted" in output
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("trainforge").experiment_id])
+    assert run.info.status == "KILLED"
+
+
+def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
+    from mlflow.tracking import MlflowClient as Client
+
+    Client(tracking_uri=f"sqlite:///{in_tmp / 'mlflow.db'}").create_experiment("seen-in-ui")
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "runtime", "ui", "--port", str(port)],
+                          cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True)  # fmt: skip
+    try:
+        client = Client(tracking_uri=f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                names = [e.name for e in client.search_experiments()]
+                break
+            except Exception:
+                if time.monotonic() > deadline or ui.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        assert "seen-in-ui" in names
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
