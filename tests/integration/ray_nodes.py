@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,15 +35,32 @@ class RayNodes:
         self._start(
             ["ray", "start", "--head", "--block", f"--port={self.gcs_port}",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-             "--ray-client-server-port", str(free_port()), *args],
+             "--ray-client-server-port", str(free_port()), *self._agent_ports(), *args],
             "head",
         )  # fmt: skip
-        self._wait(lambda: self._status_ok(), "the Ray head")
+        try:
+            self._wait(lambda: self._status_ok(), "the Ray head")
+            self._wait(self._job_agent_ready, "the head's job agent")
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    @staticmethod
+    def _agent_ports() -> list[str]:
+        # Each raylet's agents default to fixed ports (52365 …): a second Ray on this machine
+        # (the test session's own) would hold them, and the job agent never comes up.
+        return [f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-grpc-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}",
+                f"--metrics-export-port={free_port()}"]  # fmt: skip
 
     def add_node(self, *args: str) -> None:
         before = self.node_count()
-        self._start(["ray", "start", "--block", f"--address={self.gcs}", *args], "node")
+        self._start(
+            ["ray", "start", "--block", f"--address={self.gcs}", *self._agent_ports(), *args],
+            "node",
+        )
         self._wait(lambda: self.node_count() > before, "the second Ray node")
 
     def node_count(self) -> int:
@@ -66,6 +84,31 @@ class RayNodes:
 
     def _status_ok(self) -> bool:
         return self.node_count() >= 1
+
+    def _job_agent_ready(self) -> bool:
+        """The dashboard answers before its job agent registers (slow on a loaded machine); a
+        submission before then fails with "No available agent". Probe with a no-op job."""
+        probe = subprocess.run(
+            ["ray", "job", "submit", "--address", self.dashboard, "--", "true"],
+            env=self.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if probe.returncode == 0:
+            return True
+        if "No available agent" in probe.stdout + probe.stderr:
+            return False
+        raise RuntimeError(f"probe job failed: {probe.stdout}{probe.stderr}")
+
+    def job_status(self, submission_id: str) -> str:
+        """Asked from a fresh process: Ray reads RAY_AUTH_MODE once per process."""
+        code = (
+            "import sys; from ray.job_submission import JobSubmissionClient as C; "
+            "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, self.dashboard, submission_id],
+            env=self.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr
 
     def _start(self, args: list[str], name: str) -> None:
         log = (self.log_dir / f"ray-{name}-{len(self.processes)}.log").open("wb")

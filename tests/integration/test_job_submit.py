@@ -3,7 +3,6 @@ and a two-node cluster whose 2-worker run puts one worker on each node."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runtime.submit import PROJECT_ROOT, git_commit_of, job_status
+from runtime.submit import PROJECT_ROOT, git_commit_of
 from tests.integration.ray_nodes import RayNodes
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -31,12 +30,8 @@ def _submit(
                           text=True, timeout=600)  # fmt: skip
 
 
-def _status(nodes: RayNodes, submission_id: str) -> str | None:
-    os.environ["RAY_AUTH_MODE"] = "token"
-    try:
-        return job_status(submission_id, nodes.dashboard)
-    finally:
-        del os.environ["RAY_AUTH_MODE"]
+def _status(nodes: RayNodes, submission_id: str) -> str:
+    return nodes.job_status(submission_id)
 
 
 def _run(tmp_path: Path, name: str):
