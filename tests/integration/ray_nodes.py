@@ -20,7 +20,8 @@ class RayNodes:
         self.processes: list[subprocess.Popen] = []
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1"}
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1",
+                    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2"}  # fmt: skip
         self.env.pop("RAY_ADDRESS", None)
 
     @property
