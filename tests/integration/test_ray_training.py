@@ -104,3 +104,29 @@ def test_use_gpu_true_without_gpu_exits_2(ray_cluster, in_tmp: Path, capsys) -> 
     err = capsys.readouterr().err
     assert "scaling.use_gpu" in err and "no GPU" in err
     assert not (in_tmp / "runs" / "nogpu").exists()
+
+
+def test_imagefolder_through_dataloader_workers(ray_cluster, in_tmp: Path) -> None:
+    """An ImageFolder tree goes through DataLoader worker processes (persistent, pinned where
+    there is a GPU) with the runtime's sampler, on 2 Ray Train workers."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 32), ("val", 8)):
+        for label, channel in (("red", 0), ("blue", 2)):
+            folder = in_tmp / "images" / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 90, (12, 12, 3), dtype=np.uint8)
+                pixels[..., channel] = rng.integers(160, 255, (12, 12), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    outcome = _train(
+        "run.name=folder", "scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
+        "workload.dataset=imagefolder", f"workload.data_root={in_tmp / 'images'}",
+        "workload.num_classes=2", "workload.loader_workers=2", "tracking.enabled=false",
+    )  # fmt: skip
+    assert outcome.exit_code == 0
+    assert outcome.metrics["epoch"] == 3
+    assert outcome.metrics["val/accuracy"] >= 0.9, outcome.metrics
+    assert checkpoint.load(outcome.checkpoint_path)["global_step"] == 3 * (32 // 8)

@@ -399,3 +399,24 @@ def test_resolve_uri_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
     assert tracking.resolve_uri(None) == "http://tracking:5000"
     assert tracking.resolve_uri("file:///tmp/mlruns") == "file:///tmp/mlruns"  # recipe wins
+
+
+@pytest.mark.parametrize("loader_workers", [0, 2])
+def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) -> None:
+    """A map-style Dataset goes through a DataLoader with the runtime's sampler (worker
+    processes, persistent across epochs); it must see exactly the batches the tensor path sees,
+    also when an epoch resumes part-way."""
+    from torch.utils.data import TensorDataset
+
+    split = tensor_data(61)
+    as_dataset = TensorDataset(split.inputs, split.targets)
+    for rank in (0, 1):
+        tensors = data.TrainBatches(split, ctx(rank, 2), batch_size=5, seed=2)
+        loader = data.TrainBatches(
+            as_dataset, ctx(rank, 2), batch_size=5, seed=2, loader_workers=loader_workers
+        )
+        assert loader.loader is not None and tensors.loader is None
+        assert loader.loader.persistent_workers == (loader_workers > 0)
+        for epoch in (0, 1):
+            assert epoch_indices(loader, epoch) == epoch_indices(tensors, epoch)
+        assert epoch_indices(loader, 2, skip=3) == epoch_indices(tensors, 2, skip=3)
