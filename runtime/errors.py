@@ -4,6 +4,15 @@ The CLI turns it into a single clear line on stderr and exit status 2, with no t
 before any Ray worker starts.
 """
 
+import difflib
+from collections.abc import Iterable
+
 
 class RecipeError(Exception):
     """A problem with what the user asked for (not a bug in trainforge)."""
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
-from runtime.errors import RecipeError
+from runtime.errors import RecipeError, did_you_mean
 from runtime.workloads.base import Workload
 from runtime.workloads.cnn.config import CNNWorkloadConfig
 
@@ -14,10 +13,9 @@ SCHEMAS: dict[str, type] = {"cnn": CNNWorkloadConfig}
 
 def workload_schema(kind: str) -> type:
     if kind not in SCHEMAS:
-        close = difflib.get_close_matches(kind, SCHEMAS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise RecipeError(
-            f"workload.kind: unknown workload {kind!r}{hint}; choices: {', '.join(SCHEMAS)}"
+            f"workload.kind: unknown workload {kind!r}{did_you_mean(kind, SCHEMAS)}; "
+            f"choices: {', '.join(SCHEMAS)}"
         )
     return SCHEMAS[kind]
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.errors import RecipeError
+from runtime.errors import RecipeError, did_you_mean
 
 KNOWN_MODELS = ("simple_cnn", "resnet18_cifar")
 TORCHVISION_PREFIX = "torchvision:"
@@ -136,10 +136,7 @@ def check_model_name(name: str) -> None:
         return
     choices = ", ".join([*KNOWN_MODELS, f"{TORCHVISION_PREFIX}<name>"])
     message = f"workload.model={name!r} is not a known model; choose one of: {choices}"
-    close = difflib.get_close_matches(name, KNOWN_MODELS, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    raise RecipeError(message)
+    raise RecipeError(message + did_you_mean(name, KNOWN_MODELS))
 
 
 def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.errors import RecipeError
+from runtime.errors import RecipeError, did_you_mean
 from runtime.plots import confusion_matrix
 from runtime.workloads.base import Split, TensorData
 from runtime.workloads.cnn.datasets import (
@@ -38,8 +37,7 @@ def check(cfg: Any) -> None:
         raise RecipeError(f"workload.loader_workers: must be >= 0, got {cfg.loader_workers}")
     check_model_name(cfg.model)
     if cfg.dataset not in KNOWN_DATASETS:
-        close = difflib.get_close_matches(cfg.dataset, KNOWN_DATASETS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        hint = did_you_mean(cfg.dataset, KNOWN_DATASETS)
         raise RecipeError(
             f"workload.dataset: {cfg.dataset!r} is not a known data set{hint}; "
             f"choose one of: {', '.join(KNOWN_DATASETS)}"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 
-from runtime.errors import RecipeError
+from runtime.errors import RecipeError, did_you_mean
 from runtime.workloads.sbi.tasks.base import NUM_OBSERVATIONS, Task
 from runtime.workloads.sbi.tasks.bernoulli_glm import BernoulliGLM
 from runtime.workloads.sbi.tasks.gaussian import GaussianLinear, GaussianMixture
@@ -41,9 +40,8 @@ class UnknownTaskError(RecipeError, ValueError):
 def get_task(name: str) -> Task:
     """A fresh instance of the task called ``name``."""
     if name not in TASKS:
-        close = difflib.get_close_matches(name, TASKS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownTaskError(
-            f"unknown SBI task {name!r}{hint}; known tasks: {', '.join(sorted(TASKS))}"
+            f"unknown SBI task {name!r}{did_you_mean(name, TASKS)}; "
+            f"known tasks: {', '.join(sorted(TASKS))}"
         )
     return TASKS[name]()
