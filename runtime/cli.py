@@ -18,6 +18,7 @@ def parser() -> argparse.ArgumentParser:
     for name, text in (
         ("train", "train a recipe on a local Ray instance or the cluster in RAY_ADDRESS"),
         ("validate", "check a recipe and print it fully resolved"),
+        ("simulate", "run only the simulation stage of an SBI recipe (cached, resumable)"),
     ):
         command = commands.add_parser(name, help=text, description=text)
         command.add_argument("recipe", help="path to a recipe YAML file")
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from runtime import launch
 
+        if args.command == "simulate":
+            return launch.simulate(cfg)
         return launch.train(cfg).exit_code
     except RecipeError as exc:
         print(f"trainforge: error: {exc}", file=sys.stderr)

@@ -88,6 +88,17 @@ class TrainSection:
     """Clip the global gradient norm to this value (None: no clipping; the norm is still logged)."""
     eval_every_epochs: int = 1
     """Evaluate on the validation split every N epochs (and always at the end)."""
+    early_stopping_patience: int = 0
+    """Stop when val/loss has not improved for this many evaluations (0: off). The decision is
+    all-reduced, so every rank stops at the same epoch."""
+    restore_best: bool = False
+    """At the end, put back the weights of the evaluation with the lowest val/loss (kept in
+    memory and in checkpoints)."""
+    lr_scaling: str = "none"
+    """none | linear | sqrt: scale lr by (global batch / lr_reference_batch) or its square root,
+    for large-batch training."""
+    lr_reference_batch: int = 256
+    """The global batch at which lr is the recipe's lr (see lr_scaling)."""
     log_every_steps: int = 20
     """Print progress and report training metrics every N optimizer steps."""
 
@@ -155,6 +166,7 @@ CHOICES = {
     "scaling.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     "train.optimizer": ("adamw", "adam", "sgd"),
     "train.schedule": ("constant", "cosine", "linear"),
+    "train.lr_scaling": ("none", "linear", "sqrt"),
     "precision.dtype": ("fp32", "bf16", "fp16"),
 }
 
@@ -232,6 +244,7 @@ def check_values(cfg: DictConfig) -> None:
         "train.batch_size": 1,
         "train.grad_accum_steps": 1,
         "train.eval_every_epochs": 1,
+        "train.lr_reference_batch": 1,
         "train.log_every_steps": 1,
         "checkpoint.every_epochs": 1,
         "checkpoint.keep_last": 1,
@@ -256,6 +269,10 @@ def check_values(cfg: DictConfig) -> None:
         raise RecipeError(f"train.lr: must be > 0, got {train.lr}")
     if train.weight_decay < 0:
         raise RecipeError(f"train.weight_decay: must be >= 0, got {train.weight_decay}")
+    if train.early_stopping_patience < 0:
+        raise RecipeError(
+            f"train.early_stopping_patience: must be >= 0, got {train.early_stopping_patience}"
+        )
     if train.warmup_steps < 0:
         raise RecipeError(f"train.warmup_steps: must be >= 0, got {train.warmup_steps}")
     if not 0 <= train.min_lr_ratio <= 1:
@@ -278,7 +295,17 @@ def check_values(cfg: DictConfig) -> None:
 
     from runtime.workloads import check_workload
 
-    check_workload(cfg.workload)
+    check_workload(cfg.workload, cfg.precision)
+
+
+def scaled_lr(train: Any, global_batch_size: int) -> float:
+    """The learning rate after ``train.lr_scaling`` for this global batch."""
+    ratio = global_batch_size / train.lr_reference_batch
+    if train.lr_scaling == "linear":
+        return train.lr * ratio
+    if train.lr_scaling == "sqrt":
+        return train.lr * math.sqrt(ratio)
+    return train.lr
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -116,13 +116,14 @@ def train(cfg: DictConfig) -> Outcome:
 
     _Trainer = _trainer_class()
 
-    from runtime.workloads import check_workload_data
+    from runtime.workloads import check_workload_data, prepare_workload_data
 
     check_workload_data(cfg.workload)
     storage = storage_root(cfg.run)
     check_existing_run(cfg, storage)
     connect()
     use_gpu = check_resources(cfg.scaling, ray.cluster_resources())
+    prepare_workload_data(cfg.workload, cfg.run.seed, storage)
 
     recipe = config.to_container(cfg)
     recipe_yaml = config.to_yaml(cfg)
@@ -194,6 +195,20 @@ def train(cfg: DictConfig) -> Outcome:
         backend=backend,
         num_workers=cfg.scaling.num_workers,
     )
+
+
+def simulate(cfg: DictConfig) -> int:
+    """`trainforge simulate`: only the data stage (SBI simulations), on the Ray cluster."""
+    from runtime.workloads import check_workload_data, prepare_workload_data
+
+    if cfg.workload.kind != "sbi":
+        raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
+    check_workload_data(cfg.workload)
+    storage = storage_root(cfg.run)
+    connect()
+    prepare_workload_data(cfg.workload, cfg.run.seed, storage)
+    print(f"[trainforge] simulations ready: {cfg.workload.simulation.path}")
+    return 0
 
 
 def _trainer_class() -> type:

@@ -9,18 +9,20 @@ import torch
 from torch import nn
 
 
-def build_optimizer(model: nn.Module, train: Any) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, train: Any, lr: float | None = None) -> torch.optim.Optimizer:
+    """The recipe's optimizer at ``lr`` (default ``train.lr``; the loop passes the scaled LR)."""
+    lr = train.lr if lr is None else lr
     params = [p for p in model.parameters() if p.requires_grad]
     # fused kernels are one launch per step instead of one per tensor (CUDA only)
     fused = {"fused": True} if params and params[0].is_cuda else {}
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, **fused)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay, **fused)
+        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "sgd":
         return torch.optim.SGD(
             params,
-            lr=train.lr,
+            lr=lr,
             momentum=train.momentum,
             nesterov=train.momentum > 0,
             weight_decay=train.weight_decay,

@@ -80,6 +80,10 @@ class Progress:
         rate = f", {self.global_batch * steps / elapsed:,.0f} samples/s" if steps else ""
         self._print(f"finished at step {position.global_step} in {elapsed:.1f} s{rate}")
 
+    def note(self, text: str) -> None:
+        """A one-off line from rank 0 (early stopping, evaluation results)."""
+        self._print(text)
+
     def _print(self, text: str) -> None:
         if self.ctx.is_main:
             # Not print(): Ray Train patches print in workers and the line would appear twice.

@@ -23,6 +23,7 @@ from runtime import config, distributed
 from runtime.checkpoint import Checkpointer, Position, restore_rng
 from runtime.data import TrainBatches, eval_batches, micro_batches_per_epoch
 from runtime.distributed import WorkerContext
+from runtime.early_stopping import EarlyStopping
 from runtime.optim import build_optimizer, build_schedule
 from runtime.precision import Precision
 from runtime.profiling import StepProfiler
@@ -50,7 +51,8 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     model = workload.build_model().to(ctx.device)
     if precision_cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(model, train_cfg)
+    global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
+    optimizer = build_optimizer(model, train_cfg, config.scaled_lr(train_cfg, global_batch))
     precision = Precision(precision_cfg.dtype, ctx.device)
 
     loader_workers = getattr(cfg.workload, "loader_workers", 0)
@@ -77,6 +79,9 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg))
     latest = checkpointer.latest(payload.get("run_dir"))
     position = restore(latest, model, optimizer, scheduler, precision, ctx)
+    stopper = EarlyStopping(train_cfg.early_stopping_patience, train_cfg.restore_best)
+    if latest is not None and "early_stopping" in latest:
+        stopper.load_state_dict(latest["early_stopping"], ctx.device)
     train_model = distributed.wrap(model, ctx)
     if precision_cfg.compile:
         train_model = torch.compile(train_model)
@@ -84,7 +89,6 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
     tracker.start()
     profiler = StepProfiler(cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx)
-    global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
     progress = Progress(ctx, total_steps, epochs, global_batch, workload.describe())
     progress.start(position)
     fail_after_epoch = payload.get("fail_after_epoch")
@@ -98,13 +102,14 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
             "epoch": position.epoch,
             "step_in_epoch": position.step_in_epoch,
             "global_step": position.global_step,
+            "early_stopping": stopper.state_dict(),
         }
 
     loss_sum = torch.zeros((), device=ctx.device)
     steps_since_log = 0
     metrics: dict[str, float] = {}
     eval_sums: dict[str, torch.Tensor] = {}
-    while position.epoch < epochs and position.global_step < total_steps:
+    while position.epoch < epochs and position.global_step < total_steps and not stopper.stopped:
         epoch = position.epoch
         train_model.train()
         micro_batches = batches.epoch(
@@ -144,6 +149,13 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         if evaluated:
             val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
             epoch_metrics |= val_metrics
+            if stopper.update(val_metrics["val/loss"], epoch + 1, model, ctx):
+                last = True
+                progress.note(
+                    f"early stop after epoch {epoch + 1}: val/loss has not improved for "
+                    f"{stopper.patience} evaluations (best {stopper.best:.4f} at epoch "
+                    f"{stopper.best_epoch})"
+                )
         if last:  # what this attempt cost, and how much of it was tracking on this thread
             epoch_metrics["perf/train_s"] = progress.elapsed()
             epoch_metrics["perf/tracking_s"] = tracker.busy_s
@@ -160,12 +172,28 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
             )
 
-    if not metrics:  # resumed a run that had already finished: evaluate and report once more
+    if train_cfg.restore_best and stopper.restore_best(model):
+        progress.note(f"restored the best weights (val/loss {stopper.best:.4f}, epoch "
+                      f"{stopper.best_epoch})")  # fmt: skip
+        metrics = {}  # evaluate the restored weights below
+    if not metrics:  # restored weights, or a resumed run that had already finished
         metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
         metrics["epoch"] = position.epoch
         checkpointer.report(metrics, None)
     progress.finish(position)
     profiler.stop()
+    finish = getattr(workload, "finish", None)
+    if finish is not None:  # workload-specific final evaluation and export, on rank 0
+        with tempfile.TemporaryDirectory(prefix="trainforge-eval-") as folder:
+            final: dict[str, float] = {}
+            if ctx.is_main:
+                final, files = finish(
+                    distributed.unwrap(model), payload.get("run_dir"), Path(folder)
+                )
+                tracker.log(final, position.global_step)
+                tracker.log_artifacts(files, "evaluation")
+                progress.note("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+            checkpointer.report(metrics | final, None)  # a barrier: every rank waits for rank 0
     if ctx.is_main:
         log_final_artifacts(tracker, workload, model, val_split, eval_sums, profiler)
     tracker.close()

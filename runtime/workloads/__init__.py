@@ -7,8 +7,9 @@ from typing import Any
 from runtime.errors import RecipeError, did_you_mean
 from runtime.workloads.base import Workload
 from runtime.workloads.cnn.config import CNNWorkloadConfig
+from runtime.workloads.sbi.config import SBIWorkloadConfig
 
-SCHEMAS: dict[str, type] = {"cnn": CNNWorkloadConfig}
+SCHEMAS: dict[str, type] = {"cnn": CNNWorkloadConfig, "sbi": SBIWorkloadConfig}
 
 
 def workload_schema(kind: str) -> type:
@@ -20,12 +21,16 @@ def workload_schema(kind: str) -> type:
     return SCHEMAS[kind]
 
 
-def check_workload(cfg: Any) -> None:
+def check_workload(cfg: Any, precision: Any) -> None:
     """Checks of the workload section's values (names, ranges), part of recipe validation."""
     if cfg.kind == "cnn":
         from runtime.workloads.cnn.workload import check
 
         check(cfg)
+    if cfg.kind == "sbi":
+        from runtime.workloads.sbi.workload import check as check_sbi
+
+        check_sbi(cfg, precision)
 
 
 def check_workload_data(cfg: Any) -> None:
@@ -35,6 +40,19 @@ def check_workload_data(cfg: Any) -> None:
         from runtime.workloads.cnn.datasets import check_data
 
         check_data(cfg)
+    if cfg.kind == "sbi":
+        from runtime.workloads.sbi.workload import check_data as check_sbi_data
+
+        check_sbi_data(cfg)
+
+
+def prepare_workload_data(cfg: Any, seed: int, storage_root: str) -> None:
+    """Make data that does not exist yet (the SBI simulation stage), on the connected Ray
+    cluster, before training workers start. May fill in resolved paths in ``cfg``."""
+    if cfg.kind == "sbi":
+        from runtime.workloads.sbi.workload import prepare_data
+
+        prepare_data(cfg, seed, storage_root)
 
 
 def build_workload(cfg: Any, seed: int, precision: Any) -> Workload:
@@ -42,4 +60,8 @@ def build_workload(cfg: Any, seed: int, precision: Any) -> Workload:
         from runtime.workloads.cnn.workload import CNNWorkload
 
         return CNNWorkload(cfg, seed=seed, channels_last=precision.channels_last)
+    if cfg.kind == "sbi":
+        from runtime.workloads.sbi.workload import SBIWorkload
+
+        return SBIWorkload(cfg, seed=seed)
     raise AssertionError(f"unregistered workload kind {cfg.kind}")

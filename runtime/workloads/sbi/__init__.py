@@ -1,2 +1,7 @@
-"""Simulation-based inference workload: benchmark tasks (priors, simulators, observations,
-likelihoods), reference posterior samplers and the C2ST metric of the sbibm benchmark."""
+"""Simulation-based inference workload: benchmark tasks and user simulators, the simulation
+stage, neural posterior estimation with sbi's estimators, evaluation (C2ST, SBC) and export to
+sbi's ``DirectPosterior``."""
+
+from runtime.workloads.sbi.export import load_posterior
+
+__all__ = ["load_posterior"]

@@ -52,6 +52,10 @@ class Task(ABC):
         """Normalised log prior density, ``[n]``; ``-inf`` outside the support."""
 
     @abstractmethod
+    def prior_distribution(self) -> torch.distributions.Distribution:
+        """The prior as a torch Distribution on CPU (what sbi's posteriors take as ``prior``)."""
+
+    @abstractmethod
     def _simulate(self, theta: Tensor, generator: torch.Generator | None) -> Tensor:
         """``simulate`` after its argument checks."""
 
@@ -142,6 +146,12 @@ class BoxUniformPriorMixin:
         inside = ((theta >= self.low) & (theta <= self.high)).all(dim=-1)
         log_density = -self.dim_theta * math.log(self.high - self.low)
         return torch.where(inside, log_density, -math.inf).to(theta.dtype)
+
+    def prior_distribution(self) -> torch.distributions.Distribution:
+        # the same construction as sbi's BoxUniform, without importing sbi here
+        low = torch.full((self.dim_theta,), self.low)
+        high = torch.full((self.dim_theta,), self.high)
+        return torch.distributions.Independent(torch.distributions.Uniform(low, high), 1)
 
     def in_support(self, theta: Tensor) -> Tensor:
         return ((theta >= self.low) & (theta <= self.high)).all(dim=-1)

@@ -81,6 +81,10 @@ class BernoulliGLM(Task):
         )
         return z @ self._constant("scale_tril", self.prior_scale_tril, z).T
 
+    def prior_distribution(self) -> torch.distributions.Distribution:
+        zeros = torch.zeros(self.dim_theta)
+        return torch.distributions.MultivariateNormal(zeros, scale_tril=self.prior_scale_tril)
+
     def prior_log_prob(self, theta: Tensor) -> Tensor:
         b = self._constant("precision", self.precision, theta)
         return -0.5 * ((theta @ b) * theta).sum(-1) + self._log_normalizer

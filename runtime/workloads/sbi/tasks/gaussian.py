@@ -41,6 +41,10 @@ class GaussianLinear(Task):
     def prior_log_prob(self, theta: Tensor) -> Tensor:
         return gaussian_log_density(theta, self.prior_variance)
 
+    def prior_distribution(self) -> torch.distributions.Distribution:
+        covariance = self.prior_variance * torch.eye(self.dim_theta)
+        return torch.distributions.MultivariateNormal(torch.zeros(self.dim_theta), covariance)
+
     def _simulate(self, theta: Tensor, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(
             theta.shape, generator=generator, device=theta.device, dtype=theta.dtype

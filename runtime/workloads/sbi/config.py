@@ -1,0 +1,104 @@
+"""Recipe section ``workload`` for simulation-based inference (``workload.kind: sbi``).
+
+An SBI recipe names what to simulate (a benchmark task, or a user's prior and simulator by
+import path), how many simulations, which density estimator to train as the neural posterior
+(NPE), and how to evaluate it at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimulationSection:
+    num_simulations: int = 10_000
+    """Number of (θ, x) pairs to simulate (before dropping invalid ones)."""
+    chunk_size: int = 100_000
+    """Simulations per chunk: one seed and one file per chunk; an interrupted simulation resumes
+    from its finished chunks."""
+    device: str = "auto"
+    """auto | cpu | cuda. Where torch simulators run: auto takes a GPU when the Ray cluster has
+    one and the simulator is vectorised torch code (built-in tasks, or vectorized: true)."""
+    cache_dir: str | None = None
+    """Folder of the simulation cache; default <run.storage_path>/simulations. Entries are
+    addressed by a hash of task, prior, simulator, N and seed, so later runs reuse them."""
+    drop_invalid: bool = False
+    """Drop simulations whose x holds NaN or inf (otherwise they stop the run with a count)."""
+    path: str | None = None
+    """A finished simulation folder to train on. `trainforge train` fills it in after the
+    simulation stage; set it to train on an entry made by another recipe or machine."""
+    cpus_per_chunk: float = 1.0
+    """Ray CPUs each CPU simulation chunk reserves."""
+
+
+@dataclass
+class EstimatorSection:
+    model: str = "maf"
+    """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
+    zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf."""
+    hidden_features: int = 50
+    """Hidden units of the estimator's networks (sbi's default 50)."""
+    num_transforms: int = 5
+    """Flow transforms (maf, nsf, zuko flows; sbi's default 5)."""
+    num_bins: int = 10
+    """Spline bins (nsf)."""
+    num_components: int = 10
+    """Mixture components (mdn)."""
+    z_score_theta: str = "independent"
+    """independent | structured | none: z-score θ inside the network (statistics of the whole
+    training set, identical on every rank)."""
+    z_score_x: str = "independent"
+    """independent | structured | none: z-score x inside the network."""
+    embedding: str = "none"
+    """Embedding net for x: none | fully_connected | cnn | permutation_invariant."""
+    embedding_features: int = 20
+    """Output features of the embedding net."""
+    embedding_hidden: int = 64
+    """Hidden units of the embedding net."""
+    embedding_input_shape: list[int] = field(default_factory=list)
+    """cnn: shape of one x as [height, width] or [channels, height, width] (x is stored flat);
+    permutation_invariant: [set_size, features_per_element]."""
+
+
+@dataclass
+class EvaluationSection:
+    observations: list[int] = field(default_factory=lambda: [1])
+    """Task observations (1..10) to sample the posterior at after training (built-in tasks)."""
+    num_samples: int = 10_000
+    """Posterior samples per observation (and reference samples for C2ST)."""
+    c2st: bool = True
+    """C2ST against reference posterior samples (sbibm's definition; 10-d costs ~1-2 min per
+    observation on one core)."""
+    sbc_runs: int = 200
+    """Simulation-based calibration: (θ, x) pairs from the prior, 0 disables."""
+    sbc_samples: int = 1000
+    """Posterior samples per SBC run."""
+    pair_plot: bool = True
+    """Posterior pair plot (with the reference when C2ST runs) for the first observation."""
+
+
+@dataclass
+class SBIWorkloadConfig:
+    kind: str = "sbi"
+    """Workload family tag; selects this schema."""
+    task: str = "two_moons"
+    """Benchmark task (two_moons | gaussian_linear | gaussian_mixture | slcp | bernoulli_glm),
+    or "custom" with prior and simulator given by import path."""
+    prior: str | None = None
+    """custom task: "package.module:name" of a torch Distribution, or of a function returning
+    one (sample and log_prob, batch of θ as [n, dim_theta])."""
+    simulator: str | None = None
+    """custom task: "package.module:function" mapping θ [n, dim_theta] to x [n, dim_x] (torch
+    tensor or numpy array, floating)."""
+    vectorized: bool = False
+    """custom task: the simulator is torch code that runs on the device θ is on (then it may
+    run on a GPU)."""
+    simulation: SimulationSection = field(default_factory=SimulationSection)
+    estimator: EstimatorSection = field(default_factory=EstimatorSection)
+    val_fraction: float = 0.1
+    """Fraction of the simulations held out for validation and early stopping (sbi: 0.1)."""
+    data_on_device: str = "auto"
+    """auto | true | false: keep the simulations on the GPU (auto: when they take less than
+    40% of its free memory; otherwise batches are gathered in pinned host memory)."""
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)

@@ -1,0 +1,186 @@
+"""Neural posterior estimators built by sbi's own builders, and what DDP needs around them.
+
+- Recipes name estimators by sbi's builder names (``maf``, ``nsf``, ``zuko_nsf`` …); sbi is
+  moving from such strings to config objects, so the mapping lives here, in one place.
+- sbi's builders z-score θ and x inside the network from the batch they are given: we give them
+  the whole training set, identically on every rank, so the statistics are global and equal.
+- The weights alone cannot rebuild the network (the builder, its settings and the embedding net
+  decide the architecture), so a ``BuildRecord`` — plain data — goes with every checkpoint and
+  export; ``rebuild`` makes the same architecture from it, and the state dict fills it in.
+- sbi's estimators train through ``loss(θ, condition=x)`` and have no ``forward``; DDP hooks
+  gradients through ``forward``, hence ``NPELoss``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from runtime.errors import RecipeError, did_you_mean
+
+ESTIMATORS = (
+    "maf",
+    "nsf",
+    "mdn",
+    "made",
+    "maf_rqs",
+    "zuko_maf",
+    "zuko_nsf",
+    "zuko_nice",
+    "zuko_naf",
+    "zuko_gf",
+    "zuko_bpf",
+)
+EMBEDDINGS = ("none", "fully_connected", "cnn", "permutation_invariant")
+Z_SCORES = ("independent", "structured", "none")
+
+
+@dataclass
+class BuildRecord:
+    """Everything besides the weights that decides the estimator's architecture."""
+
+    model: str
+    dim_theta: int
+    dim_x: int
+    hidden_features: int
+    num_transforms: int
+    num_bins: int
+    num_components: int
+    z_score_theta: str
+    z_score_x: str
+    embedding: str
+    embedding_features: int
+    embedding_hidden: int
+    embedding_input_shape: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, estimator_cfg: Any, dim_theta: int, dim_x: int) -> BuildRecord:
+        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x"}
+        values = {name: estimator_cfg[name] for name in names}
+        values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
+        return cls(dim_theta=dim_theta, dim_x=dim_x, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check(estimator_cfg: Any) -> None:
+    if estimator_cfg.model not in ESTIMATORS:
+        raise RecipeError(
+            f"workload.estimator.model: {estimator_cfg.model!r} is not a known estimator"
+            f"{did_you_mean(estimator_cfg.model, ESTIMATORS)}; choose one of: "
+            + ", ".join(ESTIMATORS)
+        )
+    if estimator_cfg.embedding not in EMBEDDINGS:
+        raise RecipeError(
+            f"workload.estimator.embedding: {estimator_cfg.embedding!r} is not one of "
+            + ", ".join(EMBEDDINGS)
+        )
+    for key in ("z_score_theta", "z_score_x"):
+        if estimator_cfg[key] not in Z_SCORES:
+            raise RecipeError(
+                f"workload.estimator.{key}: {estimator_cfg[key]!r} is not one of "
+                + ", ".join(Z_SCORES)
+            )
+    for key in ("hidden_features", "num_transforms", "num_bins", "num_components"):
+        if estimator_cfg[key] < 1:
+            raise RecipeError(f"workload.estimator.{key}: must be >= 1, got {estimator_cfg[key]}")
+    shape = list(estimator_cfg.embedding_input_shape)
+    if estimator_cfg.embedding == "cnn" and len(shape) not in (1, 2, 3):
+        raise RecipeError(
+            "workload.estimator.embedding_input_shape: the cnn embedding needs the shape of one "
+            "x, e.g. [32, 32] or [3, 32, 32]"
+        )
+    if estimator_cfg.embedding == "permutation_invariant" and len(shape) != 2:
+        raise RecipeError(
+            "workload.estimator.embedding_input_shape: permutation_invariant needs "
+            "[set_size, features_per_element]"
+        )
+
+
+def embedding_net(record: BuildRecord) -> nn.Module:
+    from sbi.neural_nets.embedding_nets import (
+        CNNEmbedding,
+        FCEmbedding,
+        PermutationInvariantEmbedding,
+    )
+
+    shape = list(record.embedding_input_shape)
+    _check_shape(shape, record.dim_x)
+    if record.embedding == "none":
+        return nn.Identity()
+    if record.embedding == "fully_connected":
+        return FCEmbedding(
+            record.dim_x, output_dim=record.embedding_features, num_hiddens=record.embedding_hidden
+        )
+    if record.embedding == "cnn":
+        channels = shape[0] if len(shape) == 3 else 1
+        return CNNEmbedding(
+            tuple(shape[-2:]) if len(shape) >= 2 else tuple(shape),
+            in_channels=channels,
+            num_linear_units=record.embedding_hidden,
+            output_dim=record.embedding_features,
+        )
+    set_size, features = shape
+    element_net = FCEmbedding(features, output_dim=record.embedding_hidden, num_hiddens=64)
+    return nn.Sequential(
+        nn.Unflatten(1, (set_size, features)),  # x is stored flat: one row per simulation
+        PermutationInvariantEmbedding(
+            element_net,
+            trial_net_output_dim=record.embedding_hidden,
+            output_dim=record.embedding_features,
+        ),
+    )
+
+
+def _check_shape(shape: list[int], dim_x: int) -> None:
+    if shape and int(torch.tensor(shape).prod()) != dim_x:
+        raise RecipeError(
+            f"workload.estimator.embedding_input_shape: {shape} holds "
+            f"{int(torch.tensor(shape).prod())} values, but x has {dim_x}"
+        )
+
+
+def build(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
+    """sbi's estimator, its z-scoring computed from (θ, x) — pass the whole training set."""
+    from sbi.neural_nets import posterior_nn
+
+    build_fn = posterior_nn(
+        model=record.model,
+        z_score_theta=record.z_score_theta,
+        z_score_x=record.z_score_x,
+        hidden_features=record.hidden_features,
+        num_transforms=record.num_transforms,
+        num_bins=record.num_bins,
+        num_components=record.num_components,
+        embedding_net=embedding_net(record),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sbi warns about moving the embedding net to the CPU
+        return build_fn(theta.float().cpu(), x.float().cpu())
+
+
+def rebuild(record: BuildRecord, state_dict: dict[str, Tensor]) -> nn.Module:
+    """The estimator described by ``record`` with ``state_dict`` loaded (z-score buffers too)."""
+    # Any batch will do: the z-score statistics computed from it are overwritten by the state
+    # dict. Two distinct rows keep the standard deviation finite.
+    theta = torch.stack([torch.zeros(record.dim_theta), torch.ones(record.dim_theta)])
+    x = torch.stack([torch.zeros(record.dim_x), torch.ones(record.dim_x)])
+    estimator = build(record, theta, x)
+    estimator.load_state_dict(state_dict)
+    return estimator
+
+
+class NPELoss(nn.Module):
+    """DDP-wrappable estimator: ``forward(θ, x)`` is sbi's per-sample NPE loss, −log q(θ | x)."""
+
+    def __init__(self, estimator: nn.Module) -> None:
+        super().__init__()
+        self.estimator = estimator
+
+    def forward(self, theta: Tensor, x: Tensor) -> Tensor:
+        return self.estimator.loss(theta, condition=x)

@@ -1,0 +1,76 @@
+"""The trained posterior as one file an ``sbi`` user opens as a ``DirectPosterior``.
+
+``posterior.pt`` holds plain data only — the build record, the state dict and how to get the
+prior (a task name or an import path) — so it loads with ``torch.load(weights_only=True)``:
+
+    from runtime.workloads.sbi import load_posterior
+    posterior = load_posterior("runs/two_moons_npe_1e4/posterior.pt")
+    samples = posterior.sample((1000,), x=x_obs)
+    log_density = posterior.log_prob(samples, x=x_obs)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.workloads.sbi import estimator as estimators
+
+FORMAT = "trainforge-npe/1"
+
+
+def prior_spec(cfg: Any) -> dict[str, str]:
+    """How to recreate the recipe's prior without pickling it."""
+    if cfg.task == "custom":
+        return {"import": cfg.prior}
+    return {"task": cfg.task}
+
+
+def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
+    from runtime.workloads.sbi.sources import import_object
+    from runtime.workloads.sbi.tasks import get_task
+
+    if "task" in spec:
+        return get_task(spec["task"]).prior_distribution()
+    prior = import_object(spec["import"], "prior")
+    return prior() if not isinstance(prior, torch.distributions.Distribution) else prior
+
+
+def save_posterior(
+    path: Path, estimator: nn.Module, record: estimators.BuildRecord, prior: dict[str, str]
+) -> None:
+    """Write atomically: a reader never sees half a file."""
+    bundle = {
+        "format": FORMAT,
+        "build": record.to_dict(),
+        "state_dict": {k: v.detach().cpu() for k, v in estimator.state_dict().items()},
+        "prior": prior,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(bundle, temporary)
+    os.replace(temporary, path)
+
+
+def load_estimator(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The density estimator (eval mode, CPU) and the bundle it came from."""
+    bundle = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a trainforge posterior file ({FORMAT})")
+    record = estimators.BuildRecord(**bundle["build"])
+    estimator = estimators.rebuild(record, bundle["state_dict"])
+    return estimator.eval(), bundle
+
+
+def load_posterior(path: str | Path) -> Any:
+    """An ``sbi`` ``DirectPosterior`` on the CPU (``sample``, ``log_prob``, ``map`` …) from
+    ``posterior.pt``."""
+    from sbi.inference import DirectPosterior
+
+    estimator, bundle = load_estimator(path)
+    prior = prior_from_spec(bundle["prior"])
+    return DirectPosterior(posterior_estimator=estimator, prior=prior, device="cpu")

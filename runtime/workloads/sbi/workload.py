@@ -1,0 +1,204 @@
+"""Neural posterior estimation (NPE) as a trainforge workload.
+
+The data are the simulation stage's (θ, x) pairs, split once into training and validation with
+a seeded permutation (sbi's split rule: the last ``val_fraction`` of the permutation validates),
+identically on every rank; the loop shards the training split. The model is sbi's density
+estimator inside ``NPELoss``; the loss is its mean −log q(θ | x).
+
+Precision: SBI trains in fp32 only. The loss is a sum of log-determinants over the flow's
+transforms and is compared across epochs to the fourth decimal by early stopping; bf16 keeps
+three significant digits. The estimators are also small (tens of thousands of parameters), so
+their steps are bound by kernel launches, not arithmetic, and 16-bit math would gain little.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.errors import RecipeError, did_you_mean
+from runtime.workloads.base import Split, TensorData
+from runtime.workloads.sbi import estimator as estimators
+from runtime.workloads.sbi import simulate, sources
+from runtime.workloads.sbi.tasks import NUM_OBSERVATIONS
+
+# Keep the simulations on the GPU only when they leave most of its memory to training.
+DEVICE_MEMORY_FRACTION = 0.4
+
+
+def check(cfg: Any, precision: Any) -> None:
+    """Recipe values only; user code is imported by ``check_data``."""
+    if cfg.task not in sources.KNOWN_TASKS:
+        hint = did_you_mean(cfg.task, sources.KNOWN_TASKS)
+        raise RecipeError(
+            f"workload.task: {cfg.task!r} is not a known task{hint}; "
+            f"choose one of: {', '.join(sources.KNOWN_TASKS)}"
+        )
+    if precision.dtype != "fp32":
+        raise RecipeError(
+            f"precision.dtype: {precision.dtype} is not supported for workload.kind sbi; use fp32 "
+            "(flow log-determinants and the NPE loss need it; see the sbi workload docs)"
+        )
+    sim = cfg.simulation
+    if sim.num_simulations < 2:
+        raise RecipeError(
+            f"workload.simulation.num_simulations: must be >= 2, got {sim.num_simulations}"
+        )
+    if sim.chunk_size < 1:
+        raise RecipeError(f"workload.simulation.chunk_size: must be >= 1, got {sim.chunk_size}")
+    if sim.device not in ("auto", "cpu", "cuda"):
+        raise RecipeError(
+            f"workload.simulation.device: {sim.device!r} is not one of auto, cpu, cuda"
+        )
+    if sim.cpus_per_chunk <= 0:
+        raise RecipeError(
+            f"workload.simulation.cpus_per_chunk: must be > 0, got {sim.cpus_per_chunk}"
+        )
+    if not 0 < cfg.val_fraction < 1:
+        raise RecipeError(f"workload.val_fraction: must be in (0, 1), got {cfg.val_fraction}")
+    if cfg.data_on_device not in ("auto", "true", "false"):
+        raise RecipeError(
+            f"workload.data_on_device: {cfg.data_on_device!r} is not one of auto, true, false"
+        )
+    estimators.check(cfg.estimator)
+    evaluation = cfg.evaluation
+    bad = [n for n in evaluation.observations if not 1 <= n <= NUM_OBSERVATIONS]
+    if bad:
+        raise RecipeError(
+            f"workload.evaluation.observations: {bad} out of range; tasks have observations "
+            f"1..{NUM_OBSERVATIONS}"
+        )
+    for key in ("num_samples", "sbc_samples"):
+        if evaluation[key] < 2:
+            raise RecipeError(f"workload.evaluation.{key}: must be >= 2, got {evaluation[key]}")
+    if evaluation.sbc_runs < 0:
+        raise RecipeError(f"workload.evaluation.sbc_runs: must be >= 0, got {evaluation.sbc_runs}")
+
+
+def check_data(cfg: Any) -> None:
+    """Import and probe a user's prior and simulator; check a given simulation folder."""
+    source = sources.resolve(cfg)
+    if cfg.simulation.path is not None:
+        folder = Path(cfg.simulation.path)
+        if not (folder / simulate.MANIFEST).is_file():
+            raise RecipeError(
+                f"workload.simulation.path: {folder} holds no finished simulations "
+                f"({simulate.MANIFEST} missing)"
+            )
+        manifest = simulate.read_manifest(folder)
+        if (manifest["dim_theta"], manifest["dim_x"]) != (source.dim_theta, source.dim_x):
+            raise RecipeError(
+                f"workload.simulation.path: {folder} holds θ of dim {manifest['dim_theta']} and "
+                f"x of dim {manifest['dim_x']}; the recipe's task has {source.dim_theta} and "
+                f"{source.dim_x}"
+            )
+    estimators.embedding_net(
+        estimators.BuildRecord.from_config(cfg.estimator, source.dim_theta, source.dim_x)
+    )
+
+
+def prepare_data(cfg: Any, seed: int, storage_root: str) -> None:
+    """The simulation stage, unless the recipe points at finished simulations; sets
+    ``simulation.path`` for the workers and refuses NaN/inf simulations unless dropped."""
+    if cfg.simulation.path is None:
+        cfg.simulation.path = str(simulate.run(cfg, seed, storage_root))
+    simulate.check_invalid(Path(cfg.simulation.path), cfg.simulation.drop_invalid)
+
+
+def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) -> tuple:
+    """sbi's rule: a seeded permutation; its last ``int(val_fraction·n)`` rows validate."""
+    n = len(theta)
+    num_val = max(1, int(val_fraction * n))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    train, val = order[: n - num_val], order[n - num_val :]
+    return (theta[train], x[train]), (theta[val], x[val])
+
+
+class SBIWorkload:
+    def __init__(self, cfg: Any, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.info: dict[str, Any] = {}
+
+    def datasets(self, device: torch.device) -> tuple[Split, Split]:
+        if self.cfg.simulation.path is None:
+            raise RuntimeError("workload.simulation.path unset: run the simulation stage first")
+        theta, x = simulate.load(Path(self.cfg.simulation.path), self.cfg.simulation.drop_invalid)
+        (train_theta, train_x), (val_theta, val_x) = split(
+            theta, x, self.cfg.val_fraction, self.seed
+        )
+        self.train_theta, self.train_x = train_theta, train_x  # z-scoring statistics
+        self.dim_theta, self.dim_x = theta.shape[1], x.shape[1]
+        on_device = device.type == "cuda" and self._fits(theta, x, device)
+        place = (lambda t: t.to(device)) if on_device else (lambda t: t)
+        if device.type == "cuda" and not on_device:
+            place = lambda t: t.pin_memory()  # noqa: E731 - batches gathered on the host
+        self.info = {
+            "simulations": len(theta),
+            "train_samples": len(train_theta),
+            "val_samples": len(val_theta),
+            "data_on_device": on_device,
+        }
+        return (
+            TensorData(place(train_theta), place(train_x)),
+            TensorData(place(val_theta), place(val_x)),
+        )
+
+    def _fits(self, theta: torch.Tensor, x: torch.Tensor, device: torch.device) -> bool:
+        if self.cfg.data_on_device != "auto":
+            return self.cfg.data_on_device == "true"
+        free, _ = torch.cuda.mem_get_info(device)
+        return theta.nbytes + x.nbytes < DEVICE_MEMORY_FRACTION * free
+
+    def record(self) -> estimators.BuildRecord:
+        return estimators.BuildRecord.from_config(self.cfg.estimator, self.dim_theta, self.dim_x)
+
+    def build_model(self) -> nn.Module:
+        # z-scoring from the whole training split: the same numbers on every rank
+        model = estimators.NPELoss(estimators.build(self.record(), self.train_theta, self.train_x))
+        self.info["parameters"] = sum(p.numel() for p in model.parameters())
+        return model
+
+    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
+        return inputs
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return model(inputs, targets).mean()
+
+    def eval_sums(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        losses = model(inputs, targets).float()
+        return {"loss_sum": losses.sum(), "count": torch.tensor(len(losses), device=losses.device)}
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {"val/loss": sums["loss_sum"].item() / max(sums["count"].item(), 1.0)}
+
+    def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
+        return []  # the SBI figures come from `finish`
+
+    def finish(
+        self, model: nn.Module, run_dir: str | None, folder: Path
+    ) -> tuple[dict[str, float], list[Path]]:
+        """Rank 0 after training: export the posterior, then evaluate it (C2ST, SBC, plots)."""
+        import copy
+
+        from runtime.workloads.sbi import evaluate, export
+
+        estimator = copy.deepcopy(model.estimator).cpu().eval()
+        spec = export.prior_spec(self.cfg)
+        exported = folder / "posterior.pt"
+        export.save_posterior(exported, estimator, self.record(), spec)
+        if run_dir is not None and "://" not in run_dir:
+            export.save_posterior(Path(run_dir) / "posterior.pt", estimator, self.record(), spec)
+        metrics, files = evaluate.run(
+            estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder
+        )
+        return metrics, [exported, *files]
+
+    def describe(self) -> dict[str, Any]:
+        source = self.cfg.task if self.cfg.task != "custom" else self.cfg.simulator
+        return {"task": source, "estimator": self.cfg.estimator.model, **self.info}
