@@ -66,7 +66,8 @@ def train_sbi(
     max_epochs: int | None,
     density_estimator: str = "maf",
 ) -> dict[str, Any]:
-    """Train sbi's NPE with its defaults on ``(theta, x)`` and return timings and losses."""
+    """Train sbi's NPE with its defaults on ``(theta, x)`` and return timings and losses (and,
+    under ``"estimator"``, the trained density estimator, which is not JSON)."""
     import sbi
     from sbi.inference import NPE
     from sbi.utils import BoxUniform
@@ -83,7 +84,7 @@ def train_sbi(
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    inference.train(**train_kwargs)
+    estimator = inference.train(**train_kwargs)
     if cuda:
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start
@@ -121,6 +122,7 @@ def train_sbi(
         "cumulative_s": cumulative_s,
         "sbi": sbi.__version__,
         "torch": torch.__version__,
+        "estimator": estimator,
     }
 
 
@@ -140,6 +142,7 @@ def main() -> None:
     result = train_sbi(
         theta, x, args.device, args.seed, args.max_epochs, density_estimator=args.density_estimator
     )
+    result.pop("estimator")
     result["date"] = time.strftime("%Y-%m-%d")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

@@ -112,7 +112,10 @@ class PrecisionSection:
     channels_last: bool = False
     """NHWC memory format for convolution models (faster with tensor cores)."""
     compile: bool = False
-    """torch.compile the model."""
+    """torch.compile the model (the first steps pay the compilation)."""
+    compile_mode: str = "default"
+    """default | reduce-overhead (CUDA graphs: for small, launch-bound models) |
+    max-autotune-no-cudagraphs."""
 
 
 @dataclass
@@ -168,6 +171,7 @@ CHOICES = {
     "train.schedule": ("constant", "cosine", "linear"),
     "train.lr_scaling": ("none", "linear", "sqrt"),
     "precision.dtype": ("fp32", "bf16", "fp16"),
+    "precision.compile_mode": ("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
 }
 
 

@@ -84,7 +84,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         stopper.load_state_dict(latest["early_stopping"], ctx.device)
     train_model = distributed.wrap(model, ctx)
     if precision_cfg.compile:
-        train_model = torch.compile(train_model)
+        train_model = torch.compile(train_model, mode=precision_cfg.compile_mode)
 
     tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
     tracker.start()
@@ -144,7 +144,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
 
         micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
         last = position.global_step >= total_steps or epoch + 1 >= epochs
-        epoch_metrics: dict[str, float] = {"epoch": epoch + 1}
+        epoch_metrics: dict[str, float] = {"epoch": epoch + 1, "perf/elapsed_s": progress.elapsed()}
         evaluated = last or (epoch + 1) % train_cfg.eval_every_epochs == 0
         if evaluated:
             val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
@@ -164,9 +164,11 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         position.epoch, position.step_in_epoch = epoch + 1, 0
         progress.log_epoch(epoch, metrics)
         save = checkpointer.due_after_epoch(epoch, last)
-        if save or evaluated:  # nothing new for Ray otherwise; a report is a barrier
-            with tracker.committing(enabled=save):
-                checkpointer.report(metrics, state if save else None)
+        # Only with a checkpoint: a report is a barrier and, once Ray's one-slot queue is full,
+        # waits for the controller's poll, which would dominate short SBI epochs.
+        if save:
+            with tracker.committing():
+                checkpointer.report(metrics, state)
         if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
             raise RuntimeError(
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"

@@ -1,0 +1,177 @@
+"""SBI accuracy table: C2ST of NPE over the first 10 observations of each benchmark task, at
+each simulation budget, with the recipes in recipes/sbi/ as they are.
+
+Each recipe runs through ``trainforge train`` against one Ray cluster (``ray start --head`` on
+this machine), several at once with a fraction of a GPU each (the estimators are small and
+launch-bound, so a GPU serves several runs). C2ST is computed with sbibm's definition (our
+``runtime.workloads.sbi.c2st``) in a process pool on the host's CPU cores as soon as a run's
+``posterior.pt`` exists: 10,000 posterior samples from the exported ``DirectPosterior`` (what
+an sbi user loads) against 10,000 reference samples, per observation.
+
+Usage (repo root):
+    python bench/sbi_accuracy.py --budgets 1e4 1e5 1e6 --out sbi_accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TASKS = ("two_moons", "gaussian_linear", "gaussian_mixture", "slcp", "bernoulli_glm")
+# sbibm paper (Lueckmann et al. 2021), NPE row, C2ST at 10^4 and 10^5 simulations
+SBIBM_NPE = {
+    "two_moons": {"1e4": 0.61, "1e5": 0.54},
+    "gaussian_linear": {"1e4": 0.55, "1e5": 0.51},
+    "gaussian_mixture": {"1e4": 0.66, "1e5": 0.56},
+    "slcp": {"1e4": 0.90, "1e5": 0.83},
+    "bernoulli_glm": {"1e4": 0.68, "1e5": 0.56},
+}
+
+
+def c2st_job(posterior_file: str, task: str, observation: int, n: int) -> dict[str, Any]:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from runtime.workloads.sbi import load_posterior
+    from runtime.workloads.sbi.c2st import c2st
+    from runtime.workloads.sbi.reference import reference_samples
+    from runtime.workloads.sbi.tasks import get_task
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    posterior = load_posterior(posterior_file)
+    _, x_obs = get_task(task).observation(observation)
+    torch.manual_seed(observation)
+    samples = posterior.sample((n,), x=x_obs, show_progress_bars=False)
+    reference = reference_samples(task, observation, n, seed=observation)
+    score = c2st(reference, samples, seed=1)
+    return {"observation": observation, "c2st": score, "seconds": time.perf_counter() - started}
+
+
+def start_ray(head_cpus: int, gpus: int) -> dict[str, str]:
+    # token auth on for the head and every client alike (Ray 2.60 enables it for `ray start`)
+    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2", RAY_AUTH_MODE="token")
+    subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+    command = [
+        "ray", "start", "--head", "--node-ip-address=127.0.0.1", "--port=6390",
+        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    subprocess.run(command, env=env, check=True, capture_output=True)
+    return {**env, "RAY_ADDRESS": "127.0.0.1:6390"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budgets", nargs="+", default=["1e4", "1e5"])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument("--observations", type=int, default=10)
+    parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--concurrent-runs", type=int, default=8)
+    parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")
+    parser.add_argument("--c2st-workers", type=int, default=max(1, (os.cpu_count() or 2) - 10))
+    parser.add_argument("--deadline-s", type=float, default=540)
+    parser.add_argument("--overrides", nargs="*", default=[], help="extra recipe overrides")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.deadline_s
+
+    import torch
+
+    gpus = torch.cuda.device_count()
+    work = Path(tempfile.mkdtemp(prefix="sbi-accuracy-"))
+    env = start_ray(head_cpus=args.concurrent_runs + 2, gpus=gpus)
+    scaling = (
+        [
+            "scaling.use_gpu=true",
+            f"scaling.resources_per_worker={{GPU: {args.gpu_share}, CPU: 1}}",
+            "workload.simulation.device=cpu",  # a GPU chunk task would wait for a whole GPU
+        ]
+        if gpus
+        else ["scaling.use_gpu=false"]
+    )
+    queue = [(task, budget) for budget in args.budgets for task in args.tasks]
+    running: dict[tuple[str, str], tuple[subprocess.Popen, Any, float]] = {}
+    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
+    scores: dict[tuple[str, str], list[Future]] = {}
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0) if gpus else None,
+        "gpus": gpus,
+        "host_cpus": os.cpu_count(),
+        "samples": args.samples,
+        "runs": {},
+    }
+    while (queue or running) and time.monotonic() < deadline:
+        while queue and len(running) < args.concurrent_runs:
+            task, budget = queue.pop(0)
+            recipe = ROOT / "recipes" / "sbi" / f"{task}_{budget}.yaml"
+            log = open(work / f"{task}_{budget}.log", "w")  # noqa: SIM115 - closed when done
+            command = [
+                sys.executable, "-m", "runtime.cli", "train", str(recipe),
+                f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
+                "workload.evaluation.c2st=false", *scaling, *args.overrides,
+            ]  # fmt: skip
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running[(task, budget)] = (process, log, time.monotonic())
+        time.sleep(2)
+        for key, (process, log, started) in list(running.items()):
+            if process.poll() is None:
+                continue
+            log.close()
+            del running[key]
+            task, budget = key
+            run_dir = work / "runs" / f"{task}_npe_{budget}"
+            entry: dict[str, Any] = {
+                "exit_code": process.returncode,
+                "train_wall_s": time.monotonic() - started,
+                "log_tail": (work / f"{task}_{budget}.log").read_text()[-3000:],
+            }
+            report["runs"][f"{task}/{budget}"] = entry
+            posterior = run_dir / "posterior.pt"
+            print(
+                f"[bench] {task} {budget}: exit {process.returncode}, {entry['train_wall_s']:.0f} s"
+            )
+            args.out.write_text(json.dumps(report, indent=2) + "\n")  # partial results early
+            if process.returncode == 0 and posterior.is_file():
+                scores[key] = [
+                    pool.submit(c2st_job, str(posterior), task, k, args.samples)
+                    for k in range(1, args.observations + 1)
+                ]
+    for process, _, _ in running.values():
+        process.kill()
+    for key, futures in scores.items():
+        entry = report["runs"][f"{key[0]}/{key[1]}"]
+        left = max(5.0, deadline + 45 - time.monotonic())
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result(timeout=left))
+            except Exception as exc:  # a C2ST that did not finish in time is reported as such
+                results.append({"error": repr(exc)})
+            left = max(1.0, deadline + 45 - time.monotonic())
+        entry["c2st"] = results
+        done = [r["c2st"] for r in results if "c2st" in r]
+        entry["c2st_mean"] = sum(done) / len(done) if done else None
+        entry["c2st_observations"] = len(done)
+        entry["sbibm_npe"] = SBIBM_NPE.get(key[0], {}).get(key[1])
+        print(f"[bench] {key[0]} {key[1]}: C2ST {entry['c2st_mean']} over {len(done)} obs")
+    pool.shutdown(wait=False, cancel_futures=True)
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v.get("c2st_mean") for k, v in report["runs"].items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""SBI multi-GPU scaling: ``recipes/sbi/two_moons_1e7_gpu.yaml`` (10^7 simulations, NSF) on one
+GPU and on every GPU of the machine, same per-GPU batch, in one invocation.
+
+The figure is the loop's steady-state ``perf/samples_per_s`` (global samples per second over
+the last logging window, after warm-up), so the one-off costs (Ray start, loading 10^7
+simulations onto each GPU, building the flow) are left out and reported separately as wall time.
+
+Usage (multi-GPU machine, repo root):  python bench/sbi_scaling.py --out sbi_scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RECIPE = ROOT / "recipes" / "sbi" / "two_moons_1e7_gpu.yaml"
+QUIET = [
+    "tracking.enabled=false",
+    "workload.evaluation.c2st=false",
+    "workload.evaluation.sbc_runs=0",
+    "workload.evaluation.pair_plot=false",
+    "workload.evaluation.observations=[1]",
+    "train.early_stopping_patience=0",
+    "train.log_every_steps=100",
+]
+
+
+def run(name: str, storage: Path, overrides: list[str]) -> dict[str, Any]:
+    from runtime import config, launch
+
+    cfg = config.load(
+        RECIPE, [*QUIET, f"run.name={name}", f"run.storage_path={storage}", *overrides]
+    )
+    started = time.perf_counter()
+    outcome = launch.train(cfg)
+    result = {
+        "name": name,
+        "workers": outcome.num_workers,
+        "exit_code": outcome.exit_code,
+        "wall_s": time.perf_counter() - started,
+        "samples_per_s": outcome.metrics.get("perf/samples_per_s"),
+        "step_ms": outcome.metrics.get("perf/step_ms"),
+        "val_loss": outcome.metrics.get("val/loss"),
+    }
+    print(f"[bench] {json.dumps(result)}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=400)
+    args = parser.parse_args()
+    storage = Path(tempfile.mkdtemp(prefix="sbi-scaling-")) / "runs"
+    os.environ.setdefault("OMP_NUM_THREADS", "4")
+    steps = f"train.max_steps={args.steps}"
+    one = run(
+        "scaling_1gpu", storage, [steps, "scaling.use_all_gpus=false", "scaling.num_workers=1"]
+    )
+    every = run("scaling_all_gpus", storage, [steps])
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "one_gpu": one,
+        "all_gpus": every,
+        "speedup": (every["samples_per_s"] or 0) / (one["samples_per_s"] or float("inf")),
+    }
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"[bench] {report['gpus']} GPUs vs 1: {report['speedup']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
