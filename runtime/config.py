@@ -113,6 +113,10 @@ class PrecisionSection:
     """NHWC memory format for convolution models (faster with tensor cores)."""
     compile: bool = False
     """torch.compile the model (the first steps pay the compilation)."""
+    cuda_graphs: bool = False
+    """Capture the whole optimizer step (forward, backward, clipping, optimizer) as one CUDA
+    graph and replay it: for small, launch-bound models such as SBI flows. One GPU worker, no
+    gradient accumulation, not with fp16."""
     compile_mode: str = "default"
     """default | reduce-overhead (CUDA graphs: for small, launch-bound models) |
     max-autotune-no-cudagraphs."""
@@ -285,6 +289,15 @@ def check_values(cfg: DictConfig) -> None:
         raise RecipeError(
             f"train.clip_grad_norm: must be > 0 (or null), got {train.clip_grad_norm}"
         )
+    if cfg.precision.cuda_graphs:
+        if train.grad_accum_steps != 1:
+            raise RecipeError("precision.cuda_graphs: needs train.grad_accum_steps=1")
+        if cfg.precision.dtype == "fp16":
+            raise RecipeError("precision.cuda_graphs: not with fp16 (loss scaling); use bf16")
+        if cfg.precision.compile:
+            raise RecipeError("precision.cuda_graphs: choose it or precision.compile, not both")
+        if train.optimizer not in ("adam", "adamw"):
+            raise RecipeError("precision.cuda_graphs: needs train.optimizer adam or adamw")
     if cfg.run.max_failures < -1:
         raise RecipeError(f"run.max_failures: must be >= -1, got {cfg.run.max_failures}")
     if not cfg.run.name.strip() or "/" in cfg.run.name:

@@ -42,7 +42,7 @@ def worker_resources(scaling: Any, use_gpu: bool) -> dict[str, float]:
     return resources
 
 
-def check_resources(scaling: Any, available: dict[str, float]) -> bool:
+def check_resources(scaling: Any, available: dict[str, float], cuda_graphs: bool = False) -> bool:
     """Raise RecipeError when the cluster cannot host the workers; return whether to use GPUs.
     Resolves ``use_all_gpus`` into ``num_workers``."""
     gpus = available.get("GPU", 0)
@@ -59,6 +59,11 @@ def check_resources(scaling: Any, available: dict[str, float]) -> bool:
     if scaling.use_gpu == "true" and gpus == 0:
         raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
     use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
+    if cuda_graphs and (not use_gpu or scaling.num_workers != 1):
+        raise RecipeError(
+            "precision.cuda_graphs: needs exactly one GPU worker "
+            f"(here: {scaling.num_workers} worker(s), {'GPU' if use_gpu else 'CPU'})"
+        )
     for resource, amount in worker_resources(scaling, use_gpu).items():
         need, have = amount * scaling.num_workers, available.get(resource, 0)
         if need > have:
@@ -122,7 +127,7 @@ def train(cfg: DictConfig) -> Outcome:
     storage = storage_root(cfg.run)
     check_existing_run(cfg, storage)
     connect()
-    use_gpu = check_resources(cfg.scaling, ray.cluster_resources())
+    use_gpu = check_resources(cfg.scaling, ray.cluster_resources(), cfg.precision.cuda_graphs)
     prepare_workload_data(cfg.workload, cfg.run.seed, storage)
 
     recipe = config.to_container(cfg)

@@ -9,20 +9,27 @@ import torch
 from torch import nn
 
 
-def build_optimizer(model: nn.Module, train: Any, lr: float | None = None) -> torch.optim.Optimizer:
-    """The recipe's optimizer at ``lr`` (default ``train.lr``; the loop passes the scaled LR)."""
-    lr = train.lr if lr is None else lr
+def build_optimizer(
+    model: nn.Module, train: Any, lr: float | None = None, capturable: bool = False
+) -> torch.optim.Optimizer:
+    """The recipe's optimizer at ``lr`` (default ``train.lr``; the loop passes the scaled LR).
+    ``capturable``: for CUDA graph capture, with the LR in a device tensor that the schedule
+    updates in place (a float would be frozen into the graph)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    rate: float | torch.Tensor = train.lr if lr is None else lr
     # fused kernels are one launch per step instead of one per tensor (CUDA only)
-    fused = {"fused": True} if params and params[0].is_cuda else {}
+    fused: dict[str, Any] = {"fused": True} if params and params[0].is_cuda else {}
+    if capturable:
+        fused["capturable"] = True
+        rate = torch.tensor(rate, device=params[0].device)
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=train.weight_decay, **fused)
+        return torch.optim.AdamW(params, lr=rate, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay, **fused)
+        return torch.optim.Adam(params, lr=rate, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "sgd":
         return torch.optim.SGD(
             params,
-            lr=lr,
+            lr=rate,
             momentum=train.momentum,
             nesterov=train.momentum > 0,
             weight_decay=train.weight_decay,

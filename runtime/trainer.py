@@ -21,6 +21,7 @@ from torch import nn
 
 from runtime import config, distributed
 from runtime.checkpoint import Checkpointer, Position, restore_rng
+from runtime.cuda_graph import GraphedStep
 from runtime.data import TrainBatches, eval_batches, micro_batches_per_epoch
 from runtime.distributed import WorkerContext
 from runtime.early_stopping import EarlyStopping
@@ -52,7 +53,9 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     if precision_cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
-    optimizer = build_optimizer(model, train_cfg, config.scaled_lr(train_cfg, global_batch))
+    optimizer = build_optimizer(
+        model, train_cfg, config.scaled_lr(train_cfg, global_batch), precision_cfg.cuda_graphs
+    )
     precision = Precision(precision_cfg.dtype, ctx.device)
 
     loader_workers = getattr(cfg.workload, "loader_workers", 0)
@@ -105,6 +108,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
             "early_stopping": stopper.state_dict(),
         }
 
+    graphed: GraphedStep | None = None  # captured at the first step (needs a real batch)
     loss_sum = torch.zeros((), device=ctx.device)
     steps_since_log = 0
     metrics: dict[str, float] = {}
@@ -118,10 +122,18 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         while position.step_in_epoch < steps_per_epoch and position.global_step < total_steps:
             window = [next(micro_batches) for _ in range(train_cfg.grad_accum_steps)]
             log_now = (position.global_step + 1) % train_cfg.log_every_steps == 0
-            loss, grad_norm = optimizer_step(
-                train_model, window, workload, precision, optimizer,
-                train_cfg.clip_grad_norm, measure_norm=log_now,
-            )  # fmt: skip
+            if precision_cfg.cuda_graphs and graphed is None:
+                graphed = GraphedStep(
+                    train_model, workload, optimizer, train_cfg.clip_grad_norm, window[0],
+                    precision.autocast,
+                )  # fmt: skip
+            if graphed is not None:
+                loss, grad_norm = graphed(*window[0])
+            else:
+                loss, grad_norm = optimizer_step(
+                    train_model, window, workload, precision, optimizer,
+                    train_cfg.clip_grad_norm, measure_norm=log_now,
+                )  # fmt: skip
             scheduler.step()
             position.step_in_epoch += 1
             position.global_step += 1
@@ -258,7 +270,8 @@ def evaluate(
     statistics they came from."""
     model.eval()
     sums: dict[str, torch.Tensor] = {}
-    for inputs, targets in eval_batches(split, ctx, batch_size=max(train_cfg.batch_size, 256)):
+    batch_size = getattr(workload, "eval_batch_size", None) or max(train_cfg.batch_size, 256)
+    for inputs, targets in eval_batches(split, ctx, batch_size=batch_size):
         with precision.autocast():
             batch = workload.eval_sums(model, workload.prepare_batch(inputs, train=False), targets)
         for key, value in batch.items():
@@ -280,7 +293,7 @@ def train_metrics(
         values["grad_norm"] = grad_norm
     summed = distributed.all_reduce_sums(values, ctx.device)  # one collective, one host sync
     metrics = {f"train/{k}": v.item() / ctx.world_size for k, v in summed.items()}
-    metrics["train/lr"] = scheduler.get_last_lr()[0]
+    metrics["train/lr"] = float(scheduler.get_last_lr()[0])  # a tensor under cuda_graphs
     return metrics
 
 

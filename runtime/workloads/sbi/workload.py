@@ -118,6 +118,9 @@ def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) 
 
 
 class SBIWorkload:
+    # Validation is forward-only through a small network: big batches, few launches per epoch.
+    eval_batch_size = 16384
+
     def __init__(self, cfg: Any, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
