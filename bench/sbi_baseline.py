@@ -29,9 +29,11 @@ Usage (repo root):  python bench/sbi_baseline.py --num-simulations 100000 --out 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,34 @@ def simulate_two_moons(n: int, seed: int) -> tuple[Tensor, Tensor]:
     return theta, x
 
 
+@contextlib.contextmanager
+def validation_split(order: Tensor | None) -> Iterator[None]:
+    """Make sbi split train/validation by ``order`` (its last 10% validate) instead of its own
+    ``torch.randperm``, so that both trainers monitor the same validation set. sbi draws that
+    permutation once per ``train()``, as ``torch.randperm(num_examples)``; later calls (its
+    samplers' per-epoch shuffles) pass through."""
+    if order is None:
+        yield
+        return
+    original = torch.randperm
+    used = False
+
+    def randperm(n: int, *args: Any, **kwargs: Any) -> Tensor:
+        nonlocal used
+        if not used and n == len(order) and not args and "generator" not in kwargs:
+            used = True
+            return order.clone()
+        return original(n, *args, **kwargs)
+
+    torch.randperm = randperm  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.randperm = original
+    if not used:
+        raise RuntimeError("sbi did not draw its validation split as expected")
+
+
 def train_sbi(
     theta: Tensor,
     x: Tensor,
@@ -65,6 +95,7 @@ def train_sbi(
     seed: int,
     max_epochs: int | None,
     density_estimator: str = "maf",
+    split_order: Tensor | None = None,
 ) -> dict[str, Any]:
     """Train sbi's NPE with its defaults on ``(theta, x)`` and return timings and losses (and,
     under ``"estimator"``, the trained density estimator, which is not JSON)."""
@@ -84,7 +115,8 @@ def train_sbi(
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    estimator = inference.train(**train_kwargs)
+    with validation_split(split_order):
+        estimator = inference.train(**train_kwargs)
     if cuda:
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - start

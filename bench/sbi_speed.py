@@ -136,7 +136,10 @@ def main() -> None:
     graphs = "precision.cuda_graphs=true"
     runs = [
         ("race_parity_graphs", [graphs]),  # sbi's own hyperparameters, batch 200
-        ("race_b512_lr1e-3_graphs", ["train.batch_size=512", "train.lr=1e-3", graphs]),
+        (
+            "race_b512_lr1e-3_patience50_graphs",
+            ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50", graphs],
+        ),
     ]
     race: dict[str, Any] = {"simulations": race_n, "trainforge": []}
     for name, overrides in runs:
@@ -154,7 +157,9 @@ def main() -> None:
         report["race"] = race
         save()
     theta, x = simulate.load(Path(race["trainforge"][0]["simulations"]), drop_invalid=False)
-    sbi = sbi_baseline.train_sbi(theta, x, device="cuda", seed=0, max_epochs=None)
+    # the same validation rows for sbi as for trainforge (run.seed 0 → split seed 0)
+    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))
+    sbi = sbi_baseline.train_sbi(theta, x, "cuda", seed=0, max_epochs=None, split_order=order)
     sbi_estimator = sbi.pop("estimator")
     race["sbi"] = sbi
     target = sbi["best_val_loss"]

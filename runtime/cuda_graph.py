@@ -59,10 +59,17 @@ class GraphedStep:
                 body()
         torch.cuda.current_stream().wait_stream(side)
 
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph: torch.cuda.CUDAGraph | None = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
-            self.loss, self.norm = body()
+        try:
+            with torch.cuda.graph(self.graph):
+                self.loss, self.norm = body()
+        except RuntimeError as exc:
+            # Data-dependent control flow (e.g. nflows' spline domain checks) cannot be
+            # captured: the caller goes on with eager steps.
+            self.graph, self.error = None, " ".join(str(exc).split())[:200]
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
 
         # Undo the warm-up steps, in place (the graph holds these tensors' addresses).
         with torch.no_grad():
@@ -70,8 +77,13 @@ class GraphedStep:
                 value.copy_(saved_model[key])
             _restore_state(optimizer, saved_optimizer)
 
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One optimizer step on this batch: (loss, pre-clip gradient norm), both fresh tensors."""
+        assert self.graph is not None, "replaying a step whose capture failed"
         self.inputs.copy_(inputs)
         self.targets.copy_(targets)
         self.graph.replay()

@@ -127,7 +127,9 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
                     train_model, workload, optimizer, train_cfg.clip_grad_norm, window[0],
                     precision.autocast,
                 )  # fmt: skip
-            if graphed is not None:
+                if not graphed.captured:
+                    progress.note(f"CUDA graph capture failed, eager steps: {graphed.error}")
+            if graphed is not None and graphed.captured:
                 loss, grad_norm = graphed(*window[0])
             else:
                 loss, grad_norm = optimizer_step(
@@ -186,19 +188,23 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
                 f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
             )
 
+    # After the loop: best weights back, the workload's own evaluation and export. Whatever
+    # changed is reported with a final checkpoint: Ray's result carries the metrics of the
+    # latest checkpoint, and a resume must find the weights the run ended with.
+    changed = not metrics  # a resumed run that had already finished: report once more
     if train_cfg.restore_best and stopper.restore_best(model):
         progress.note(f"restored the best weights (val/loss {stopper.best:.4f}, epoch "
                       f"{stopper.best_epoch})")  # fmt: skip
-        metrics = {}  # evaluate the restored weights below
-    if not metrics:  # restored weights, or a resumed run that had already finished
+        changed = True
+    if changed:
         metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
         metrics["epoch"] = position.epoch
-        checkpointer.report(metrics, None)
+        tracker.log({f"final/{k}": v for k, v in metrics.items()}, position.global_step)
     progress.finish(position)
     profiler.stop()
     finish = getattr(workload, "finish", None)
-    if finish is not None:  # workload-specific final evaluation and export, on rank 0
-        with tempfile.TemporaryDirectory(prefix="trainforge-eval-") as folder:
+    with tempfile.TemporaryDirectory(prefix="trainforge-eval-") as folder:
+        if finish is not None:  # workload-specific final evaluation and export, on rank 0
             final: dict[str, float] = {}
             if ctx.is_main:
                 final, files = finish(
@@ -207,7 +213,10 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
                 tracker.log(final, position.global_step)
                 tracker.log_artifacts(files, "evaluation")
                 progress.note("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-            checkpointer.report(metrics | final, None)  # a barrier: every rank waits for rank 0
+            metrics, changed = metrics | final, True
+        if changed:  # a barrier too: every rank waits here for rank 0's evaluation
+            with tracker.committing():
+                checkpointer.report(metrics, state)
     if ctx.is_main:
         log_final_artifacts(tracker, workload, model, val_split, eval_sums, profiler)
     tracker.close()

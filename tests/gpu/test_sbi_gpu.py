@@ -67,7 +67,8 @@ def test_sbi_recipe_on_one_gpu_with_cuda_graphs(ray_cluster, in_tmp: Path) -> No
         DEBUG,
         ["run.name=sbi-graphs", "scaling.num_workers=1", "scaling.use_gpu=true",
          "precision.cuda_graphs=true", "workload.simulation.device=cuda",
-         "tracking.enabled=false", "train.epochs=20"],
+         "tracking.enabled=false", "train.epochs=20",
+         "workload.simulation.num_simulations=10000"],
     )  # fmt: skip
     outcome = launch.train(cfg)
     assert outcome.exit_code == 0 and outcome.backend == "nccl"
@@ -90,3 +91,29 @@ def test_sbi_recipe_on_two_gpus_over_nccl(ray_cluster, in_tmp: Path) -> None:
     outcome = launch.train(cfg)
     assert outcome.exit_code == 0 and outcome.num_workers == 2
     assert outcome.metrics["val/loss"] < 1.0
+
+
+def test_a_step_that_cannot_be_captured_falls_back_to_eager() -> None:
+    """nflows' NSF checks its spline domain with data-dependent Python branches; whether or
+    not it captures, training must go on with the weights the warm-up found untouched."""
+    device = torch.device("cuda", 0)
+    theta, x = torch.randn(512, 2), torch.randn(512, 2)
+    cfg = OmegaConf.structured(SBIWorkloadConfig)
+    cfg.estimator.model = "nsf"
+    workload = SBIWorkload(cfg, seed=0)
+    workload.train_theta, workload.train_x, workload.dim_theta, workload.dim_x = theta, x, 2, 2
+    train = OmegaConf.create({"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0})
+    model = workload.build_model().to(device)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = build_optimizer(model, train, capturable=True)
+    batch = (theta[:256].to(device), x[:256].to(device))
+    step = GraphedStep(model, workload, optimizer, 5.0, batch, Precision("fp32", device).autocast)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    if step.captured:
+        loss, _ = step(*batch)
+    else:
+        loss, _ = optimizer_step(
+            model, [batch], workload, Precision("fp32", device), optimizer, 5.0
+        )
+    assert torch.isfinite(loss)

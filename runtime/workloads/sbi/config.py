@@ -91,6 +91,9 @@ class SBIWorkloadConfig:
     simulator: str | None = None
     """custom task: "package.module:function" mapping θ [n, dim_theta] to x [n, dim_x] (torch
     tensor or numpy array, floating)."""
+    code_dir: str | None = None
+    """custom task: a folder to import prior and simulator from, besides the working directory
+    and PYTHONPATH (filled in by `trainforge train` with where it found them, for the workers)."""
     vectorized: bool = False
     """custom task: the simulator is torch code that runs on the device θ is on (then it may
     run on a GPU)."""

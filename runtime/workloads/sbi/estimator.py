@@ -119,12 +119,16 @@ def embedding_net(record: BuildRecord) -> nn.Module:
         )
     if record.embedding == "cnn":
         channels = shape[0] if len(shape) == 3 else 1
-        return CNNEmbedding(
-            tuple(shape[-2:]) if len(shape) >= 2 else tuple(shape),
-            in_channels=channels,
-            num_linear_units=record.embedding_hidden,
-            output_dim=record.embedding_features,
-        )
+        try:
+            return CNNEmbedding(
+                tuple(shape[-2:]) if len(shape) >= 2 else tuple(shape),
+                in_channels=channels,
+                num_linear_units=record.embedding_hidden,
+                output_dim=record.embedding_features,
+            )
+        except (AssertionError, ValueError) as exc:  # sbi checks the shape with assert
+            message = " ".join(str(exc).split())
+            raise RecipeError(f"workload.estimator.embedding_input_shape: {message}") from None
     set_size, features = shape
     element_net = FCEmbedding(features, output_dim=record.embedding_hidden, num_hiddens=64)
     return nn.Sequential(

@@ -26,7 +26,7 @@ FORMAT = "trainforge-npe/1"
 def prior_spec(cfg: Any) -> dict[str, str]:
     """How to recreate the recipe's prior without pickling it."""
     if cfg.task == "custom":
-        return {"import": cfg.prior}
+        return {"import": cfg.prior, "code_dir": cfg.code_dir or ""}
     return {"task": cfg.task}
 
 
@@ -36,7 +36,7 @@ def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
 
     if "task" in spec:
         return get_task(spec["task"]).prior_distribution()
-    prior = import_object(spec["import"], "prior")
+    prior = import_object(spec["import"], "prior", spec.get("code_dir") or None)
     return prior() if not isinstance(prior, torch.distributions.Distribution) else prior
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,11 +33,19 @@ class SimulatorError(RecipeError):
     """The user's simulator or prior broke its contract (import, shape, dtype, values)."""
 
 
-def import_object(path: str, key: str) -> Any:
-    """``package.module:name`` → the object, or a SimulatorError naming the recipe key."""
+def import_object(path: str, key: str, code_dir: str | None = None) -> Any:
+    """``package.module:name`` → the object, or a SimulatorError naming the recipe key.
+
+    Searched: the working directory first (like ``python -m``; console scripts leave it out),
+    then ``code_dir`` — where the driver found the module, so that Ray workers started
+    elsewhere on the same machine or a shared file system find it too — then sys.path.
+    """
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise SimulatorError(f"{key}: {path!r} is not an import path like 'my_pkg.sim:simulate'")
+    for folder in (code_dir, os.getcwd()):
+        if folder and folder not in sys.path and os.path.isdir(folder):
+            sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error inside the user's module is theirs to see
@@ -48,6 +59,16 @@ def import_object(path: str, key: str) -> Any:
     except AttributeError:
         raise SimulatorError(f"{key}: module {module_name!r} has no {attribute!r}") from None
     return obj
+
+
+def code_dir_of(path: str) -> str | None:
+    """The folder to put on sys.path for ``path``'s module (its top-level package's parent)."""
+    module = sys.modules.get(path.partition(":")[0])
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    depth = path.partition(":")[0].count(".")
+    return str(Path(file).resolve().parents[depth])
 
 
 def _source_digest(obj: Any) -> str:
@@ -114,10 +135,6 @@ def check_simulator_output(x: Any, rows: int, dim_x: int | None) -> Tensor:
 def resolve(cfg: Any) -> SimulationSource:
     """The recipe's ``workload`` section → its SimulationSource (imports user code)."""
     if cfg.task != CUSTOM:
-        if cfg.prior is not None or cfg.simulator is not None:
-            raise RecipeError(
-                f"workload.prior/simulator: only used with task: {CUSTOM} (task is {cfg.task!r})"
-            )
         task = get_task(cfg.task)
         return SimulationSource(
             name=task.name,
@@ -132,7 +149,7 @@ def resolve(cfg: Any) -> SimulationSource:
             f"workload: task {CUSTOM} needs both prior and simulator as import paths, e.g. "
             "prior: my_pkg.sim:prior and simulator: my_pkg.sim:simulate"
         )
-    prior = import_object(cfg.prior, "workload.prior")
+    prior = import_object(cfg.prior, "workload.prior", cfg.code_dir)
     if not isinstance(prior, torch.distributions.Distribution) and callable(prior):
         prior = prior()
     if not isinstance(prior, torch.distributions.Distribution):
@@ -140,7 +157,7 @@ def resolve(cfg: Any) -> SimulationSource:
             f"workload.prior: {cfg.prior} is {type(prior).__name__}, not a torch Distribution "
             "(or a function returning one)"
         )
-    simulator = import_object(cfg.simulator, "workload.simulator")
+    simulator = import_object(cfg.simulator, "workload.simulator", cfg.code_dir)
     if not callable(simulator):
         raise SimulatorError(f"workload.simulator: {cfg.simulator} is not callable")
     probe_theta = prior.sample((2,))
@@ -163,7 +180,9 @@ def resolve(cfg: Any) -> SimulationSource:
         vectorized=cfg.vectorized,
         fingerprint={
             "prior": cfg.prior,
-            "prior_source": _source_digest(import_object(cfg.prior, "workload.prior")),
+            "prior_source": _source_digest(
+                import_object(cfg.prior, "workload.prior", cfg.code_dir)
+            ),
             "simulator": cfg.simulator,
             "simulator_source": _source_digest(simulator),
         },

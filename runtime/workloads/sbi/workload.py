@@ -37,6 +37,11 @@ def check(cfg: Any, precision: Any) -> None:
             f"workload.task: {cfg.task!r} is not a known task{hint}; "
             f"choose one of: {', '.join(sources.KNOWN_TASKS)}"
         )
+    if cfg.task != sources.CUSTOM and (cfg.prior is not None or cfg.simulator is not None):
+        raise RecipeError(
+            f"workload.prior/simulator: only used with task: {sources.CUSTOM} "
+            f"(task is {cfg.task!r})"
+        )
     if precision.dtype != "fp32":
         raise RecipeError(
             f"precision.dtype: {precision.dtype} is not supported for workload.kind sbi; use fp32 "
@@ -81,6 +86,8 @@ def check(cfg: Any, precision: Any) -> None:
 def check_data(cfg: Any) -> None:
     """Import and probe a user's prior and simulator; check a given simulation folder."""
     source = sources.resolve(cfg)
+    if cfg.task == sources.CUSTOM and cfg.code_dir is None:
+        cfg.code_dir = sources.code_dir_of(cfg.simulator)
     if cfg.simulation.path is not None:
         folder = Path(cfg.simulation.path)
         if not (folder / simulate.MANIFEST).is_file():
