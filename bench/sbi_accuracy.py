@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# the `ray` command, also where only the package is on PYTHONPATH (the GPU machines' bundle)
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 TASKS = ("two_moons", "gaussian_linear", "gaussian_mixture", "slcp", "bernoulli_glm")
 # sbibm paper (Lueckmann et al. 2021), NPE row, C2ST at 10^4 and 10^5 simulations
 SBIBM_NPE = {
@@ -59,12 +62,41 @@ def c2st_job(posterior_file: str, task: str, observation: int, n: int) -> dict[s
     return {"observation": observation, "c2st": score, "seconds": time.perf_counter() - started}
 
 
+def score_folder(args: argparse.Namespace) -> None:
+    """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores."""
+    files = sorted(args.score.glob("*.pt"))
+    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
+    jobs = {}
+    for file in files:
+        task, _, budget = file.stem.rpartition("_")
+        jobs[(task, budget)] = [
+            pool.submit(c2st_job, str(file), task, k, args.samples)
+            for k in range(1, args.observations + 1)
+        ]
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "samples": args.samples}
+    report["c2st_host_cpus"] = os.cpu_count()
+    report["runs"] = {}
+    for (task, budget), futures in jobs.items():
+        results = [f.result() for f in futures]
+        scores = [r["c2st"] for r in results]
+        report["runs"][f"{task}/{budget}"] = {
+            "c2st": results,
+            "c2st_mean": sum(scores) / len(scores),
+            "sbibm_npe": SBIBM_NPE.get(task, {}).get(budget),
+        }
+        print(f"[bench] {task} {budget}: C2ST {sum(scores) / len(scores):.3f}", flush=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def start_ray(head_cpus: int, gpus: int) -> dict[str, str]:
-    # token auth on for the head and every client alike (Ray 2.60 enables it for `ray start`)
-    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2", RAY_AUTH_MODE="token")
-    subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2")
+    # Ray 2.60's `ray start` turns token auth on when a token exists; clients then need the
+    # mode set too. Without a token, asking for token mode fails, so leave it off.
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        env["RAY_AUTH_MODE"] = "token"
+    subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True)
     command = [
-        "ray", "start", "--head", "--node-ip-address=127.0.0.1", "--port=6390",
+        *RAY, "start", "--head", "--node-ip-address=127.0.0.1", "--port=6390",
         f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", "--include-dashboard=false",
         "--disable-usage-stats",
     ]  # fmt: skip
@@ -84,14 +116,23 @@ def main() -> None:
     parser.add_argument("--c2st-workers", type=int, default=max(1, (os.cpu_count() or 2) - 10))
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--overrides", nargs="*", default=[], help="extra recipe overrides")
+    parser.add_argument(
+        "--keep-posteriors", type=Path, help="copy each run's posterior.pt (and log) here"
+    )
+    parser.add_argument(
+        "--score", type=Path, help="only score the <task>_<budget>.pt posteriors in this folder"
+    )
     args = parser.parse_args()
+    if args.score is not None:
+        score_folder(args)
+        return
     deadline = time.monotonic() + args.deadline_s
 
     import torch
 
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="sbi-accuracy-"))
-    env = start_ray(head_cpus=args.concurrent_runs + 2, gpus=gpus)
+    env = start_ray(head_cpus=args.concurrent_runs + 8, gpus=gpus)  # + simulation chunks
     scaling = (
         [
             "scaling.use_gpu=true",
@@ -103,7 +144,7 @@ def main() -> None:
     )
     queue = [(task, budget) for budget in args.budgets for task in args.tasks]
     running: dict[tuple[str, str], tuple[subprocess.Popen, Any, float]] = {}
-    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
+    pool = ProcessPoolExecutor(max_workers=args.c2st_workers) if args.c2st_workers else None
     scores: dict[tuple[str, str], list[Future]] = {}
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),
@@ -144,7 +185,11 @@ def main() -> None:
                 f"[bench] {task} {budget}: exit {process.returncode}, {entry['train_wall_s']:.0f} s"
             )
             args.out.write_text(json.dumps(report, indent=2) + "\n")  # partial results early
-            if process.returncode == 0 and posterior.is_file():
+            if args.keep_posteriors is not None and posterior.is_file():
+                args.keep_posteriors.mkdir(parents=True, exist_ok=True)
+                shutil.copy(posterior, args.keep_posteriors / f"{task}_{budget}.pt")
+                shutil.copy(work / f"{task}_{budget}.log", args.keep_posteriors)
+            if pool is not None and process.returncode == 0 and posterior.is_file():
                 scores[key] = [
                     pool.submit(c2st_job, str(posterior), task, k, args.samples)
                     for k in range(1, args.observations + 1)
@@ -167,8 +212,9 @@ def main() -> None:
         entry["c2st_observations"] = len(done)
         entry["sbibm_npe"] = SBIBM_NPE.get(key[0], {}).get(key[1])
         print(f"[bench] {key[0]} {key[1]}: C2ST {entry['c2st_mean']} over {len(done)} obs")
-    pool.shutdown(wait=False, cancel_futures=True)
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+    subprocess.run([*RAY, "stop", "--force"], capture_output=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v.get("c2st_mean") for k, v in report["runs"].items()}, indent=2))
 

@@ -196,10 +196,10 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
         progress.note(f"restored the best weights (val/loss {stopper.best:.4f}, epoch "
                       f"{stopper.best_epoch})")  # fmt: skip
         changed = True
-    if changed:
-        metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
-        metrics["epoch"] = position.epoch
-        tracker.log({f"final/{k}": v for k, v in metrics.items()}, position.global_step)
+    if changed:  # the last training metrics stay; validation is of the weights kept
+        val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
+        tracker.log({f"final/{k}": v for k, v in val_metrics.items()}, position.global_step)
+        metrics = metrics | val_metrics | {"epoch": position.epoch}
     progress.finish(position)
     profiler.stop()
     finish = getattr(workload, "finish", None)
