@@ -88,20 +88,29 @@ def score_folder(args: argparse.Namespace) -> None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def start_ray(head_cpus: int, gpus: int) -> dict[str, str]:
+def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    """A Ray head of its own, as a `--block` process that ends this cluster alone when stopped
+    (`ray stop` would end every Ray on the machine)."""
     env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2")
     # Ray 2.60's `ray start` turns token auth on when a token exists; clients then need the
     # mode set too. Without a token, asking for token mode fails, so leave it off.
     if (Path.home() / ".ray" / "auth_token").is_file():
         env["RAY_AUTH_MODE"] = "token"
-    subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True)
     command = [
-        *RAY, "start", "--head", "--node-ip-address=127.0.0.1", "--port=6390",
+        *RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--port=6390",
         f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", "--include-dashboard=false",
-        "--disable-usage-stats",
+        "--disable-usage-stats", "--ray-client-server-port=10390",
+        "--min-worker-port=20000", "--max-worker-port=20999",
     ]  # fmt: skip
-    subprocess.run(command, env=env, check=True, capture_output=True)
-    return {**env, "RAY_ADDRESS": "127.0.0.1:6390"}
+    head = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    address = {**env, "RAY_ADDRESS": "127.0.0.1:6390"}
+    for _ in range(60):  # until the head answers
+        probe = [sys.executable, "-c", "import ray; ray.init(); ray.shutdown()"]
+        if subprocess.run(probe, env=address, capture_output=True).returncode == 0:
+            return head, address
+        time.sleep(1)
+    head.terminate()
+    raise RuntimeError("the Ray head did not come up")
 
 
 def main() -> None:
@@ -132,7 +141,7 @@ def main() -> None:
 
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="sbi-accuracy-"))
-    env = start_ray(head_cpus=args.concurrent_runs + 8, gpus=gpus)  # + simulation chunks
+    head, env = start_ray(head_cpus=args.concurrent_runs + 8, gpus=gpus)  # + simulation chunks
     scaling = (
         [
             "scaling.use_gpu=true",
@@ -214,7 +223,8 @@ def main() -> None:
         print(f"[bench] {key[0]} {key[1]}: C2ST {entry['c2st_mean']} over {len(done)} obs")
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
-    subprocess.run([*RAY, "stop", "--force"], capture_output=True)
+    head.terminate()
+    head.wait(timeout=60)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v.get("c2st_mean") for k, v in report["runs"].items()}, indent=2))
 

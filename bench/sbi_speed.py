@@ -106,6 +106,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--race-simulations", type=int, default=20_000)
     parser.add_argument("--deadline-s", type=float, default=540, help="skip what would run later")
+    parser.add_argument("--race-only", action="store_true", help="skip the throughput part")
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline_s
     os.environ.setdefault("OMP_NUM_THREADS", "4")
@@ -177,6 +178,8 @@ def main() -> None:
         result["test_loss"] = test_loss(estimator, test_theta, test_x)
     save()
 
+    if args.race_only:
+        return
     # -- 1. throughput --------------------------------------------------------------------
     big_theta, big_x = sbi_baseline.simulate_two_moons(100_000, seed=0)
     base = sbi_baseline.train_sbi(big_theta, big_x, device="cuda", seed=0, max_epochs=1)

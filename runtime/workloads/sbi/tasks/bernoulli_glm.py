@@ -83,7 +83,8 @@ class BernoulliGLM(Task):
 
     def prior_distribution(self) -> torch.distributions.Distribution:
         zeros = torch.zeros(self.dim_theta)
-        return torch.distributions.MultivariateNormal(zeros, scale_tril=self.prior_scale_tril)
+        scale_tril = self.prior_scale_tril.to(torch.float32)  # computed in float64
+        return torch.distributions.MultivariateNormal(zeros, scale_tril=scale_tril)
 
     def prior_log_prob(self, theta: Tensor) -> Tensor:
         b = self._constant("precision", self.precision, theta)
