@@ -40,6 +40,20 @@ class ShardSampler(DistributedSampler):
         indices = list(super().__iter__())
         return iter(indices[self.skip :])
 
+    def index_tensor(self) -> torch.Tensor:
+        """The indices ``__iter__`` yields, built with tensor operations: DistributedSampler's
+        own rule (seeded permutation, padded by wrapping around, every world_size-th from this
+        rank) without Python lists, which cost a second per epoch at 10^7 samples."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(n, generator=generator)
+        else:
+            indices = torch.arange(n)
+        if self.total_size > n:  # pad (drop_last is off) by repeating from the start
+            indices = indices.repeat(-(-self.total_size // n))[: self.total_size]
+        return indices[self.rank : self.total_size : self.num_replicas][self.skip :]
+
     def __len__(self) -> int:
         return self.num_samples - self.skip
 
@@ -89,8 +103,7 @@ class TrainBatches:
                 )
             return
         assert isinstance(self.split, TensorData)
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
-        order = order.to(self.split.inputs.device)
+        order = self.sampler.index_tensor().to(self.split.inputs.device)
         for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
             idx = order[start : start + self.batch_size]
             yield (

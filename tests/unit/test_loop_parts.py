@@ -420,3 +420,18 @@ def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) ->
         for epoch in (0, 1):
             assert epoch_indices(loader, epoch) == epoch_indices(tensors, epoch)
         assert epoch_indices(loader, 2, skip=3) == epoch_indices(tensors, 2, skip=3)
+
+
+@pytest.mark.parametrize(("length", "world"), [(1003, 4), (10, 3), (7, 4), (2, 4), (50, 1)])
+def test_the_tensor_shard_is_the_samplers_shard(length: int, world: int) -> None:
+    """The tensor path builds its epoch order with tensor ops (a Python list of 10^7 indices
+    costs a second per epoch); it must be DistributedSampler's order exactly."""
+    from runtime.data import ShardSampler
+
+    for rank in range(world):
+        for skip in (0, 1):
+            ctx = WorkerContext(rank, rank, world, 0, torch.device("cpu"))
+            sampler = ShardSampler(length, ctx, seed=3)
+            sampler.set_position(epoch=2, skip=skip)
+            expected = torch.tensor(list(sampler), dtype=torch.long)
+            assert torch.equal(sampler.index_tensor(), expected)
