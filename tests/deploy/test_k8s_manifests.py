@@ -26,6 +26,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from packaging.specifiers import SpecifierSet
 from yamllint import linter
 from yamllint.config import YamlLintConfig
@@ -314,8 +315,11 @@ def test_rayjob_entrypoint_is_a_valid_recipe(name: str, doc: dict) -> None:
     assert any(o.startswith("run.name=") for o in overrides)
     assert cfg.run.storage_path.startswith(f"{SHARED_MOUNT}/")
     assert doc["spec"]["jobId"] == cfg.run.name
-    if cfg.workload.data_root is not None:
-        assert cfg.workload.data_root.startswith(f"{SHARED_MOUNT}/")
+    # data (CNN data sets) and simulation caches (SBI) live on the shared volume too
+    for key in ("workload.data_root", "workload.simulation.cache_dir"):
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None:
+            assert value.startswith(f"{SHARED_MOUNT}/"), key
 
 
 def test_a_broken_entrypoint_override_is_rejected() -> None:
