@@ -205,3 +205,21 @@ def test_validate_notes_missing_data_but_succeeds(
     assert "note" in err
     assert "workload.data_root" in err
     assert "Traceback" not in err
+
+
+def test_simulate_refuses_a_recipe_without_a_simulation_stage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["simulate", str(DIGITS)]) == 2
+    assert "workload.kind: cnn has no simulation stage" in capsys.readouterr().err
+
+
+def test_cuda_graphs_need_one_gpu_worker() -> None:
+    cfg = config.load(
+        REPO / "recipes" / "sbi" / "two_moons_debug.yaml", ["precision.cuda_graphs=true"]
+    )
+    with pytest.raises(RecipeError, match="cuda_graphs: needs exactly one GPU worker"):
+        launch.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
+    cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"
+    with pytest.raises(RecipeError, match=r"here: 2 worker\(s\), GPU"):
+        launch.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True)
