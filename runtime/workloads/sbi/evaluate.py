@@ -7,6 +7,7 @@ is scored includes its rejection of samples outside the prior's support.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -57,6 +58,10 @@ def run(
             )
             scores.append(score)
             sets["reference"] = reference
+            _say(
+                f"evaluation: observation {number} ({rank + 1}/{len(observations)}): "
+                f"c2st {score:.3f} ({time.perf_counter() - started:.0f} s)"
+            )
         if cfg.pair_plot and rank == 0:
             path = folder / f"pair_plot_obs{number}.png"
             calibration.pair_plot(sets, path, theta_true=theta_true, labels=labels)
@@ -86,3 +91,9 @@ def sbc(
     ranks = calibration.sbc_ranks(theta, samples.transpose(0, 1))
     calibration.plot_sbc(ranks, cfg.sbc_samples, path, labels=labels)
     return calibration.sbc_summary(ranks, cfg.sbc_samples)
+
+
+def _say(text: str) -> None:
+    # not print(): Ray Train patches print in workers and the line would appear twice
+    sys.stdout.write(f"[trainforge] {text}\n")
+    sys.stdout.flush()
