@@ -64,7 +64,10 @@ def c2st_job(posterior_file: str, task: str, observation: int, n: int) -> dict[s
 
 def score_folder(args: argparse.Namespace) -> None:
     """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores."""
-    files = sorted(args.score.glob("*.pt"))
+    # in the order of --tasks, so that the cheaper comparisons can be put first
+    rank = {task: i for i, task in enumerate(args.tasks)}
+    files = [f for f in args.score.glob("*.pt") if f.stem.rpartition("_")[0] in rank]
+    files.sort(key=lambda f: (rank[f.stem.rpartition("_")[0]], f.stem))
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
     jobs = {}
     for file in files:
