@@ -11,13 +11,13 @@ prior (a task name or an import path) — so it loads with ``torch.load(weights_
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from runtime.atomic import replacing
 from runtime.workloads.sbi import estimator as estimators
 
 FORMAT = "trainforge-npe/1"
@@ -51,9 +51,8 @@ def save_posterior(
         "prior": prior,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(bundle, temporary)
-    os.replace(temporary, path)
+    with replacing(path) as temporary:
+        torch.save(bundle, temporary)
 
 
 def load_estimator(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:

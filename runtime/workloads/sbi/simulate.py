@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime.atomic import replacing
 from runtime.errors import RecipeError
 from runtime.workloads.sbi import sources
 
@@ -219,17 +220,14 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _save_atomic(result: dict[str, Any], path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(
-        {"theta": result["theta"], "x": result["x"], "invalid": result["invalid"]}, temporary
-    )
-    os.replace(temporary, path)
+    chunk = {"theta": result["theta"], "x": result["x"], "invalid": result["invalid"]}
+    with replacing(path) as temporary:
+        torch.save(chunk, temporary)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(temporary, path)
+    with replacing(path) as temporary:
+        temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _plain(cfg: Any) -> Any:
