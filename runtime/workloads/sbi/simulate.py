@@ -173,13 +173,13 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
 
 
 def summarize(job: Plan) -> dict[str, Any]:
-    counts = [_load(job.chunk_path(i))["invalid"] for i, _ in job.chunks]
-    first = _load(job.chunk_path(0))
+    chunks = [_load(job.chunk_path(i)) for i, _ in job.chunks]
+    first = chunks[0]
     return {
         **job.spec,
         "key": job.key,
         "chunks": len(job.chunks),
-        "invalid": int(sum(int(c) for c in counts)),
+        "invalid": sum(int(c["invalid"]) for c in chunks),
         "dim_theta": int(first["theta"].shape[1]),
         "dim_x": int(first["x"].shape[1]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
