@@ -31,13 +31,12 @@ def prior_spec(cfg: Any) -> dict[str, str]:
 
 
 def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
-    from runtime.workloads.sbi.sources import import_object
+    from runtime.workloads.sbi.sources import load_prior
     from runtime.workloads.sbi.tasks import get_task
 
     if "task" in spec:
         return get_task(spec["task"]).prior_distribution()
-    prior = import_object(spec["import"], "prior", spec.get("code_dir") or None)
-    return prior() if not isinstance(prior, torch.distributions.Distribution) else prior
+    return load_prior(spec["import"], spec.get("code_dir") or None)
 
 
 def save_posterior(

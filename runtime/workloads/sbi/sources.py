@@ -61,6 +61,19 @@ def import_object(path: str, key: str, code_dir: str | None = None) -> Any:
     return obj
 
 
+def load_prior(path: str, code_dir: str | None = None) -> torch.distributions.Distribution:
+    """The prior named by ``path``: a torch Distribution, or a function returning one."""
+    prior = import_object(path, "workload.prior", code_dir)
+    if not isinstance(prior, torch.distributions.Distribution) and callable(prior):
+        prior = prior()
+    if not isinstance(prior, torch.distributions.Distribution):
+        raise SimulatorError(
+            f"workload.prior: {path} is {type(prior).__name__}, not a torch Distribution "
+            "(or a function returning one)"
+        )
+    return prior
+
+
 def code_dir_of(path: str) -> str | None:
     """The folder to put on sys.path for ``path``'s module (its top-level package's parent)."""
     module = sys.modules.get(path.partition(":")[0])
@@ -149,14 +162,7 @@ def resolve(cfg: Any) -> SimulationSource:
             f"workload: task {CUSTOM} needs both prior and simulator as import paths, e.g. "
             "prior: my_pkg.sim:prior and simulator: my_pkg.sim:simulate"
         )
-    prior = import_object(cfg.prior, "workload.prior", cfg.code_dir)
-    if not isinstance(prior, torch.distributions.Distribution) and callable(prior):
-        prior = prior()
-    if not isinstance(prior, torch.distributions.Distribution):
-        raise SimulatorError(
-            f"workload.prior: {cfg.prior} is {type(prior).__name__}, not a torch Distribution "
-            "(or a function returning one)"
-        )
+    prior = load_prior(cfg.prior, cfg.code_dir)
     simulator = import_object(cfg.simulator, "workload.simulator", cfg.code_dir)
     if not callable(simulator):
         raise SimulatorError(f"workload.simulator: {cfg.simulator} is not callable")
