@@ -86,6 +86,11 @@ class Progress:
 
     def _print(self, text: str) -> None:
         if self.ctx.is_main:
-            # Not print(): Ray Train patches print in workers and the line would appear twice.
-            sys.stdout.write(f"[trainforge] {text}\n")
-            sys.stdout.flush()
+            say(text)
+
+
+def say(text: str) -> None:
+    """One ``[trainforge]`` line from a worker. Not print(): Ray Train patches print in workers
+    and the line would appear twice."""
+    sys.stdout.write(f"[trainforge] {text}\n")
+    sys.stdout.flush()

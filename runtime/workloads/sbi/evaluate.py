@@ -7,7 +7,6 @@ is scored includes its rejection of samples outside the prior's support.
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.progress import say
 from runtime.workloads.sbi import calibration
 from runtime.workloads.sbi.sources import SimulationSource
 
@@ -58,7 +58,7 @@ def run(
             )
             scores.append(score)
             sets["reference"] = reference
-            _say(
+            say(
                 f"evaluation: observation {number} ({rank + 1}/{len(observations)}): "
                 f"c2st {score:.3f} ({time.perf_counter() - started:.0f} s)"
             )
@@ -91,9 +91,3 @@ def sbc(
     ranks = calibration.sbc_ranks(theta, samples.transpose(0, 1))
     calibration.plot_sbc(ranks, cfg.sbc_samples, path, labels=labels)
     return calibration.sbc_summary(ranks, cfg.sbc_samples)
-
-
-def _say(text: str) -> None:
-    # not print(): Ray Train patches print in workers and the line would appear twice
-    sys.stdout.write(f"[trainforge] {text}\n")
-    sys.stdout.flush()
