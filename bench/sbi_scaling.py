@@ -24,6 +24,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 RECIPE = ROOT / "recipes" / "sbi" / "two_moons_1e7_gpu.yaml"
 QUIET = [
     "tracking.enabled=false",
@@ -41,22 +42,9 @@ QUIET = [
 
 
 def run(name: str, storage: Path, overrides: list[str]) -> dict[str, Any]:
-    from runtime import config, launch
+    from recipe_run import train_recipe
 
-    cfg = config.load(
-        RECIPE, [*QUIET, f"run.name={name}", f"run.storage_path={storage}", *overrides]
-    )
-    started = time.perf_counter()
-    outcome = launch.train(cfg)
-    result = {
-        "name": name,
-        "workers": outcome.num_workers,
-        "exit_code": outcome.exit_code,
-        "wall_s": time.perf_counter() - started,
-        "samples_per_s": outcome.metrics.get("perf/samples_per_s"),
-        "step_ms": outcome.metrics.get("perf/step_ms"),
-        "val_loss": outcome.metrics.get("val/loss"),
-    }
+    _, _, result = train_recipe(RECIPE, name, storage, [*QUIET, *overrides])
     print(f"[bench] {json.dumps(result)}")
     return result
 

@@ -49,27 +49,12 @@ QUIET = [
 
 def trainforge_run(name: str, storage: Path, overrides: list[str]) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
+    from recipe_run import train_recipe
 
-    from runtime import config, launch
-
-    cfg = config.load(
-        PARITY, [*QUIET, f"run.name={name}", f"run.storage_path={storage}", *overrides]
-    )
-    started = time.perf_counter()
-    outcome = launch.train(cfg)
-    wall = time.perf_counter() - started
-    result: dict[str, Any] = {
-        "name": name,
-        "overrides": overrides,
-        "exit_code": outcome.exit_code,
-        "wall_s": wall,
-        "samples_per_s": outcome.metrics.get("perf/samples_per_s"),
-        "step_ms": outcome.metrics.get("perf/step_ms"),
-        "val_loss": outcome.metrics.get("val/loss"),
-        "epochs": outcome.metrics.get("epoch"),
-        "simulations": cfg.workload.simulation.path,
-        "run_dir": str(storage / name),
-    }
+    cfg, outcome, result = train_recipe(PARITY, name, storage, [*QUIET, *overrides])
+    result["overrides"] = overrides
+    result["simulations"] = cfg.workload.simulation.path
+    result["run_dir"] = str(storage / name)
     if outcome.mlflow_run_id:
         client = MlflowClient()
         history = {
