@@ -38,7 +38,9 @@ class EarlyStopping:
                 }
         else:
             self.since_best += 1
-        stop = self.patience > 0 and self.since_best >= self.patience
+        if self.patience == 0:  # never stops: no vote to collect
+            return False
+        stop = self.since_best >= self.patience
         votes = distributed.all_reduce_sums({"stop": torch.tensor(float(stop))}, ctx.device)
         self.stopped = bool(votes["stop"].item() > 0)
         return self.stopped
