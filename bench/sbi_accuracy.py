@@ -121,6 +121,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budgets", nargs="+", default=["1e4", "1e5"])
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
+    parser.add_argument(
+        "--runs", nargs="+", help="TASK/BUDGET pairs to train instead of every task × budget"
+    )
     parser.add_argument("--observations", type=int, default=10)
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--concurrent-runs", type=int, default=8)
@@ -155,6 +158,8 @@ def main() -> None:
         else ["scaling.use_gpu=false"]
     )
     queue = [(task, budget) for budget in args.budgets for task in args.tasks]
+    if args.runs:
+        queue = [tuple(run.split("/", 1)) for run in args.runs]
     running: dict[tuple[str, str], tuple[subprocess.Popen, Any, float]] = {}
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers) if args.c2st_workers else None
     scores: dict[tuple[str, str], list[Future]] = {}

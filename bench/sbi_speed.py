@@ -92,6 +92,7 @@ def main() -> None:
     parser.add_argument("--race-simulations", type=int, default=20_000)
     parser.add_argument("--deadline-s", type=float, default=540, help="skip what would run later")
     parser.add_argument("--race-only", action="store_true", help="skip the throughput part")
+    parser.add_argument("--race-runs", nargs="+", help="only these trainforge race runs, by name")
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline_s
     os.environ.setdefault("OMP_NUM_THREADS", "4")
@@ -127,6 +128,8 @@ def main() -> None:
             ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50", graphs],
         ),
     ]
+    if args.race_runs:
+        runs = [(name, overrides) for name, overrides in runs if name in args.race_runs]
     race: dict[str, Any] = {"simulations": race_n, "trainforge": []}
     for name, overrides in runs:
         result = trainforge_run(

@@ -2,6 +2,8 @@
 
 - Tensor data (``TensorData``) stays where it is — on the GPU when it fits — and batches are
   gathered by index on the device: no DataLoader, no per-step host-to-device copy.
+- Chunked data (``ChunkedData``, larger than memory) is read from disk a window of chunks at
+  a time (``runtime.chunked``) and batched on the device the same way.
 - A map-style ``Dataset`` goes through a DataLoader with the runtime's own sampler, so that
   worker processes, pinned memory and persistent workers are kept (Ray's
   ``prepare_data_loader`` would rebuild the loader and drop them).
@@ -16,6 +18,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from runtime import chunked
+from runtime.chunked import ChunkedData
 from runtime.distributed import WorkerContext
 from runtime.workloads.base import Split, TensorData
 
@@ -77,11 +81,13 @@ class TrainBatches:
         pin_memory: bool = False,
     ) -> None:
         self.split = split
+        self.ctx = ctx
         self.device = ctx.device
         self.batch_size = batch_size
+        self.seed = seed
         self.sampler = ShardSampler(len(split), ctx, seed)  # type: ignore[arg-type]
         self.loader: DataLoader | None = None
-        if not isinstance(split, TensorData):
+        if not isinstance(split, TensorData | ChunkedData):
             self.loader = DataLoader(
                 split,
                 batch_size=batch_size,
@@ -94,6 +100,12 @@ class TrainBatches:
             )
 
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Batch]:
+        if isinstance(self.split, ChunkedData):
+            num_batches = micro_batches_per_epoch(len(self.split), self.ctx, self.batch_size)
+            yield from chunked.train_batches(
+                self.split, self.ctx, self.batch_size, self.seed, epoch, num_batches, skip_batches
+            )
+            return
         self.sampler.set_position(epoch, skip_batches * self.batch_size)
         if self.loader is not None:
             for inputs, targets in self.loader:
@@ -117,6 +129,9 @@ def eval_batches(
 ) -> Iterator[Batch]:
     """This rank's share of a validation split: every sample exactly once over all ranks
     (strided, not padded, so metrics are exact)."""
+    if isinstance(split, ChunkedData):
+        yield from chunked.eval_batches(split, ctx, batch_size)
+        return
     # max(): a rank beyond the end of a tiny split simply gets no batches
     indices = torch.arange(ctx.rank, max(ctx.rank, len(split)), ctx.world_size)  # type: ignore[arg-type]
     if isinstance(split, TensorData):

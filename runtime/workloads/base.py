@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from runtime.chunked import ChunkedData
+
 
 @dataclass
 class TensorData:
@@ -27,7 +29,8 @@ class TensorData:
         return len(self.targets)
 
 
-Split = TensorData | Dataset  # a map-style Dataset goes through a DataLoader
+# a map-style Dataset goes through a DataLoader; ChunkedData is read from disk window by window
+Split = TensorData | ChunkedData | Dataset
 
 
 class Workload(Protocol):

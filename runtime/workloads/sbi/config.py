@@ -104,4 +104,11 @@ class SBIWorkloadConfig:
     data_on_device: str = "auto"
     """auto | true | false: keep the simulations on the GPU (auto: when they take less than
     40% of its free memory; otherwise batches are gathered in pinned host memory)."""
+    stream_from_disk: str = "auto"
+    """auto | true | false: read the simulations from disk a window of chunks at a time while
+    training, instead of loading them all (auto: when they, times the workers on a machine,
+    would take more than a third of its available memory)."""
+    stream_window_rows: int = 1_000_000
+    """Streaming: simulations held in memory (and on the GPU) at once; batches are shuffled
+    within a window of randomly ordered chunks."""
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)

@@ -13,6 +13,7 @@ their steps are bound by kernel launches, not arithmetic, and 16-bit math would 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,14 @@ from torch import nn
 from runtime.errors import RecipeError, did_you_mean
 from runtime.workloads.base import Split, TensorData
 from runtime.workloads.sbi import estimator as estimators
-from runtime.workloads.sbi import simulate, sources
+from runtime.workloads.sbi import simulate, sources, stream
 from runtime.workloads.sbi.tasks import NUM_OBSERVATIONS
 
 # Keep the simulations on the GPU only when they leave most of its memory to training.
 DEVICE_MEMORY_FRACTION = 0.4
+# Loading holds up to three copies of the simulations at once (chunks, concatenation, split):
+# stream from disk when that, for every worker on the machine, exceeds its available memory.
+HOST_COPIES = 3
 
 
 def check(cfg: Any, precision: Any) -> None:
@@ -64,9 +68,13 @@ def check(cfg: Any, precision: Any) -> None:
         )
     if not 0 < cfg.val_fraction < 1:
         raise RecipeError(f"workload.val_fraction: must be in (0, 1), got {cfg.val_fraction}")
-    if cfg.data_on_device not in ("auto", "true", "false"):
+    for key in ("data_on_device", "stream_from_disk"):
+        cfg[key] = str(cfg[key]).lower()  # YAML reads `true` as a bool; the schema keeps text
+        if cfg[key] not in ("auto", "true", "false"):
+            raise RecipeError(f"workload.{key}: {cfg[key]!r} is not one of auto, true, false")
+    if cfg.stream_window_rows < 1:
         raise RecipeError(
-            f"workload.data_on_device: {cfg.data_on_device!r} is not one of auto, true, false"
+            f"workload.stream_window_rows: must be >= 1, got {cfg.stream_window_rows}"
         )
     estimators.check(cfg.estimator)
     evaluation = cfg.evaluation
@@ -136,7 +144,10 @@ class SBIWorkload:
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         if self.cfg.simulation.path is None:
             raise RuntimeError("workload.simulation.path unset: run the simulation stage first")
-        theta, x = simulate.load(Path(self.cfg.simulation.path), self.cfg.simulation.drop_invalid)
+        folder = Path(self.cfg.simulation.path)
+        if self._streams(folder):
+            return self._streamed(folder, device)
+        theta, x = simulate.load(folder, self.cfg.simulation.drop_invalid)
         (train_theta, train_x), (val_theta, val_x) = split(
             theta, x, self.cfg.val_fraction, self.seed
         )
@@ -156,6 +167,41 @@ class SBIWorkload:
             TensorData(place(train_theta), place(train_x)),
             TensorData(place(val_theta), place(val_x)),
         )
+
+    def _streams(self, folder: Path) -> bool:
+        if self.cfg.stream_from_disk != "auto":
+            return self.cfg.stream_from_disk == "true"
+        return HOST_COPIES * _nbytes(folder) * _local_workers() > _available_memory()
+
+    def _streamed(self, folder: Path, device: torch.device) -> tuple[Split, Split]:
+        """Training rows read from disk window by window; validation rows in memory (on the
+        GPU when they fit there) unless they are too large too."""
+        drop_invalid = self.cfg.simulation.drop_invalid
+        job = stream.plan(folder, self.cfg.val_fraction, self.seed, drop_invalid)
+        manifest = simulate.read_manifest(folder)
+        row_bytes = 4 * (manifest["dim_theta"] + manifest["dim_x"])
+        keep_val = HOST_COPIES * job.num_val * row_bytes * _local_workers() < _available_memory()
+        estimator = self.cfg.estimator
+        scan = stream.scan(
+            job, estimator.z_score_theta == "structured", estimator.z_score_x == "structured",
+            keep_val,
+        )  # fmt: skip
+        self.train_theta, self.train_x = scan.theta_stand_in, scan.x_stand_in  # z-scoring
+        self.dim_theta, self.dim_x = manifest["dim_theta"], manifest["dim_x"]
+        window = self.cfg.stream_window_rows
+        self.info = {
+            "simulations": job.num_train + job.num_val,
+            "train_samples": job.num_train,
+            "val_samples": job.num_val,
+            "streamed": f"windows of {window:,} rows",
+        }
+        train = stream.chunked(job, job.train_rows, window)
+        if scan.val is None:
+            return train, stream.chunked(job, job.val_rows, window)
+        val_theta, val_x = scan.val
+        if device.type == "cuda" and self._fits(val_theta, val_x, device):
+            val_theta, val_x = val_theta.to(device), val_x.to(device)
+        return train, TensorData(val_theta, val_x)
 
     def _fits(self, theta: torch.Tensor, x: torch.Tensor, device: torch.device) -> bool:
         if self.cfg.data_on_device != "auto":
@@ -212,3 +258,18 @@ class SBIWorkload:
     def describe(self) -> dict[str, Any]:
         source = self.cfg.task if self.cfg.task != "custom" else self.cfg.simulator
         return {"task": source, "estimator": self.cfg.estimator.model, **self.info}
+
+
+def _nbytes(folder: Path) -> int:
+    manifest = simulate.read_manifest(folder)
+    return 4 * manifest["num_simulations"] * (manifest["dim_theta"] + manifest["dim_x"])
+
+
+def _local_workers() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by Ray Train for each worker
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
