@@ -21,8 +21,11 @@ class Progress:
         epochs: int,
         global_batch: int,
         facts: dict[str, Any],
+        early_stopping: bool = False,
     ) -> None:
         self.ctx = ctx
+        # with early stopping, the planned steps are only an upper bound on the run
+        self.eta_prefix = "≤ " if early_stopping else ""
         self.total_steps = total_steps
         self.epochs = epochs
         self.global_batch = global_batch
@@ -63,7 +66,7 @@ class Progress:
             f"epoch {position.epoch + 1}/{self.epochs} step {position.global_step}/"
             f"{self.total_steps} loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
             f"{metrics['perf/samples_per_s']:,.0f} samples/s {self.step_ms:.1f} ms/step "
-            f"eta {timedelta(seconds=round(remaining))}"
+            f"eta {self.eta_prefix}{timedelta(seconds=round(remaining))}"
         )
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:

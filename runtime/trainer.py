@@ -92,7 +92,9 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
     tracker.start()
     profiler = StepProfiler(cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx)
-    progress = Progress(ctx, total_steps, epochs, global_batch, workload.describe())
+    progress = Progress(
+        ctx, total_steps, epochs, global_batch, workload.describe(), stopper.patience > 0
+    )
     progress.start(position)
     fail_after_epoch = payload.get("fail_after_epoch")
 
