@@ -12,11 +12,12 @@ Two questions, both on two_moons with sbi's default estimator (MAF, hidden 50, 5
    cache entry the simulation stage made, handed to sbi) with large batches; its time is the
    loop's elapsed time (``perf/elapsed_s``) at the first epoch whose val/loss is at or below the
    target. sbi's time is its ``train()`` wall time (what its user waits for) and, for
-   reference, its time to its own best epoch. Both validation losses are means over each
-   trainer's own 10% split (2,000 samples, standard error ≈ 0.02); both final estimators are
-   also scored on one common fresh test set of 100k simulations.
+   reference, its time to its own best epoch. Both trainers validate on the same 10% split
+   (2,000 rows: sbi's one ``torch.randperm`` call is answered with trainforge's permutation);
+   both final estimators are also scored on one common fresh test set of 100k simulations.
 
 Usage (GPU machine, repo root):  python bench/sbi_speed.py --out sbi_speed.json
+    [--race-only] [--race-runs race_b512_lr1e-3_patience50_graphs]
 """
 
 from __future__ import annotations
