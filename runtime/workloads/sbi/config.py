@@ -107,7 +107,7 @@ class SBIWorkloadConfig:
     stream_from_disk: str = "auto"
     """auto | true | false: read the simulations from disk a window of chunks at a time while
     training, instead of loading them all (auto: when they, times the workers on a machine,
-    would take more than a third of its available memory)."""
+    would take more than a quarter of its available memory)."""
     stream_window_rows: int = 1_000_000
     """Streaming: simulations held in memory (and on the GPU) at once; batches are shuffled
     within a window of randomly ordered chunks."""
