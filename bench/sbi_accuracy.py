@@ -211,8 +211,14 @@ def main() -> None:
                     pool.submit(c2st_job, str(posterior), task, k, args.samples)
                     for k in range(1, args.observations + 1)
                 ]
-    for process, _, _ in running.values():
+    for (task, budget), (process, log, started) in running.items():  # past the deadline
         process.kill()
+        log.close()
+        report["runs"][f"{task}/{budget}"] = {
+            "exit_code": None,
+            "killed_at_deadline_after_s": time.monotonic() - started,
+            "log_tail": (work / f"{task}_{budget}.log").read_text()[-3000:],
+        }
     for key, futures in scores.items():
         entry = report["runs"][f"{key[0]}/{key[1]}"]
         left = max(5.0, deadline + 45 - time.monotonic())
