@@ -21,7 +21,6 @@ from runtime import config, tracking
 from runtime.errors import RecipeError
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
-GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"  # read by Ray when it starts a local GCS
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
@@ -46,14 +45,17 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
         return
     # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
     # ray.init() would join that one). The local dashboard stays on loopback.
+    port = os.environ.get(GCS_PORT_ENV) or str(_free_port())
     previous = os.environ.get(GCS_PORT_ENV)
-    port = previous or str(_free_port())
-    os.environ[GCS_PORT_ENV] = port
+    os.environ[GCS_PORT_ENV] = port  # read by Ray when it starts the local GCS
     try:
         _init_pinned(ray, "local", f"127.0.0.1:{port}", options)
     finally:
         if previous is None:
             del os.environ[GCS_PORT_ENV]
+
+
+GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
 
 
 def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> None:
