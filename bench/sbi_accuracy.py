@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,12 @@ def score_folder(args: argparse.Namespace) -> None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
     """A Ray head of its own, as a `--block` process that ends this cluster alone when stopped
     (`ray stop` would end every Ray on the machine)."""
@@ -101,7 +108,12 @@ def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, st
         env["RAY_AUTH_MODE"] = "token"
     command = [
         *RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--port=6390",
-        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", "--include-dashboard=false",
+        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}",
+        # a dashboard of its own: a head without one still advertises 127.0.0.1:8265 as its
+        # API server, and Ray Train's placement-group cleaner would then ask whichever Ray
+        # owns that port whether our runs' controllers live, and remove their workers
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={_free_port()}",
         "--disable-usage-stats", "--ray-client-server-port=10390",
         "--min-worker-port=20000", "--max-worker-port=20999",
     ]  # fmt: skip
