@@ -35,7 +35,7 @@ def write_entry(folder: Path, n: int, chunk_size: int, dim_x: int) -> None:
         size = min(chunk_size, n - start)
         theta = torch.rand(size, 2, generator=generator)
         x = theta.repeat(1, dim_x // 2) + 0.1 * torch.randn(size, dim_x, generator=generator)
-        torch.save({"theta": theta, "x": x, "invalid": 0}, folder / f"chunk-{i:06d}.pt")
+        torch.save({"theta": theta, "x": x, "invalid": 0}, simulate.chunk_file(folder, i))
     manifest = {
         "num_simulations": n, "chunk_size": chunk_size, "chunks": -(-n // chunk_size),
         "invalid": 0, "dim_theta": 2, "dim_x": dim_x,

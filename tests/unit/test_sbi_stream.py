@@ -33,7 +33,7 @@ def write_simulations(folder: Path, n: int, chunk_size: int, nan_rows: int = 0) 
         part = slice(start, start + chunk_size)
         invalid = int((~torch.isfinite(x[part]).all(dim=1)).sum())
         chunk = {"theta": theta[part].clone(), "x": x[part].clone(), "invalid": invalid}
-        torch.save(chunk, folder / f"chunk-{i:06d}.pt")
+        torch.save(chunk, simulate.chunk_file(folder, i))
     manifest = {
         "num_simulations": n, "chunk_size": chunk_size, "chunks": -(-n // chunk_size),
         "invalid": nan_rows, "dim_theta": 2, "dim_x": 2,
@@ -47,7 +47,7 @@ def by_rows(theta: torch.Tensor) -> torch.Tensor:
 
 
 def streamed_rows(job: stream.StreamPlan, rows: list[torch.Tensor]) -> torch.Tensor:
-    split = ChunkedData(job.files, rows, stream.read_chunk, window_rows=1)
+    split = ChunkedData(job.files, rows, simulate.read_chunk, window_rows=1)
     return by_rows(split.read_rows(list(range(len(rows))))[0])
 
 

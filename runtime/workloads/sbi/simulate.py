@@ -42,7 +42,7 @@ class Plan:
     device: str
 
     def chunk_path(self, index: int) -> Path:
-        return self.folder / f"chunk-{index:06d}.pt"
+        return chunk_file(self.folder, index)
 
     def missing(self) -> list[tuple[int, int]]:
         return [(i, n) for i, n in self.chunks if not self.chunk_path(i).is_file()]
@@ -84,11 +84,17 @@ def plan(cfg: Any, source: sources.SimulationSource, seed: int, root: Path, devi
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
     name = source.name.replace(":", "-").replace("/", "-").replace(".", "-")
     folder = root / f"{name}-{key}"
-    sizes = [
-        min(sim.chunk_size, sim.num_simulations - start)
-        for start in range(0, sim.num_simulations, sim.chunk_size)
-    ]
+    sizes = chunk_sizes(sim.num_simulations, sim.chunk_size)
     return Plan(folder, key, spec, list(enumerate(sizes)), device)
+
+
+def chunk_file(folder: Path, index: int) -> Path:
+    return folder / f"chunk-{index:06d}.pt"
+
+
+def chunk_sizes(num_simulations: int, chunk_size: int) -> list[int]:
+    """Simulations per chunk: ``chunk_size`` each, the last one what is left."""
+    return [min(chunk_size, num_simulations - s) for s in range(0, num_simulations, chunk_size)]
 
 
 def chunk_seed(seed: int, index: int) -> int:
@@ -204,15 +210,21 @@ def check_invalid(folder: Path, drop_invalid: bool) -> None:
 def load(folder: Path, drop_invalid: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """All simulations of a finished cache entry, in chunk order, invalid rows dropped."""
     manifest = read_manifest(folder)
-    chunks = [_load(folder / f"chunk-{i:06d}.pt") for i in range(manifest["chunks"])]
-    theta = torch.cat([c["theta"] for c in chunks])
-    x = torch.cat([c["x"] for c in chunks])
+    chunks = [read_chunk(chunk_file(folder, i)) for i in range(manifest["chunks"])]
+    theta = torch.cat([theta for theta, _ in chunks])
+    x = torch.cat([x for _, x in chunks])
     valid = torch.isfinite(x).all(dim=1)
     if not bool(valid.all()):
         if not drop_invalid:
             check_invalid(folder, drop_invalid)
         theta, x = theta[valid], x[valid]
     return theta, x
+
+
+def read_chunk(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's (θ, x)."""
+    chunk = _load(path)
+    return chunk["theta"], chunk["x"]
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -41,12 +41,12 @@ class StreamPlan:
 
 def plan(folder: Path, val_fraction: float, seed: int, drop_invalid: bool) -> StreamPlan:
     manifest = simulate.read_manifest(folder)
-    files = [folder / f"chunk-{i:06d}.pt" for i in range(manifest["chunks"])]
-    total, chunk_size = manifest["num_simulations"], manifest["chunk_size"]
-    sizes = [min(chunk_size, total - start) for start in range(0, total, chunk_size)]
+    files = [simulate.chunk_file(folder, i) for i in range(manifest["chunks"])]
+    total = manifest["num_simulations"]
+    sizes = simulate.chunk_sizes(total, manifest["chunk_size"])
     if manifest["invalid"]:
         simulate.check_invalid(folder, drop_invalid)  # refuses unless dropped
-        valid = torch.cat([torch.isfinite(read_chunk(f)[1]).all(dim=1) for f in files])
+        valid = torch.cat([torch.isfinite(simulate.read_chunk(f)[1]).all(dim=1) for f in files])
         valid_rows = valid.nonzero().squeeze(1)
     else:
         valid_rows = torch.arange(total)
@@ -64,11 +64,6 @@ def _per_chunk(rows: Tensor, sizes: list[int]) -> list[Tensor]:
     chunk = torch.searchsorted(starts[1:], rows, right=True)
     counts = torch.bincount(chunk, minlength=len(sizes)).tolist()
     return list(torch.split(rows - starts[chunk], counts))
-
-
-def read_chunk(path: Path) -> tuple[Tensor, Tensor]:
-    chunk = torch.load(path, map_location="cpu", weights_only=True)
-    return chunk["theta"], chunk["x"]
 
 
 @dataclass
@@ -127,7 +122,7 @@ def scan(job: StreamPlan, structured_theta: bool, structured_x: bool, keep_val: 
     val_theta: list[Tensor] = []
     val_x: list[Tensor] = []
     for path, train, val in zip(job.files, job.train_rows, job.val_rows, strict=True):
-        theta, x = read_chunk(path)
+        theta, x = simulate.read_chunk(path)
         theta_moments.add(theta[train])
         x_moments.add(x[train])
         if keep_val:
@@ -141,4 +136,4 @@ def scan(job: StreamPlan, structured_theta: bool, structured_x: bool, keep_val: 
 
 
 def chunked(job: StreamPlan, rows: list[Tensor], window_rows: int) -> ChunkedData:
-    return ChunkedData(job.files, rows, read_chunk, window_rows)
+    return ChunkedData(job.files, rows, simulate.read_chunk, window_rows)
