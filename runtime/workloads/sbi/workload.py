@@ -172,7 +172,8 @@ class SBIWorkload:
     def _streams(self, folder: Path) -> bool:
         if self.cfg.stream_from_disk != "auto":
             return self.cfg.stream_from_disk == "true"
-        return HOST_COPIES * _nbytes(folder) * _local_workers() > _available_memory()
+        manifest = simulate.read_manifest(folder)
+        return not _fits_in_host_memory(manifest["num_simulations"] * _row_bytes(manifest))
 
     def _streamed(self, folder: Path, device: torch.device) -> tuple[Split, Split]:
         """Training rows read from disk window by window; validation rows in memory (on the
@@ -180,8 +181,7 @@ class SBIWorkload:
         drop_invalid = self.cfg.simulation.drop_invalid
         job = stream.plan(folder, self.cfg.val_fraction, self.seed, drop_invalid)
         manifest = simulate.read_manifest(folder)
-        row_bytes = 4 * (manifest["dim_theta"] + manifest["dim_x"])
-        keep_val = HOST_COPIES * job.num_val * row_bytes * _local_workers() < _available_memory()
+        keep_val = _fits_in_host_memory(job.num_val * _row_bytes(manifest))
         estimator = self.cfg.estimator
         scan = stream.scan(
             job, estimator.z_score_theta == "structured", estimator.z_score_x == "structured",
@@ -261,16 +261,14 @@ class SBIWorkload:
         return {"task": source, "estimator": self.cfg.estimator.model, **self.info}
 
 
-def _nbytes(folder: Path) -> int:
-    manifest = simulate.read_manifest(folder)
-    return 4 * manifest["num_simulations"] * (manifest["dim_theta"] + manifest["dim_x"])
+def _row_bytes(manifest: dict[str, Any]) -> int:
+    return 4 * (manifest["dim_theta"] + manifest["dim_x"])  # float32 θ and x
 
 
-def _local_workers() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # set by Ray Train for each worker
-
-
-def _available_memory() -> int:
+def _fits_in_host_memory(nbytes: int) -> bool:
+    """Whether loading ``nbytes`` of simulations in every worker on this machine (Ray Train
+    sets LOCAL_WORLD_SIZE) leaves the available memory unexhausted."""
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return HOST_COPIES * nbytes * workers < psutil.virtual_memory().available
