@@ -115,8 +115,8 @@ class PrecisionSection:
     """torch.compile the model (the first steps pay the compilation)."""
     cuda_graphs: bool = False
     """Capture the whole optimizer step (forward, backward, clipping, optimizer) as one CUDA
-    graph and replay it: for small, launch-bound models such as SBI flows. One GPU worker, no
-    gradient accumulation, not with fp16."""
+    graph and replay it: for small, launch-bound models such as SBI flows. GPU workers (with
+    several, DDP's all-reduce is captured too), no gradient accumulation, not with fp16."""
     compile_mode: str = "default"
     """default | reduce-overhead (CUDA graphs: for small, launch-bound models) |
     max-autotune-no-cudagraphs."""

@@ -12,7 +12,14 @@ so each replay writes fresh gradients instead of accumulating. Warm-up steps on 
 must run before capture; they would change the weights, so the model and optimizer state are
 put back afterwards and training starts exactly where it would have without graphs.
 
-Limits (checked before workers start): one GPU worker, no gradient accumulation, no fp16 loss
+With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
+in a graph). PyTorch's CUDA notes ask for three things, done here and in ``distributed.wrap``:
+DDP constructed on a side stream, at least 11 DDP-enabled eager iterations before capture (DDP
+finishes setting up its buckets and logging in the first ten), and NCCL's asynchronous error
+handling off in every worker (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, set before the process group
+exists, see ``launch``).
+
+Limits (checked before workers start): GPU workers, no gradient accumulation, no fp16 loss
 scaling, and every training batch the same shape (the loop drops partial batches anyway).
 """
 
@@ -22,8 +29,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 WARMUP_STEPS = 3
+DDP_WARMUP_STEPS = 11
 
 
 class GraphedStep:
@@ -54,7 +63,8 @@ class GraphedStep:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
+            ddp = isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel)
+            for _ in range(DDP_WARMUP_STEPS if ddp else WARMUP_STEPS):
                 optimizer.zero_grad(set_to_none=True)
                 body()
         torch.cuda.current_stream().wait_stream(side)

@@ -14,6 +14,7 @@ The sampler can start an epoch part-way, which is how a mid-epoch checkpoint res
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -44,22 +45,26 @@ class ShardSampler(DistributedSampler):
         indices = list(super().__iter__())
         return iter(indices[self.skip :])
 
-    def index_tensor(self) -> torch.Tensor:
-        """The indices ``__iter__`` yields, built with tensor operations: DistributedSampler's
-        own rule (seeded permutation, padded by wrapping around, every world_size-th from this
-        rank) without Python lists, which cost a second per epoch at 10^7 samples."""
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            indices = torch.randperm(n, generator=generator)
-        else:
-            indices = torch.arange(n)
-        if self.total_size > n:  # pad (drop_last is off) by repeating from the start
-            indices = indices.repeat(-(-self.total_size // n))[: self.total_size]
-        return indices[self.rank : self.total_size : self.num_replicas][self.skip :]
-
     def __len__(self) -> int:
         return self.num_samples - self.skip
+
+
+def shard_order(
+    length: int, ctx: WorkerContext, seed: int, epoch: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """This rank's indices for ``epoch`` by DistributedSampler's rule (seeded permutation,
+    padded by wrapping around, every world_size-th from this rank), built with tensor operations
+    on ``device`` (default CPU). On the CPU it is exactly ``ShardSampler``'s order; a Python
+    list of 10^7 indices would cost a second per epoch. On a GPU the permutation comes from the
+    GPU's generator: another order, as deterministic, and ~100× faster than the CPU's 0.2–0.4 s
+    at 10^7 samples, which is more than a whole epoch of CUDA-graph steps on four GPUs."""
+    device = device or torch.device("cpu")
+    generator = torch.Generator(device).manual_seed(seed + epoch)
+    indices = torch.randperm(length, generator=generator, device=device)
+    total = -(-length // ctx.world_size) * ctx.world_size
+    if total > length:  # pad (drop_last is off) by repeating from the start
+        indices = indices.repeat(-(-total // length))[:total]
+    return indices[ctx.rank : total : ctx.world_size].contiguous()
 
 
 def micro_batches_per_epoch(length: int, ctx: WorkerContext, batch_size: int) -> int:
@@ -87,6 +92,12 @@ class TrainBatches:
         self.seed = seed
         self.sampler = ShardSampler(len(split), ctx, seed)  # type: ignore[arg-type]
         self.loader: DataLoader | None = None
+        # Tensor data in host memory: the next epoch's order is computed on a background thread
+        # while this epoch trains (a seeded permutation of 10^7 samples costs 0.2–0.4 s of CPU).
+        # CPU work only: no CUDA call may come from another thread while the loop captures a
+        # graph. Data on a GPU gets its order from the GPU, in about a millisecond.
+        self.orders = ThreadPoolExecutor(1, "trainforge-shard-order")
+        self.next_order: tuple[int, Future[torch.Tensor]] | None = None
         if not isinstance(split, TensorData | ChunkedData):
             self.loader = DataLoader(
                 split,
@@ -115,13 +126,28 @@ class TrainBatches:
                 )
             return
         assert isinstance(self.split, TensorData)
-        order = self.sampler.index_tensor().to(self.split.inputs.device)
+        order = self.order(epoch)[skip_batches * self.batch_size :]
         for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
             idx = order[start : start + self.batch_size]
             yield (
                 _to(self.split.inputs[idx], self.device),
                 _to(self.split.targets[idx], self.device),
             )
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """This rank's whole order for ``epoch``, on the data's device; for data in host memory,
+        starts computing the next epoch's."""
+        data_device = self.split.inputs.device  # type: ignore[union-attr]
+        if data_device.type != "cpu":
+            return shard_order(len(self.split), self.ctx, self.seed, epoch, data_device)  # type: ignore[arg-type]
+        ahead = self.next_order
+        if ahead is not None and ahead[0] == epoch:
+            order = ahead[1].result()
+        else:  # the first epoch, or a jump (a resume)
+            order = shard_order(len(self.split), self.ctx, self.seed, epoch)  # type: ignore[arg-type]
+        ahead_job = self.orders.submit(shard_order, len(self.split), self.ctx, self.seed, epoch + 1)  # type: ignore[arg-type]
+        self.next_order = (epoch + 1, ahead_job)
+        return order
 
 
 def eval_batches(

@@ -53,13 +53,31 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def wrap(model: nn.Module, ctx: WorkerContext) -> nn.Module:
-    """DDP when there is more than one rank; the bare module otherwise (no wrapper, no no_sync)."""
+def wrap(
+    model: nn.Module,
+    ctx: WorkerContext,
+    cuda_graphs: bool = False,
+    gradient_as_bucket_view: bool = True,
+) -> nn.Module:
+    """DDP when there is more than one rank; the bare module otherwise (no wrapper, no no_sync).
+
+    Gradients are views into DDP's all-reduce buckets: no copy into the bucket before the
+    all-reduce and none back after it (for small SBI flows those copies are dozens of tiny
+    kernels per step). For a step captured as a CUDA graph, DDP is built on a side stream
+    (PyTorch's rule for capturing DDP's backward)."""
     if ctx.world_size == 1:
         return model
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-    return DistributedDataParallel(model, device_ids=device_ids)
+    options = {"device_ids": device_ids, "gradient_as_bucket_view": gradient_as_bucket_view}
+    if not (cuda_graphs and ctx.device.type == "cuda"):
+        # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
+        return DistributedDataParallel(model, **options)
+    side = torch.cuda.Stream(ctx.device)
+    side.wait_stream(torch.cuda.current_stream(ctx.device))
+    with torch.cuda.stream(side):
+        wrapped = DistributedDataParallel(model, **options)
+    torch.cuda.current_stream(ctx.device).wait_stream(side)
+    return wrapped
 
 
 def sync_context(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:

@@ -59,10 +59,9 @@ def check_resources(scaling: Any, available: dict[str, float], cuda_graphs: bool
     if scaling.use_gpu == "true" and gpus == 0:
         raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
     use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
-    if cuda_graphs and (not use_gpu or scaling.num_workers != 1):
+    if cuda_graphs and not use_gpu:
         raise RecipeError(
-            "precision.cuda_graphs: needs exactly one GPU worker "
-            f"(here: {scaling.num_workers} worker(s), {'GPU' if use_gpu else 'CPU'})"
+            "precision.cuda_graphs: needs GPU workers (CUDA graphs), and these would run on CPU"
         )
     for resource, amount in worker_resources(scaling, use_gpu).items():
         need, have = amount * scaling.num_workers, available.get(resource, 0)

@@ -85,7 +85,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
     stopper = EarlyStopping(train_cfg.early_stopping_patience, train_cfg.restore_best)
     if latest is not None and "early_stopping" in latest:
         stopper.load_state_dict(latest["early_stopping"], ctx.device)
-    train_model = distributed.wrap(model, ctx)
+    train_model = distributed.wrap(model, ctx, precision_cfg.cuda_graphs)
     if precision_cfg.compile:
         train_model = torch.compile(train_model, mode=precision_cfg.compile_mode)
 

@@ -83,3 +83,30 @@ def test_tensor_data_is_kept_on_the_gpu() -> None:
     cfg = config.load(CIFAR, ["workload.dataset=digits", "workload.model=simple_cnn"]).workload
     train, val = CNNWorkload(cfg, seed=0).datasets(torch.device("cuda", 0))
     assert train.inputs.is_cuda and train.targets.is_cuda and val.inputs.is_cuda
+
+
+@pytest.mark.parametrize("length", [10_000_019, 64])
+def test_shard_order_on_the_gpu_covers_every_sample_and_repeats(length: int) -> None:
+    """Data on a GPU gets its epoch order from the GPU's generator: the shards of three ranks
+    are disjoint up to the padding, cover every sample, and the order is a function of the
+    seed and the epoch."""
+    from runtime.data import TrainBatches, shard_order
+    from runtime.distributed import WorkerContext
+    from runtime.workloads.base import TensorData
+
+    device = torch.device("cuda", 0)
+    contexts = [WorkerContext(rank, rank, 3, 0, device) for rank in range(3)]
+    shards = [shard_order(length, ctx, seed=5, epoch=2, device=device) for ctx in contexts]
+    assert all(shard.device == device and len(shard) == -(-length // 3) for shard in shards)
+    counts = torch.bincount(torch.cat(shards), minlength=length)
+    assert bool((counts >= 1).all()) and int(counts.sum()) - length == -length % 3
+    assert torch.equal(shard_order(length, contexts[1], 5, 2, device), shards[1])
+    assert not torch.equal(shard_order(length, contexts[1], 5, 3, device), shards[1])
+
+    # TrainBatches uses it for GPU-resident data, and a resume skips into the same order
+    split = TensorData(torch.arange(64, device=device), torch.arange(64, device=device))
+    batches = TrainBatches(split, contexts[0], batch_size=4, seed=5)
+    whole = [t.tolist() for t, _ in batches.epoch(1)]
+    expected = shard_order(64, contexts[0], 5, 1, device)[:20].tolist()
+    assert [i for batch in whole for i in batch] == expected
+    assert [t.tolist() for t, _ in batches.epoch(1, skip_batches=2)] == whole[2:]

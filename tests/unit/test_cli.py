@@ -214,12 +214,11 @@ def test_simulate_refuses_a_recipe_without_a_simulation_stage(
     assert "workload.kind: cnn has no simulation stage" in capsys.readouterr().err
 
 
-def test_cuda_graphs_need_one_gpu_worker() -> None:
+def test_cuda_graphs_need_gpu_workers() -> None:
     cfg = config.load(
         REPO / "recipes" / "sbi" / "two_moons_debug.yaml", ["precision.cuda_graphs=true"]
     )
-    with pytest.raises(RecipeError, match="cuda_graphs: needs exactly one GPU worker"):
+    with pytest.raises(RecipeError, match="cuda_graphs: needs GPU workers"):
         launch.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
-    cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"
-    with pytest.raises(RecipeError, match=r"here: 2 worker\(s\), GPU"):
-        launch.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True)
+    cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"  # DDP steps are captured too
+    assert launch.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True) is True

@@ -91,6 +91,23 @@ def test_skip_drops_the_first_samples(rank: int, skip: int) -> None:
 # --- TrainBatches and micro_batches_per_epoch ----------------------------------------------
 
 
+def test_tensor_batches_follow_the_sampler_with_the_next_epoch_computed_ahead() -> None:
+    split, batch_size = tensor_data(50), 4
+    batches = data.TrainBatches(split, ctx(1, 2), batch_size, seed=9)
+    sampler = data.ShardSampler(50, ctx(1, 2), seed=9)
+
+    def expected(epoch: int, skip: int = 0) -> list[list[int]]:
+        sampler.set_position(epoch, skip * batch_size)
+        order = list(sampler)
+        return [order[i : i + batch_size] for i in range(0, len(order) - batch_size + 1, 4)]
+
+    for epoch in (0, 1, 2):  # in sequence: each epoch's order was computed during the last
+        assert epoch_indices(batches, epoch) == expected(epoch)
+        assert batches.next_order is not None and batches.next_order[0] == epoch + 1
+    assert epoch_indices(batches, 6, skip=2) == expected(6, skip=2)  # a jump, as on resume
+    assert epoch_indices(batches, 7) == expected(7)
+
+
 def epoch_indices(batches: data.TrainBatches, epoch: int, skip: int = 0) -> list[list[int]]:
     out = []
     for inputs, targets in batches.epoch(epoch, skip_batches=skip):
@@ -426,12 +443,9 @@ def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) ->
 def test_the_tensor_shard_is_the_samplers_shard(length: int, world: int) -> None:
     """The tensor path builds its epoch order with tensor ops (a Python list of 10^7 indices
     costs a second per epoch); it must be DistributedSampler's order exactly."""
-    from runtime.data import ShardSampler
-
     for rank in range(world):
-        for skip in (0, 1):
-            ctx = WorkerContext(rank, rank, world, 0, torch.device("cpu"))
-            sampler = ShardSampler(length, ctx, seed=3)
-            sampler.set_position(epoch=2, skip=skip)
-            expected = torch.tensor(list(sampler), dtype=torch.long)
-            assert torch.equal(sampler.index_tensor(), expected)
+        ctx = WorkerContext(rank, rank, world, 0, torch.device("cpu"))
+        sampler = data.ShardSampler(length, ctx, seed=3)
+        sampler.set_position(epoch=2)
+        expected = torch.tensor(list(sampler), dtype=torch.long)
+        assert torch.equal(data.shard_order(length, ctx, seed=3, epoch=2), expected)
