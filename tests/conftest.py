@@ -34,13 +34,11 @@ def ray_cluster():
     """One local Ray for the whole session (ray.init costs ~5 s on 2 cores)."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            address="local",  # never join a `ray start` cluster another test is running
-            num_cpus=max(2, os.cpu_count() or 2),
-            dashboard_host="127.0.0.1",
-            log_to_driver=True,
-        )
+    from runtime.launch import connect
+
+    # never join a `ray start` cluster another test is running; the runtime's own connect, so
+    # this session's runs are pinned to this cluster (xdist runs one cluster per test process)
+    connect(local_only=True, num_cpus=max(2, os.cpu_count() or 2))
     yield ray
     ray.shutdown()
 

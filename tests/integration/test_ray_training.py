@@ -130,3 +130,25 @@ def test_imagefolder_through_dataloader_workers(ray_cluster, in_tmp: Path) -> No
     assert outcome.metrics["epoch"] == 3
     assert outcome.metrics["val/accuracy"] >= 0.9, outcome.metrics
     assert checkpoint.load(outcome.checkpoint_path)["global_step"] == 3 * (32 // 8)
+
+
+def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None:
+    # Ray Train's placement-group cleaner asks the State API whether the run's controller still
+    # lives. Unpinned, that API asks the most recently started Ray on the machine (xdist runs
+    # one per test process), misses the controller and removes a live run's placement group.
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def look(self) -> tuple[str | None, str | None]:
+            import os
+
+            from ray.util.state import get_actor
+
+            me = get_actor(ray.get_runtime_context().get_actor_id(), timeout=20)
+            return os.environ.get("RAY_ADDRESS"), me.state if me else None
+
+    address, state = ray.get(Probe.remote().look.remote())
+    own_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    assert address == f"127.0.0.1:{own_port}"
+    assert state == "ALIVE"  # the State API, from a job process, finds this cluster's actors
