@@ -19,11 +19,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,10 +33,6 @@ sys.path.insert(0, str(ROOT))
 BATCH = 16_384
 ROWS = 1_000_000
 BLOCKS, BLOCK_STEPS = 5, 50
-
-
-class TrainSettings(dict):  # attribute access, as build_optimizer reads a recipe section
-    __getattr__ = dict.__getitem__
 
 
 MODES = {  # name: (captured as a CUDA graph, DDP's gradients as views into its buckets)
@@ -50,7 +48,7 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
     from runtime.optim import build_optimizer
     from runtime.precision import Precision
     from runtime.trainer import optimizer_step
-    from runtime.workloads.sbi.estimator import BuildRecord, NPELoss, build
+    from runtime.workloads.sbi.config import SBIWorkloadConfig
     from runtime.workloads.sbi.tasks import get_task
     from runtime.workloads.sbi.workload import SBIWorkload
 
@@ -60,13 +58,16 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
     generator = torch.Generator(device).manual_seed(rank)
     theta = task.prior_sample(ROWS, generator)
     x = task.simulate(theta, generator)
-    record = BuildRecord("maf", 2, 2, 128, 5, 10, 10, "independent", "independent", "none", 20, 64)
+    cfg = OmegaConf.structured(SBIWorkloadConfig)  # the recipe's estimator: MAF, hidden 128
+    cfg.estimator.hidden_features = 128
+    workload = SBIWorkload(cfg, seed=0)
+    workload.train_theta, workload.train_x = theta[:100_000].cpu(), x[:100_000].cpu()
+    workload.dim_theta, workload.dim_x = 2, 2
     torch.manual_seed(0)
-    model = NPELoss(build(record, theta[:100_000], x[:100_000])).to(device)
-    train = TrainSettings(lr=1e-3, optimizer="adam", weight_decay=0.0)
+    model = workload.build_model().to(device)
+    train = SimpleNamespace(lr=1e-3, optimizer="adam", weight_decay=0.0)
     optimizer = build_optimizer(model, train, capturable=graphed)
     train_model = distributed.wrap(model, ctx, graphed, gradient_as_bucket_view=bucket_view)
-    workload = SBIWorkload.__new__(SBIWorkload)  # only its loss and prepare_batch are used
     precision = Precision("fp32", device)
 
     def batch() -> tuple[torch.Tensor, torch.Tensor]:

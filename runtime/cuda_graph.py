@@ -13,11 +13,11 @@ must run before capture; they would change the weights, so the model and optimiz
 put back afterwards and training starts exactly where it would have without graphs.
 
 With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
-in a graph). PyTorch's CUDA notes ask for three things, done here and in ``distributed.wrap``:
-DDP constructed on a side stream, at least 11 DDP-enabled eager iterations before capture (DDP
-finishes setting up its buckets and logging in the first ten), and NCCL's asynchronous error
-handling off in every worker (``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, set before the process group
-exists, see ``launch``).
+in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
+(``distributed.wrap``) and runs at least 11 eager iterations before capture (DDP finishes
+setting up its buckets and logging in the first ten). The notes also ask for NCCL's
+asynchronous error handling off; capture and replay work with Ray Train's default
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
 
 Limits (checked before workers start): GPU workers, no gradient accumulation, no fp16 loss
 scaling, and every training batch the same shape (the loop drops partial batches anyway).
@@ -60,10 +60,10 @@ class GraphedStep:
 
         saved_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         saved_optimizer = _clone_state(optimizer)
+        ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            ddp = isinstance(getattr(model, "_orig_mod", model), DistributedDataParallel)
             for _ in range(DDP_WARMUP_STEPS if ddp else WARMUP_STEPS):
                 optimizer.zero_grad(set_to_none=True)
                 body()
