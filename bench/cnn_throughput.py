@@ -28,7 +28,7 @@ RECIPE = ROOT / "recipes" / "cnn" / "synthetic_resnet18_bench.yaml"
 
 
 def plain_loop(batch: int, steps: int, warmup: int) -> float:
-    from runtime.workloads.cnn.models import ResNet18CIFAR
+    from trainforge.workloads.cnn.models import ResNet18CIFAR
 
     device = torch.device("cuda", 0)
     images = torch.randn(51200, 3, 32, 32)
@@ -59,7 +59,8 @@ def plain_loop(batch: int, steps: int, warmup: int) -> float:
 
 
 def trainforge_run(workers: int, batch: int, steps: int) -> dict:
-    from runtime import config, launch
+    from trainforge import config
+    from trainforge.driver import launch
 
     cfg = config.load(
         RECIPE,

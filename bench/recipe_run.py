@@ -12,7 +12,8 @@ def train_recipe(
     recipe: Path, name: str, storage: Path, overrides: list[str]
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(resolved recipe, launch.Outcome, summary) of one run named ``name`` under ``storage``."""
-    from runtime import config, launch
+    from trainforge import config
+    from trainforge.driver import launch
 
     cfg = config.load(recipe, [f"run.name={name}", f"run.storage_path={storage}", *overrides])
     started = time.perf_counter()

@@ -4,7 +4,7 @@ each simulation budget, with the recipes in recipes/sbi/ as they are.
 Each recipe runs through ``trainforge train`` against one Ray cluster (``ray start --head`` on
 this machine), several at once with a fraction of a GPU each (the estimators are small and
 launch-bound, so a GPU serves several runs). C2ST is computed with sbibm's definition (our
-``runtime.workloads.sbi.c2st``) in a process pool on the host's CPU cores as soon as a run's
+``trainforge.workloads.sbi.c2st``) in a process pool on the host's CPU cores as soon as a run's
 ``posterior.pt`` exists: 10,000 posterior samples from the exported ``DirectPosterior`` (what
 an sbi user loads) against 10,000 reference samples, per observation.
 
@@ -47,10 +47,10 @@ def c2st_job(posterior_file: str, task: str, observation: int, n: int) -> dict[s
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
-    from runtime.workloads.sbi import load_posterior
-    from runtime.workloads.sbi.c2st import c2st
-    from runtime.workloads.sbi.reference import reference_samples
-    from runtime.workloads.sbi.tasks import get_task
+    from trainforge.workloads.sbi import load_posterior
+    from trainforge.workloads.sbi.c2st import c2st
+    from trainforge.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi.tasks import get_task
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -189,7 +189,7 @@ def main() -> None:
             recipe = ROOT / "recipes" / "sbi" / f"{task}_{budget}.yaml"
             log = open(work / f"{task}_{budget}.log", "w")  # noqa: SIM115 - closed when done
             command = [
-                sys.executable, "-m", "runtime.cli", "train", str(recipe),
+                sys.executable, "-m", "trainforge", "train", str(recipe),
                 f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
                 "workload.evaluation.c2st=false", *scaling, *args.overrides,
             ]  # fmt: skip

@@ -42,7 +42,7 @@ from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
-    import runtime  # noqa: F401
+    import trainforge  # noqa: F401
 except ImportError:  # run as `python bench/sbi_baseline.py` without the package installed
     sys.path.insert(0, str(ROOT))
 
@@ -51,7 +51,7 @@ VALIDATION_FRACTION = 0.1  # sbi's default in `train()`
 
 def simulate_two_moons(n: int, seed: int) -> tuple[Tensor, Tensor]:
     """``n`` (θ, x) pairs from the project's two-moons task, CPU float32."""
-    from runtime.workloads.sbi.tasks import get_task
+    from trainforge.workloads.sbi.tasks import get_task
 
     task = get_task("two_moons")
     g = torch.Generator().manual_seed(seed)

@@ -43,14 +43,13 @@ MODES = {  # name: (captured as a CUDA graph, DDP's gradients as views into its 
 
 
 def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[str, Any]:
-    from runtime import distributed
-    from runtime.cuda_graph import GraphedStep
-    from runtime.optim import build_optimizer
-    from runtime.precision import Precision
-    from runtime.trainer import optimizer_step
-    from runtime.workloads.sbi.config import SBIWorkloadConfig
-    from runtime.workloads.sbi.tasks import get_task
-    from runtime.workloads.sbi.workload import SBIWorkload
+    from trainforge import distributed
+    from trainforge.optim import build_optimizer
+    from trainforge.precision import Precision
+    from trainforge.worker.step import GraphedStep, optimizer_step
+    from trainforge.workloads.sbi.config import SBIWorkloadConfig
+    from trainforge.workloads.sbi.tasks import get_task
+    from trainforge.workloads.sbi.workload import SBIWorkload
 
     device = torch.device("cuda", rank)
     ctx = distributed.WorkerContext(rank, rank, world, 0, device)

@@ -103,8 +103,8 @@ def main() -> None:
 
     import sbi_baseline
 
-    from runtime.workloads.sbi import export, simulate
-    from runtime.workloads.sbi.tasks import get_task
+    from trainforge.workloads.sbi import export, simulate
+    from trainforge.workloads.sbi.tasks import get_task
 
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),

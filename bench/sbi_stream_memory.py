@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 def write_entry(folder: Path, n: int, chunk_size: int, dim_x: int) -> None:
     import torch
 
-    from runtime.workloads.sbi import simulate
+    from trainforge.workloads.sbi import simulate
 
     folder.mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
@@ -47,9 +47,10 @@ def measure(folder: Path, streaming: str, window_rows: int) -> dict:
     """In this (fresh) process: the workload's splits, then one epoch of batches."""
     import torch
 
-    from runtime import config, data
-    from runtime.distributed import WorkerContext
-    from runtime.workloads.sbi.workload import SBIWorkload
+    from trainforge import config
+    from trainforge.data import sharding
+    from trainforge.distributed import WorkerContext
+    from trainforge.workloads.sbi.workload import SBIWorkload
 
     recipe = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
     overrides = [f"workload.stream_from_disk={streaming}"]
@@ -61,7 +62,7 @@ def measure(folder: Path, streaming: str, window_rows: int) -> dict:
     train, _ = workload.datasets(ctx.device)
     workload.build_model()
     setup_s = time.perf_counter() - started
-    batches = data.TrainBatches(train, ctx, batch_size=4096, seed=0)
+    batches = sharding.TrainBatches(train, ctx, batch_size=4096, seed=0)
     count = sum(1 for _ in batches.epoch(0))
     return {
         "stream_from_disk": streaming,

@@ -28,7 +28,8 @@ DIGITS = ROOT / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 
 
 def one_run(tracking: bool, epochs: int, workdir: Path, uri: str | None, index: int) -> dict:
-    from runtime import config, launch
+    from trainforge import config
+    from trainforge.driver import launch
 
     overrides = [
         f"run.name=overhead-{'on' if tracking else 'off'}-{index}",

@@ -1,3 +1,4 @@
-"""trainforge: a distributed training runtime (import package ``runtime``)."""
+"""trainforge: a distributed training runtime. The source folder is ``runtime/``; the package
+installs and imports as ``trainforge``."""
 
 __version__ = "0.1.0"

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.distributed import WorkerContext, all_gather_objects
+from trainforge import ray_compat
+from trainforge.distributed import WorkerContext, all_gather_objects
 
 STATE_FILE = "state.pt"
 RECIPE_FILE = "recipe.yaml"
@@ -95,7 +96,7 @@ def newest_in(run_dir: Path) -> dict[str, Any] | None:
     """The checkpoint in ``run_dir`` with the most optimizer steps; unreadable ones (a copy cut
     short by a crash) are skipped."""
     best: dict[str, Any] | None = None
-    for folder in run_dir.glob("checkpoint_*"):
+    for folder in run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB):
         try:
             state = load(folder)
         except Exception:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import __version__
-from runtime.errors import RecipeError
+from trainforge import __version__
+from trainforge.errors import RecipeError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "submit":
             from pathlib import Path
 
-            from runtime import submit
+            from trainforge.driver import submit
 
             env_file = Path(args.runtime_env) if args.runtime_env else submit.DEFAULT_RUNTIME_ENV
             return submit.submit(
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait=not args.no_wait,
                 ship=not args.no_working_dir,
             )
-        from runtime import config
+        from trainforge import config
 
         cfg = config.load(args.recipe, args.overrides)
         if args.command == "validate":
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# global batch: {config.global_batch(cfg)}", file=sys.stderr)
             _warn_missing_data(cfg)
             return 0
-        from runtime import launch
+        from trainforge.driver import launch
 
         if args.command == "simulate":
             return launch.simulate(cfg)
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
-    from runtime.tracking import configure_client_env
-    from runtime.tracking_spool import replay, spool_path
+    from trainforge.tracking.client import configure_client_env
+    from trainforge.tracking.spool import replay, spool_path
 
     path = spool_path(run_dir)
     if not path.is_file():
@@ -112,7 +112,7 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
 def _ui(tracking_uri: str | None, port: int) -> int:
     import subprocess
 
-    from runtime.tracking import resolve_uri
+    from trainforge.tracking.client import resolve_uri
 
     uri = resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
@@ -133,7 +133,7 @@ def _ui(tracking_uri: str | None, port: int) -> int:
 
 
 def _warn_missing_data(cfg: object) -> None:
-    from runtime.workloads import check_workload_data
+    from trainforge.workloads import check_workload_data
 
     try:
         check_workload_data(cfg.workload)  # type: ignore[attr-defined]

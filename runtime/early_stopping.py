@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime import distributed
-from runtime.distributed import WorkerContext
+from trainforge import distributed
+from trainforge.distributed import WorkerContext
 
 
 class EarlyStopping:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from runtime.distributed import WorkerContext
+from trainforge.distributed import WorkerContext
 
 
 class StepProfiler:

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from runtime.checkpoint import Position
-from runtime.distributed import WorkerContext
+from trainforge.checkpoint import Position
+from trainforge.distributed import WorkerContext
 
 
 class Progress:

@@ -34,7 +34,7 @@ def ray_cluster():
     """One local Ray for the whole session (ray.init costs ~5 s on 2 cores)."""
     import ray
 
-    from runtime.launch import connect
+    from trainforge.driver.cluster import connect
 
     # never join a `ray start` cluster another test is running; the runtime's own connect, so
     # this session's runs are pinned to this cluster (xdist runs one cluster per test process)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.errors import RecipeError, did_you_mean
-from runtime.workloads.base import Workload
-from runtime.workloads.cnn.config import CNNWorkloadConfig
-from runtime.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.base import Workload
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
 
 SCHEMAS: dict[str, type] = {"cnn": CNNWorkloadConfig, "sbi": SBIWorkloadConfig}
 
@@ -24,11 +24,11 @@ def workload_schema(kind: str) -> type:
 def check_workload(cfg: Any, precision: Any) -> None:
     """Checks of the workload section's values (names, ranges), part of recipe validation."""
     if cfg.kind == "cnn":
-        from runtime.workloads.cnn.workload import check
+        from trainforge.workloads.cnn.workload import check
 
         check(cfg)
     if cfg.kind == "sbi":
-        from runtime.workloads.sbi.workload import check as check_sbi
+        from trainforge.workloads.sbi.workload import check as check_sbi
 
         check_sbi(cfg, precision)
 
@@ -37,11 +37,11 @@ def check_workload_data(cfg: Any) -> None:
     """Is the data where the recipe says? Checked by `train` before any worker starts (a
     recipe can be valid on a machine that does not hold its data)."""
     if cfg.kind == "cnn":
-        from runtime.workloads.cnn.datasets import check_data
+        from trainforge.workloads.cnn.datasets import check_data
 
         check_data(cfg)
     if cfg.kind == "sbi":
-        from runtime.workloads.sbi.workload import check_data as check_sbi_data
+        from trainforge.workloads.sbi.workload import check_data as check_sbi_data
 
         check_sbi_data(cfg)
 
@@ -50,18 +50,18 @@ def prepare_workload_data(cfg: Any, seed: int, storage_root: str) -> None:
     """Make data that does not exist yet (the SBI simulation stage), on the connected Ray
     cluster, before training workers start. May fill in resolved paths in ``cfg``."""
     if cfg.kind == "sbi":
-        from runtime.workloads.sbi.workload import prepare_data
+        from trainforge.workloads.sbi.workload import prepare_data
 
         prepare_data(cfg, seed, storage_root)
 
 
 def build_workload(cfg: Any, seed: int, precision: Any) -> Workload:
     if cfg.kind == "cnn":
-        from runtime.workloads.cnn.workload import CNNWorkload
+        from trainforge.workloads.cnn.workload import CNNWorkload
 
         return CNNWorkload(cfg, seed=seed, channels_last=precision.channels_last)
     if cfg.kind == "sbi":
-        from runtime.workloads.sbi.workload import SBIWorkload
+        from trainforge.workloads.sbi.workload import SBIWorkload
 
         return SBIWorkload(cfg, seed=seed)
     raise AssertionError(f"unregistered workload kind {cfg.kind}")

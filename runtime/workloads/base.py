@@ -6,31 +6,13 @@ owns only its model, its data and how to score a batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
-from runtime.chunked import ChunkedData
-
-
-@dataclass
-class TensorData:
-    """A data split held as tensors: kept on the accelerator when it fits and batched by
-    index there, with no DataLoader and no host-to-device copy per step."""
-
-    inputs: torch.Tensor
-    targets: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-
-# a map-style Dataset goes through a DataLoader; ChunkedData is read from disk window by window
-Split = TensorData | ChunkedData | Dataset
+from trainforge.data.types import Split
 
 
 class Workload(Protocol):

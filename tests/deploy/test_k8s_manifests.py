@@ -305,7 +305,7 @@ def _entrypoint(doc: dict) -> tuple[Path, list[str]]:
 
 @pytest.mark.parametrize(("name", "doc"), RAYJOBS, ids=_ids(RAYJOBS))
 def test_rayjob_entrypoint_is_a_valid_recipe(name: str, doc: dict) -> None:
-    from runtime import config
+    from trainforge import config
 
     recipe, overrides = _entrypoint(doc)
     assert recipe.is_file(), recipe
@@ -323,8 +323,8 @@ def test_rayjob_entrypoint_is_a_valid_recipe(name: str, doc: dict) -> None:
 
 
 def test_a_broken_entrypoint_override_is_rejected() -> None:
-    from runtime import config
-    from runtime.errors import RecipeError
+    from trainforge import config
+    from trainforge.errors import RecipeError
 
     recipe, overrides = _entrypoint(_rayjob("cifar10-resnet18"))
     for bad in ["run.nmae=x", "train.lr=-1", "scaling.use_gpu=maybe"]:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runtime import config, launch
-from runtime.tracking import resolve_uri
+from trainforge import config
+from trainforge.driver import launch
+from trainforge.tracking.client import resolve_uri
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 

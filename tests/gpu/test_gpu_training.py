@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import checkpoint, config, launch
+from trainforge import checkpoint, config
+from trainforge.driver import launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.ray]
 
@@ -78,7 +79,7 @@ def test_torchvision_model_by_name(ray_cluster, in_tmp: Path) -> None:
 
 
 def test_tensor_data_is_kept_on_the_gpu() -> None:
-    from runtime.workloads.cnn.workload import CNNWorkload
+    from trainforge.workloads.cnn.workload import CNNWorkload
 
     cfg = config.load(CIFAR, ["workload.dataset=digits", "workload.model=simple_cnn"]).workload
     train, val = CNNWorkload(cfg, seed=0).datasets(torch.device("cuda", 0))
@@ -90,9 +91,9 @@ def test_shard_order_on_the_gpu_covers_every_sample_and_repeats(length: int) -> 
     """Data on a GPU gets its epoch order from the GPU's generator: the shards of three ranks
     are disjoint up to the padding, cover every sample, and the order is a function of the
     seed and the epoch."""
-    from runtime.data import TrainBatches, shard_order
-    from runtime.distributed import WorkerContext
-    from runtime.workloads.base import TensorData
+    from trainforge.data.sharding import TrainBatches, shard_order
+    from trainforge.data.types import TensorData
+    from trainforge.distributed import WorkerContext
 
     device = torch.device("cuda", 0)
     contexts = [WorkerContext(rank, rank, 3, 0, device) for rank in range(3)]

@@ -13,16 +13,16 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch import nn
 
-from runtime import config, distributed, launch
-from runtime.cuda_graph import GraphedStep
-from runtime.distributed import WorkerContext
-from runtime.optim import build_optimizer
-from runtime.precision import Precision
-from runtime.trainer import optimizer_step
-from runtime.workloads.sbi import load_posterior
-from runtime.workloads.sbi.config import SBIWorkloadConfig
-from runtime.workloads.sbi.tasks import get_task
-from runtime.workloads.sbi.workload import SBIWorkload
+from trainforge import config, distributed
+from trainforge.distributed import WorkerContext
+from trainforge.driver import launch
+from trainforge.optim import build_optimizer
+from trainforge.precision import Precision
+from trainforge.worker.step import GraphedStep, optimizer_step
+from trainforge.workloads.sbi import load_posterior
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.tasks import get_task
+from trainforge.workloads.sbi.workload import SBIWorkload
 
 pytestmark = [pytest.mark.gpu]
 

@@ -12,10 +12,10 @@ import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from runtime.distributed import WorkerContext
-from runtime.precision import Precision
-from runtime.trainer import optimizer_step
-from runtime.workloads.cnn.workload import CNNWorkload
+from trainforge.distributed import WorkerContext
+from trainforge.precision import Precision
+from trainforge.worker.step import optimizer_step
+from trainforge.workloads.cnn.workload import CNNWorkload
 
 
 def _free_port() -> int:
@@ -34,7 +34,7 @@ def _worker(rank: int, port: int, results: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        from runtime.workloads.cnn.models import SimpleCNN
+        from trainforge.workloads.cnn.models import SimpleCNN
 
         torch.manual_seed(0)
         model = DistributedDataParallel(SimpleCNN(1, 10, 32))
@@ -82,8 +82,8 @@ def test_only_the_last_micro_step_all_reduces() -> None:
 
 
 def test_world_size_one_has_no_ddp_wrapper() -> None:
-    from runtime.distributed import sync_context, wrap
-    from runtime.workloads.cnn.models import SimpleCNN
+    from trainforge.distributed import sync_context, wrap
+    from trainforge.workloads.cnn.models import SimpleCNN
 
     ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
     model = SimpleCNN(1, 10, 32)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runtime.submit import PROJECT_ROOT, git_commit_of
 from tests.integration.ray_nodes import RayNodes
+from trainforge.driver.submit import PROJECT_ROOT, git_commit_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ def _submit(
     nodes: RayNodes, tmp_path: Path, *overrides: str, ship: bool = True
 ) -> subprocess.CompletedProcess:
     flags = [] if ship else ["--no-working-dir"]
-    command = [sys.executable, "-m", "runtime", "submit", DIGITS, *overrides,
+    command = [sys.executable, "-m", "trainforge", "submit", DIGITS, *overrides,
                f"run.storage_path={tmp_path / 'runs'}",
                f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                "tracking.system_metrics=false", *flags, "--address", nodes.dashboard]  # fmt: skip

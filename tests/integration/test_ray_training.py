@@ -11,9 +11,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from runtime import checkpoint, config, launch
-from runtime.cli import main as cli_main
-from runtime.tracking import resolve_uri
+from trainforge import checkpoint, config
+from trainforge.cli import main as cli_main
+from trainforge.driver import launch
+from trainforge.tracking.client import resolve_uri
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

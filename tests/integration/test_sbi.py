@@ -11,12 +11,13 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from runtime import config, launch
-from runtime.cli import main as cli_main
-from runtime.errors import RecipeError
-from runtime.tracking import resolve_uri
-from runtime.workloads.sbi import load_posterior, simulate
-from runtime.workloads.sbi.tasks import get_task
+from trainforge import config
+from trainforge.cli import main as cli_main
+from trainforge.driver import launch
+from trainforge.errors import RecipeError
+from trainforge.tracking.client import resolve_uri
+from trainforge.workloads.sbi import load_posterior, simulate
+from trainforge.workloads.sbi.tasks import get_task
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -22,8 +22,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from runtime.cli import main as cli_main
 from tests.integration.mlflow_server import MlflowServer, free_port
+from trainforge.cli import main as cli_main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -167,7 +167,7 @@ def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
     server = MlflowServer(tmp_path / "server").start()
     workdir = tmp_path / "work"
     workdir.mkdir()
-    command = [sys.executable, "-m", "runtime", "train", str(DIGITS), "run.name=outage",
+    command = [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=outage",
                "train.epochs=40", "scaling.num_workers=1", f"tracking.tracking_uri={server.url}",
                "tracking.system_metrics=false", "tracking.log_model=false"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
@@ -194,7 +194,7 @@ def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
     spool = workdir / "runs" / "outage" / "tracking-spool.jsonl"
     assert spool.is_file()
     server.start()  # same port, same store
-    sync = subprocess.run([sys.executable, "-m", "runtime", "tracking-sync", str(spool.parent)],
+    sync = subprocess.run([sys.executable, "-m", "trainforge", "tracking-sync", str(spool.parent)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert sync.returncode == 0, sync.stderr
     try:
@@ -210,7 +210,7 @@ def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
 
 
 def test_ctrl_c_stops_the_run_as_killed(ray_cluster, tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "runtime", "train", str(DIGITS), "run.name=ctrl-c",
+    command = [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=ctrl-c",
                "train.epochs=500", "scaling.num_workers=1",
                "tracking.system_metrics=false"]  # fmt: skip
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
@@ -240,7 +240,7 @@ def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
 
     Client(tracking_uri=f"sqlite:///{in_tmp / 'mlflow.db'}").create_experiment("seen-in-ui")
     port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "runtime", "ui", "--port", str(port)],
+    ui = subprocess.Popen([sys.executable, "-m", "trainforge", "ui", "--port", str(port)],
                           cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           start_new_session=True)  # fmt: skip
     try:

@@ -1,4 +1,4 @@
-"""Chunked splits read from disk window by window (runtime.chunked): equal steps on every
+"""Chunked splits read from disk window by window (trainforge.chunked): equal steps on every
 rank, only the split's rows, exact mid-epoch resume, and validation rows seen exactly once."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime import data
-from runtime.chunked import ChunkedData, epoch_windows, eval_batches, train_batches
-from runtime.distributed import WorkerContext
+from trainforge.data import sharding
+from trainforge.data.chunked import ChunkedData, epoch_windows, eval_batches, train_batches
+from trainforge.distributed import WorkerContext
 
 CPU = torch.device("cpu")
 
@@ -48,7 +48,7 @@ class Chunks:
 
 
 def epoch_rows(split: ChunkedData, world: int, batch: int, epoch: int = 0, skip: int = 0):
-    num = data.micro_batches_per_epoch(len(split), ctx(0, world), batch)
+    num = sharding.micro_batches_per_epoch(len(split), ctx(0, world), batch)
     out = []
     for rank in range(world):
         batches = list(train_batches(split, ctx(rank, world), batch, 7, epoch, num, skip))
@@ -114,7 +114,7 @@ def test_validation_sees_every_row_once_over_the_ranks(tmp_path: Path, world: in
 
 def test_the_loop_batches_a_chunked_split_through_train_batches(tmp_path: Path) -> None:
     split = Chunks(tmp_path, [64] * 4).split(keep_every=1, window_rows=64)
-    loop = data.TrainBatches(split, ctx(0, 2), batch_size=16, seed=7)
+    loop = sharding.TrainBatches(split, ctx(0, 2), batch_size=16, seed=7)
     batches = list(loop.epoch(0))
-    assert len(batches) == data.micro_batches_per_epoch(len(split), ctx(0, 2), 16) == 8
-    assert len(list(data.eval_batches(split, ctx(1, 2), batch_size=50))) == 4  # 2 chunks × 2
+    assert len(batches) == sharding.micro_batches_per_epoch(len(split), ctx(0, 2), 16) == 8
+    assert len(list(sharding.eval_batches(split, ctx(1, 2), batch_size=50))) == 4  # 2 chunks × 2

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import runtime
-from runtime import cli, config, launch
-from runtime.errors import RecipeError
-from runtime.workloads import check_workload_data
+import trainforge
+from trainforge import cli, config
+from trainforge.driver import cluster, launch
+from trainforge.errors import RecipeError
+from trainforge.workloads import check_workload_data
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -73,7 +74,7 @@ def test_validate_missing_recipe_file(capsys: pytest.CaptureFixture[str], tmp_pa
 
 def test_module_entry_point_reports_bad_override() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runtime", "validate", str(DIGITS), "train.lrr=1"],
+        [sys.executable, "-m", "trainforge", "validate", str(DIGITS), "train.lrr=1"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -89,7 +90,7 @@ def test_module_entry_point_reports_bad_override() -> None:
 
 def test_version() -> None:
     script = shutil.which("trainforge")
-    command = [script] if script else [sys.executable, "-m", "runtime"]
+    command = [script] if script else [sys.executable, "-m", "trainforge"]
     done = subprocess.run(
         [*command, "--version"],
         capture_output=True,
@@ -98,67 +99,67 @@ def test_version() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"trainforge {runtime.__version__}"
+    assert done.stdout.strip() == f"trainforge {trainforge.__version__}"
 
 
-# --- launch.check_resources ----------------------------------------------------------------
+# --- cluster.check_resources ----------------------------------------------------------------
 
 
 def test_use_gpu_true_without_gpu() -> None:
     with pytest.raises(RecipeError, match=r"scaling\.use_gpu"):
-        launch.check_resources(_scaling("scaling.use_gpu=true"), {"CPU": 2})
+        cluster.check_resources(_scaling("scaling.use_gpu=true"), {"CPU": 2})
 
 
 def test_too_few_gpus_for_the_workers() -> None:
     scaling = _scaling("scaling.use_gpu=true", "scaling.num_workers=2")
     with pytest.raises(RecipeError, match=r"scaling\.num_workers.*GPU"):
-        launch.check_resources(scaling, {"CPU": 8, "GPU": 1})
+        cluster.check_resources(scaling, {"CPU": 8, "GPU": 1})
 
 
 def test_too_few_cpus_for_the_workers() -> None:
     scaling = _scaling("scaling.use_gpu=false", "scaling.num_workers=4")
     with pytest.raises(RecipeError, match=r"scaling\.num_workers.*CPU"):
-        launch.check_resources(scaling, {"CPU": 2})
+        cluster.check_resources(scaling, {"CPU": 2})
 
 
 def test_resources_per_worker_are_multiplied_by_workers() -> None:
     scaling = _scaling("scaling.num_workers=2", "scaling.resources_per_worker.CPU=3")
     with pytest.raises(RecipeError, match=r"need 6 CPU.*has 5"):
-        launch.check_resources(scaling, {"CPU": 5})
-    assert launch.check_resources(scaling, {"CPU": 6}) is False
+        cluster.check_resources(scaling, {"CPU": 5})
+    assert cluster.check_resources(scaling, {"CPU": 6}) is False
 
 
 def test_auto_uses_gpus_when_there_are_some() -> None:
     scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
-    assert launch.check_resources(scaling, {"CPU": 8, "GPU": 2}) is True
-    assert launch.worker_resources(scaling, True) == {"CPU": 1, "GPU": 1}
+    assert cluster.check_resources(scaling, {"CPU": 8, "GPU": 2}) is True
+    assert cluster.worker_resources(scaling, True) == {"CPU": 1, "GPU": 1}
     scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
-    assert launch.check_resources(scaling, {"CPU": 8}) is False
-    assert launch.worker_resources(scaling, False) == {"CPU": 1}
+    assert cluster.check_resources(scaling, {"CPU": 8}) is False
+    assert cluster.worker_resources(scaling, False) == {"CPU": 1}
 
 
 def test_use_all_gpus_sets_num_workers() -> None:
     scaling = _scaling("scaling.use_all_gpus=true", "scaling.num_workers=1")
-    assert launch.check_resources(scaling, {"CPU": 8, "GPU": 4}) is True
+    assert cluster.check_resources(scaling, {"CPU": 8, "GPU": 4}) is True
     assert scaling.num_workers == 4
 
 
 def test_use_all_gpus_without_gpus() -> None:
     scaling = _scaling("scaling.use_all_gpus=true")
     with pytest.raises(RecipeError, match=r"scaling\.use_all_gpus"):
-        launch.check_resources(scaling, {"CPU": 8})
+        cluster.check_resources(scaling, {"CPU": 8})
 
 
 def test_use_all_gpus_with_too_few_gpus_per_worker() -> None:
     scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=2")
     with pytest.raises(RecipeError, match=r"scaling\."):
-        launch.check_resources(scaling, {"CPU": 8, "GPU": 1})
+        cluster.check_resources(scaling, {"CPU": 8, "GPU": 1})
 
 
 def test_use_all_gpus_with_zero_gpus_per_worker() -> None:
     scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=0")
     with pytest.raises(RecipeError, match=r"scaling\."):
-        launch.check_resources(scaling, {"CPU": 8, "GPU": 4})
+        cluster.check_resources(scaling, {"CPU": 8, "GPU": 4})
 
 
 # --- launch.check_existing_run -------------------------------------------------------------
@@ -181,9 +182,9 @@ def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
 def test_storage_root_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     run = config.load(DIGITS, ["run.storage_path=./runs"]).run
-    assert launch.storage_root(run) == str((tmp_path / "runs").resolve())
+    assert cluster.storage_root(run) == str((tmp_path / "runs").resolve())
     run = config.load(DIGITS, ["run.storage_path=s3://bucket/runs"]).run
-    assert launch.storage_root(run) == "s3://bucket/runs"
+    assert cluster.storage_root(run) == "s3://bucket/runs"
 
 
 # --- data checks ---------------------------------------------------------------------------
@@ -219,6 +220,6 @@ def test_cuda_graphs_need_gpu_workers() -> None:
         REPO / "recipes" / "sbi" / "two_moons_debug.yaml", ["precision.cuda_graphs=true"]
     )
     with pytest.raises(RecipeError, match="cuda_graphs: needs GPU workers"):
-        launch.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
+        cluster.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
     cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"  # DDP steps are captured too
-    assert launch.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True) is True
+    assert cluster.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True) is True

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from runtime.errors import RecipeError
-from runtime.workloads.cnn.config import CNNWorkloadConfig
-from runtime.workloads.cnn.datasets import (
+from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
+from trainforge.workloads.cnn.datasets import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     KNOWN_DATASETS,

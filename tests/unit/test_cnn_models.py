@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.errors import RecipeError
-from runtime.workloads.cnn.models import (
+from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.models import (
     KNOWN_MODELS,
     ResNet18CIFAR,
     SimpleCNN,

@@ -1,4 +1,5 @@
-"""Recipe loading and validation (runtime.config): each mistake is a RecipeError naming its key."""
+"""Recipe loading and validation (trainforge.config): each mistake is one RecipeError naming
+its key."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runtime import config
-from runtime.errors import RecipeError
+from trainforge import config
+from trainforge.config.schema import TrainSection
+from trainforge.errors import RecipeError
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
@@ -154,7 +156,7 @@ def test_yaml_syntax_error_is_a_recipe_error(tmp_path: Path, text: str) -> None:
 
 
 def test_overrides_win_over_recipe_and_recipe_over_defaults() -> None:
-    defaults = OmegaConf.structured(config.TrainSection)
+    defaults = OmegaConf.structured(TrainSection)
     plain = config.load(DIGITS)
     # the recipe's values replace the defaults
     assert plain.train.batch_size == 32 != defaults.batch_size

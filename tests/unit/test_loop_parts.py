@@ -13,10 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from runtime import checkpoint, config, data, optim, tracking
-from runtime.distributed import WorkerContext
-from runtime.precision import Precision
-from runtime.workloads.base import TensorData
+from trainforge import checkpoint, config, optim
+from trainforge.data import sharding
+from trainforge.data.types import TensorData
+from trainforge.distributed import WorkerContext
+from trainforge.precision import Precision
+from trainforge.tracking import client as tracking_client
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -39,7 +41,7 @@ def tensor_data(n: int) -> TensorData:
 def shards(n: int, epoch: int = 0, seed: int = 0, world_size: int = 2) -> list[list[int]]:
     out = []
     for rank in range(world_size):
-        sampler = data.ShardSampler(n, ctx(rank, world_size), seed=seed)
+        sampler = sharding.ShardSampler(n, ctx(rank, world_size), seed=seed)
         sampler.set_position(epoch)
         out.append(list(sampler))
     return out
@@ -77,7 +79,7 @@ def test_order_changes_between_epochs_and_repeats_within_one() -> None:
 @pytest.mark.parametrize("skip", [0, 1, 7, 25])
 def test_skip_drops_the_first_samples(rank: int, skip: int) -> None:
     n = 50
-    sampler = data.ShardSampler(n, ctx(rank, 2), seed=3)
+    sampler = sharding.ShardSampler(n, ctx(rank, 2), seed=3)
     sampler.set_position(4)
     full = list(sampler)
     assert len(sampler) == len(full) == 25
@@ -93,8 +95,8 @@ def test_skip_drops_the_first_samples(rank: int, skip: int) -> None:
 
 def test_tensor_batches_follow_the_sampler_with_the_next_epoch_computed_ahead() -> None:
     split, batch_size = tensor_data(50), 4
-    batches = data.TrainBatches(split, ctx(1, 2), batch_size, seed=9)
-    sampler = data.ShardSampler(50, ctx(1, 2), seed=9)
+    batches = sharding.TrainBatches(split, ctx(1, 2), batch_size, seed=9)
+    sampler = sharding.ShardSampler(50, ctx(1, 2), seed=9)
 
     def expected(epoch: int, skip: int = 0) -> list[list[int]]:
         sampler.set_position(epoch, skip * batch_size)
@@ -108,7 +110,7 @@ def test_tensor_batches_follow_the_sampler_with_the_next_epoch_computed_ahead() 
     assert epoch_indices(batches, 7) == expected(7)
 
 
-def epoch_indices(batches: data.TrainBatches, epoch: int, skip: int = 0) -> list[list[int]]:
+def epoch_indices(batches: sharding.TrainBatches, epoch: int, skip: int = 0) -> list[list[int]]:
     out = []
     for inputs, targets in batches.epoch(epoch, skip_batches=skip):
         assert inputs.shape == (batches.batch_size, 3)
@@ -124,10 +126,10 @@ def test_micro_batches_per_epoch_matches_iteration(
     world_size: int, batch_size: int, n: int
 ) -> None:
     split = tensor_data(n)
-    expected = data.micro_batches_per_epoch(n, ctx(0, world_size), batch_size)
+    expected = sharding.micro_batches_per_epoch(n, ctx(0, world_size), batch_size)
     seen: list[int] = []
     for rank in range(world_size):
-        batches = data.TrainBatches(split, ctx(rank, world_size), batch_size, seed=0)
+        batches = sharding.TrainBatches(split, ctx(rank, world_size), batch_size, seed=0)
         for epoch in (0, 1):
             got = epoch_indices(batches, epoch)
             assert len(got) == expected
@@ -146,15 +148,15 @@ def test_micro_batches_per_epoch_matches_iteration(
 def test_skip_batches_resumes_mid_epoch(world_size: int, skip: int) -> None:
     split = tensor_data(61)
     for rank in range(world_size):
-        batches = data.TrainBatches(split, ctx(rank, world_size), batch_size=5, seed=2)
+        batches = sharding.TrainBatches(split, ctx(rank, world_size), batch_size=5, seed=2)
         full = epoch_indices(batches, 3)
         assert epoch_indices(batches, 3, skip=skip) == full[skip:]
 
 
 def test_ranks_get_different_batches() -> None:
     split = tensor_data(40)
-    a = epoch_indices(data.TrainBatches(split, ctx(0, 2), 4, seed=0), 0)
-    b = epoch_indices(data.TrainBatches(split, ctx(1, 2), 4, seed=0), 0)
+    a = epoch_indices(sharding.TrainBatches(split, ctx(0, 2), 4, seed=0), 0)
+    b = epoch_indices(sharding.TrainBatches(split, ctx(1, 2), 4, seed=0), 0)
     assert not {i for x in a for i in x} & {i for x in b for i in x}
 
 
@@ -167,7 +169,7 @@ def test_eval_batches_cover_every_sample_once(n: int, world_size: int) -> None:
     split = tensor_data(n)
     seen = []
     for rank in range(world_size):
-        for inputs, targets in data.eval_batches(split, ctx(rank, world_size), batch_size=4):
+        for inputs, targets in sharding.eval_batches(split, ctx(rank, world_size), batch_size=4):
             assert len(targets) <= 4
             assert torch.equal(inputs[:, 0].long(), targets)
             seen += targets.tolist()
@@ -178,7 +180,7 @@ def test_eval_batches_split_smaller_than_world() -> None:
     split = tensor_data(1)
     seen = []
     for rank in range(3):
-        for _, targets in data.eval_batches(split, ctx(rank, 3), batch_size=4):
+        for _, targets in sharding.eval_batches(split, ctx(rank, 3), batch_size=4):
             seen += targets.tolist()
     assert seen == [0]
 
@@ -187,7 +189,7 @@ def test_eval_batches_map_style_dataset() -> None:
     split = torch.utils.data.TensorDataset(torch.arange(9).float().view(9, 1), torch.arange(9))
     seen = []
     for rank in (0, 1):
-        for _, targets in data.eval_batches(split, ctx(rank, 2), batch_size=2):
+        for _, targets in sharding.eval_batches(split, ctx(rank, 2), batch_size=2):
             seen += targets.tolist()
     assert sorted(seen) == list(range(9))
 
@@ -368,7 +370,7 @@ def test_rng_state_picks_this_ranks_entry() -> None:
 
 
 def test_flatten() -> None:
-    flat = tracking.flatten(
+    flat = tracking_client.flatten(
         {"train": {"lr": 0.1, "clip": None}, "run": {"name": "x"}, "long": "y" * 7000, "n": 3}
     )
     assert flat == {
@@ -381,7 +383,7 @@ def test_flatten() -> None:
 
 
 def test_flatten_a_real_recipe() -> None:
-    flat = tracking.flatten(config.to_container(config.load(DIGITS)))
+    flat = tracking_client.flatten(config.to_container(config.load(DIGITS)))
     assert flat["train.lr"] == "0.002"
     assert flat["workload.model"] == "simple_cnn"
     assert flat["run.name"] == "digits-simple-cnn"
@@ -393,7 +395,7 @@ def test_resolve_uri_default_is_absolute_sqlite_in_cwd(
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    uri = tracking.resolve_uri(None)
+    uri = tracking_client.resolve_uri(None)
     assert uri == "sqlite:///" + str((tmp_path / "mlflow.db").resolve())
     assert Path(uri[len("sqlite:///") :]).is_absolute()
 
@@ -403,19 +405,19 @@ def test_resolve_uri_relative_sqlite_becomes_absolute(
 ) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert tracking.resolve_uri("sqlite:///sub/t.db") == "sqlite:///" + str(
+    assert tracking_client.resolve_uri("sqlite:///sub/t.db") == "sqlite:///" + str(
         (tmp_path / "sub" / "t.db").resolve()
     )
     absolute = "sqlite:////" + str(tmp_path).lstrip("/") + "/x.db"
-    assert tracking.resolve_uri(absolute) == absolute
-    assert tracking.resolve_uri("http://mlflow:5000") == "http://mlflow:5000"
+    assert tracking_client.resolve_uri(absolute) == absolute
+    assert tracking_client.resolve_uri("http://mlflow:5000") == "http://mlflow:5000"
 
 
 def test_resolve_uri_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
-    assert tracking.resolve_uri(None) == "http://tracking:5000"
-    assert tracking.resolve_uri("file:///tmp/mlruns") == "file:///tmp/mlruns"  # recipe wins
+    assert tracking_client.resolve_uri(None) == "http://tracking:5000"
+    assert tracking_client.resolve_uri("file:///tmp/mlruns") == "file:///tmp/mlruns"  # recipe wins
 
 
 @pytest.mark.parametrize("loader_workers", [0, 2])
@@ -428,8 +430,8 @@ def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) ->
     split = tensor_data(61)
     as_dataset = TensorDataset(split.inputs, split.targets)
     for rank in (0, 1):
-        tensors = data.TrainBatches(split, ctx(rank, 2), batch_size=5, seed=2)
-        loader = data.TrainBatches(
+        tensors = sharding.TrainBatches(split, ctx(rank, 2), batch_size=5, seed=2)
+        loader = sharding.TrainBatches(
             as_dataset, ctx(rank, 2), batch_size=5, seed=2, loader_workers=loader_workers
         )
         assert loader.loader is not None and tensors.loader is None
@@ -445,7 +447,7 @@ def test_the_tensor_shard_is_the_samplers_shard(length: int, world: int) -> None
     costs a second per epoch); it must be DistributedSampler's order exactly."""
     for rank in range(world):
         ctx = WorkerContext(rank, rank, world, 0, torch.device("cpu"))
-        sampler = data.ShardSampler(length, ctx, seed=3)
+        sampler = sharding.ShardSampler(length, ctx, seed=3)
         sampler.set_position(epoch=2)
         expected = torch.tensor(list(sampler), dtype=torch.long)
-        assert torch.equal(data.shard_order(length, ctx, seed=3, epoch=2), expected)
+        assert torch.equal(sharding.shard_order(length, ctx, seed=3, epoch=2), expected)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.workloads.sbi.c2st import c2st, standardize
+from trainforge.workloads.sbi.c2st import c2st, standardize
 
 
 def test_same_distribution_scores_about_one_half() -> None:

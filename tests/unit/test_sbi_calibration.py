@@ -10,7 +10,7 @@ import pytest
 import torch
 from matplotlib import image
 
-from runtime.workloads.sbi.calibration import pair_plot, plot_sbc, sbc_ranks, sbc_summary
+from trainforge.workloads.sbi.calibration import pair_plot, plot_sbc, sbc_ranks, sbc_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MLFLOW_KEY = re.compile(r"^[A-Za-z0-9_\-./]+$")

@@ -1,4 +1,4 @@
-"""Simulations streamed from disk (runtime.workloads.sbi.stream): the same split as in memory,
+"""Simulations streamed from disk (trainforge.workloads.sbi.stream): the same split as in memory,
 invalid rows dropped the same way, and z-score statistics of the whole training set."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 import torch
 from sbi.utils.sbiutils import z_standardization
 
-from runtime import config
-from runtime.chunked import ChunkedData
-from runtime.workloads.base import TensorData
-from runtime.workloads.sbi import estimator as estimators
-from runtime.workloads.sbi import simulate, stream
-from runtime.workloads.sbi.tasks import get_task
-from runtime.workloads.sbi.workload import SBIWorkload, split
+from trainforge import config
+from trainforge.data.chunked import ChunkedData
+from trainforge.data.types import TensorData
+from trainforge.workloads.sbi import estimator as estimators
+from trainforge.workloads.sbi import simulate, stream
+from trainforge.workloads.sbi.tasks import get_task
+from trainforge.workloads.sbi.workload import SBIWorkload, split
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from runtime.errors import RecipeError
-from runtime.workloads.sbi.reference import mcmc_samples, reference_samples
-from runtime.workloads.sbi.tasks import TASKS, Task, UnknownTaskError, get_task
-from runtime.workloads.sbi.tasks.bernoulli_glm import design_matrix, prior_precision
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi.reference import mcmc_samples, reference_samples
+from trainforge.workloads.sbi.tasks import TASKS, Task, UnknownTaskError, get_task
+from trainforge.workloads.sbi.tasks.bernoulli_glm import design_matrix, prior_precision
 
 DIMS = {
     "two_moons": (2, 2),

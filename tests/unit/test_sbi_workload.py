@@ -12,15 +12,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runtime import config
-from runtime.distributed import WorkerContext
-from runtime.early_stopping import EarlyStopping
-from runtime.errors import RecipeError
-from runtime.workloads.sbi import estimator as estimators
-from runtime.workloads.sbi import export, sources
-from runtime.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
-from runtime.workloads.sbi.tasks import get_task
-from runtime.workloads.sbi.workload import split
+from trainforge import config
+from trainforge.distributed import WorkerContext
+from trainforge.early_stopping import EarlyStopping
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi import estimator as estimators
+from trainforge.workloads.sbi import export, sources
+from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
+from trainforge.workloads.sbi.tasks import get_task
+from trainforge.workloads.sbi.workload import split
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
-from runtime.errors import RecipeError
-from runtime.workloads.cnn.config import CNNWorkloadConfig
+from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
 
 KNOWN_DATASETS = ("digits", "synthetic", "cifar10", "imagefolder")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")

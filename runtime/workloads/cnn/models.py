@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.errors import RecipeError, did_you_mean
+from trainforge.errors import RecipeError, did_you_mean
 
 KNOWN_MODELS = ("simple_cnn", "resnet18_cifar")
 TORCHVISION_PREFIX = "torchvision:"

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.errors import RecipeError, did_you_mean
-from runtime.plots import confusion_matrix
-from runtime.workloads.base import Split, TensorData
-from runtime.workloads.cnn.datasets import (
+from trainforge.data.types import Split, TensorData
+from trainforge.errors import RecipeError, did_you_mean
+from trainforge.plots import confusion_matrix
+from trainforge.workloads.cnn.datasets import (
     KNOWN_DATASETS,
     TensorSplit,
     augment_batch,
     load_data,
 )
-from runtime.workloads.cnn.models import build_model, check_model_name
+from trainforge.workloads.cnn.models import build_model, check_model_name
 
 # Keep a data set on the GPU only when it leaves most of the memory to training.
 DEVICE_MEMORY_FRACTION = 0.4

@@ -2,6 +2,6 @@
 stage, neural posterior estimation with sbi's estimators, evaluation (C2ST, SBC) and export to
 sbi's ``DirectPosterior``."""
 
-from runtime.workloads.sbi.export import load_posterior
+from trainforge.workloads.sbi.export import load_posterior
 
 __all__ = ["load_posterior"]

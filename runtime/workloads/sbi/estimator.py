@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from runtime.errors import RecipeError, did_you_mean
+from trainforge.errors import RecipeError, did_you_mean
 
 ESTIMATORS = (
     "maf",

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.progress import say
-from runtime.workloads.sbi import calibration
-from runtime.workloads.sbi.sources import SimulationSource
+from trainforge.log import say
+from trainforge.workloads.sbi import calibration
+from trainforge.workloads.sbi.sources import SimulationSource
 
 
 def posterior_of(estimator: nn.Module, source: SimulationSource) -> Any:
@@ -33,8 +33,8 @@ def run(
 ) -> tuple[dict[str, float], list[Path]]:
     """Metrics (``c2st/obs<k>``, ``c2st/mean``, ``sbc/…``) and the figures written to
     ``folder``."""
-    from runtime.workloads.sbi.c2st import c2st
-    from runtime.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi.c2st import c2st
+    from trainforge.workloads.sbi.reference import reference_samples
 
     posterior = posterior_of(estimator, source)
     metrics: dict[str, float] = {}

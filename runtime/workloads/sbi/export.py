@@ -3,7 +3,7 @@
 ``posterior.pt`` holds plain data only — the build record, the state dict and how to get the
 prior (a task name or an import path) — so it loads with ``torch.load(weights_only=True)``:
 
-    from runtime.workloads.sbi import load_posterior
+    from trainforge.workloads.sbi import load_posterior
     posterior = load_posterior("runs/two_moons_npe_1e4/posterior.pt")
     samples = posterior.sample((1000,), x=x_obs)
     log_density = posterior.log_prob(samples, x=x_obs)
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.atomic import replacing
-from runtime.workloads.sbi import estimator as estimators
+from trainforge.atomic import replacing
+from trainforge.workloads.sbi import estimator as estimators
 
 FORMAT = "trainforge-npe/1"
 
@@ -31,8 +31,8 @@ def prior_spec(cfg: Any) -> dict[str, str]:
 
 
 def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
-    from runtime.workloads.sbi.sources import load_prior
-    from runtime.workloads.sbi.tasks import get_task
+    from trainforge.workloads.sbi.sources import load_prior
+    from trainforge.workloads.sbi.tasks import get_task
 
     if "task" in spec:
         return get_task(spec["task"]).prior_distribution()

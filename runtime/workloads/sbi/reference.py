@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from runtime.workloads.sbi.tasks import GaussianLinear, GaussianMixture, Task, TwoMoons, get_task
+from trainforge.workloads.sbi.tasks import GaussianLinear, GaussianMixture, Task, TwoMoons, get_task
 
 DTYPE = torch.float64  # references are computed in float64 and returned in float32
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.atomic import replacing
-from runtime.errors import RecipeError
-from runtime.workloads.sbi import sources
+from trainforge.atomic import replacing
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi import sources
 
 FORMAT = 1  # bump when the chunk layout changes, so old entries are not misread
 MANIFEST = "manifest.json"

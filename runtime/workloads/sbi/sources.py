@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from runtime.errors import RecipeError
-from runtime.workloads.sbi.tasks import TASKS, get_task
-from runtime.workloads.sbi.tasks.base import Task
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi.tasks import TASKS, get_task
+from trainforge.workloads.sbi.tasks.base import Task
 
 CUSTOM = "custom"
 

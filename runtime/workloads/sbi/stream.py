@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from runtime.chunked import ChunkedData
-from runtime.workloads.sbi import simulate
+from trainforge.data.chunked import ChunkedData
+from trainforge.workloads.sbi import simulate
 
 
 @dataclass

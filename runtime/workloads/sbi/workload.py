@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.errors import RecipeError, did_you_mean
-from runtime.workloads.base import Split, TensorData
-from runtime.workloads.sbi import estimator as estimators
-from runtime.workloads.sbi import simulate, sources, stream
-from runtime.workloads.sbi.tasks import NUM_OBSERVATIONS
+from trainforge.data.types import Split, TensorData
+from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.sbi import estimator as estimators
+from trainforge.workloads.sbi import simulate, sources, stream
+from trainforge.workloads.sbi.tasks import NUM_OBSERVATIONS
 
 # Keep the simulations on the GPU only when they leave most of its memory to training.
 DEVICE_MEMORY_FRACTION = 0.4
@@ -243,7 +243,7 @@ class SBIWorkload:
         """Rank 0 after training: export the posterior, then evaluate it (C2ST, SBC, plots)."""
         import copy
 
-        from runtime.workloads.sbi import evaluate, export
+        from trainforge.workloads.sbi import evaluate, export
 
         estimator = copy.deepcopy(model.estimator).cpu().eval()
         spec = export.prior_spec(self.cfg)

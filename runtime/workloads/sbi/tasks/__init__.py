@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runtime.errors import RecipeError, did_you_mean
-from runtime.workloads.sbi.tasks.base import NUM_OBSERVATIONS, Task
-from runtime.workloads.sbi.tasks.bernoulli_glm import BernoulliGLM
-from runtime.workloads.sbi.tasks.gaussian import GaussianLinear, GaussianMixture
-from runtime.workloads.sbi.tasks.slcp import SLCP
-from runtime.workloads.sbi.tasks.two_moons import TwoMoons
+from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.sbi.tasks.base import NUM_OBSERVATIONS, Task
+from trainforge.workloads.sbi.tasks.bernoulli_glm import BernoulliGLM
+from trainforge.workloads.sbi.tasks.gaussian import GaussianLinear, GaussianMixture
+from trainforge.workloads.sbi.tasks.slcp import SLCP
+from trainforge.workloads.sbi.tasks.two_moons import TwoMoons
 
 __all__ = [
     "NUM_OBSERVATIONS",

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runtime.workloads.sbi.tasks.base import Task, generator_device
+from trainforge.workloads.sbi.tasks.base import Task, generator_device
 
 NUM_BINS = 100
 FILTER_TAPS = 9

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from runtime.workloads.sbi.tasks.base import (
+from trainforge.workloads.sbi.tasks.base import (
     BoxUniformPriorMixin,
     Task,
     gaussian_log_density,

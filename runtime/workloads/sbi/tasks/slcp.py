@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from runtime.workloads.sbi.tasks.base import BoxUniformPriorMixin, Task
+from trainforge.workloads.sbi.tasks.base import BoxUniformPriorMixin, Task
 
 NUM_DRAWS = 4
 JITTER = 1e-6

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from runtime.workloads.sbi.tasks.base import BoxUniformPriorMixin, Task
+from trainforge.workloads.sbi.tasks.base import BoxUniformPriorMixin, Task
 
 MOON_RADIUS_MEAN = 0.1
 MOON_RADIUS_STD = 0.01

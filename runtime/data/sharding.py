@@ -3,7 +3,7 @@
 - Tensor data (``TensorData``) stays where it is — on the GPU when it fits — and batches are
   gathered by index on the device: no DataLoader, no per-step host-to-device copy.
 - Chunked data (``ChunkedData``, larger than memory) is read from disk a window of chunks at
-  a time (``runtime.chunked``) and batched on the device the same way.
+  a time (``trainforge.chunked``) and batched on the device the same way.
 - A map-style ``Dataset`` goes through a DataLoader with the runtime's own sampler, so that
   worker processes, pinned memory and persistent workers are kept (Ray's
   ``prepare_data_loader`` would rebuild the loader and drop them).
@@ -19,10 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from runtime import chunked
-from runtime.chunked import ChunkedData
-from runtime.distributed import WorkerContext
-from runtime.workloads.base import Split, TensorData
+from trainforge.data import chunked
+from trainforge.data.chunked import ChunkedData
+from trainforge.data.types import Split, TensorData
+from trainforge.distributed import WorkerContext
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

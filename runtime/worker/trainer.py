@@ -19,23 +19,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime import config, distributed
-from runtime.checkpoint import Checkpointer, Position, restore_rng
-from runtime.cuda_graph import GraphedStep
-from runtime.data import TrainBatches, eval_batches, micro_batches_per_epoch
-from runtime.distributed import WorkerContext
-from runtime.early_stopping import EarlyStopping
-from runtime.optim import build_optimizer, build_schedule
-from runtime.precision import Precision
-from runtime.profiling import StepProfiler
-from runtime.progress import Progress
-from runtime.tracking_worker import WorkerTracker
-from runtime.workloads import build_workload
-from runtime.workloads.base import Workload
+from trainforge import config, distributed
+from trainforge.checkpoint import Checkpointer, Position, restore_rng
+from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch
+from trainforge.distributed import WorkerContext
+from trainforge.early_stopping import EarlyStopping
+from trainforge.optim import build_optimizer, build_schedule
+from trainforge.precision import Precision
+from trainforge.profiling import StepProfiler
+from trainforge.progress import Progress
+from trainforge.tracking.worker import WorkerTracker
+from trainforge.worker.step import GraphedStep, optimizer_step
+from trainforge.workloads import build_workload
+from trainforge.workloads.base import Workload
 
 
 def train_worker(payload: dict[str, Any]) -> None:
-    """Entry point of each Ray Train worker. ``payload`` comes from ``runtime.launch``."""
+    """Entry point of each Ray Train worker. ``payload`` comes from ``trainforge.driver.launch``."""
     run(payload, distributed.ray_context())
 
 
@@ -241,31 +241,6 @@ def log_final_artifacts(
         tracker.log_artifacts([profiler.trace], "profiler")
     example, _ = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
     tracker.log_model(distributed.unwrap(model), workload.prepare_batch(example, train=False))
-
-
-def optimizer_step(
-    model: nn.Module,
-    window: list[tuple[torch.Tensor, torch.Tensor]],
-    workload: Workload,
-    precision: Precision,
-    optimizer: torch.optim.Optimizer,
-    clip_grad_norm: float | None,
-    measure_norm: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One optimizer step over a window of micro-batches. Returns (mean loss, grad norm)."""
-    micro_steps = len(window)
-    loss_total = torch.zeros((), device=window[0][0].device)
-    for i, (inputs, targets) in enumerate(window):
-        # forward and backward both inside no_sync: DDP decides at backward whether to reduce
-        with distributed.sync_context(model, sync=i == micro_steps - 1):
-            with precision.autocast():
-                loss = workload.loss(model, workload.prepare_batch(inputs, train=True), targets)
-            precision.backward(loss / micro_steps)
-        loss_total += loss.detach().float()
-    params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = precision.step(optimizer, params, clip_grad_norm, measure_norm)
-    optimizer.zero_grad(set_to_none=True)
-    return loss_total / micro_steps, grad_norm
 
 
 @torch.no_grad()

@@ -1,5 +1,6 @@
-"""The whole optimizer step — forward, backward, gradient clipping, optimizer update — captured
-once as a CUDA graph and replayed for every batch.
+"""The optimizer step: eager (``optimizer_step``: micro-batches with DDP's ``no_sync`` on all
+but the last, unscale, clip, step), or the whole step — forward, backward, gradient clipping,
+optimizer update — captured once as a CUDA graph and replayed for every batch (``GraphedStep``).
 
 Why: the SBI estimators (tens of thousands of parameters, dozens of small layers) are bound by
 kernel launches and Python, not arithmetic: an eager step of sbi's MAF costs ~9 ms on an H200
@@ -30,6 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from trainforge import distributed
+from trainforge.precision import Precision
+from trainforge.workloads.base import Workload
 
 WARMUP_STEPS = 3
 DDP_WARMUP_STEPS = 11
@@ -119,3 +124,28 @@ def _restore_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, 
                 value.copy_(before[key])
             else:
                 value.zero_()
+
+
+def optimizer_step(
+    model: nn.Module,
+    window: list[tuple[torch.Tensor, torch.Tensor]],
+    workload: Workload,
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+    clip_grad_norm: float | None,
+    measure_norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over a window of micro-batches. Returns (mean loss, grad norm)."""
+    micro_steps = len(window)
+    loss_total = torch.zeros((), device=window[0][0].device)
+    for i, (inputs, targets) in enumerate(window):
+        # forward and backward both inside no_sync: DDP decides at backward whether to reduce
+        with distributed.sync_context(model, sync=i == micro_steps - 1):
+            with precision.autocast():
+                loss = workload.loss(model, workload.prepare_batch(inputs, train=True), targets)
+            precision.backward(loss / micro_steps)
+        loss_total += loss.detach().float()
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = precision.step(optimizer, params, clip_grad_norm, measure_norm)
+    optimizer.zero_grad(set_to_none=True)
+    return loss_total / micro_steps, grad_norm

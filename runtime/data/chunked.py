@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.distributed import WorkerContext
+from trainforge.distributed import WorkerContext
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

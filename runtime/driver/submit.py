@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from runtime import config
-from runtime.errors import RecipeError
-from runtime.tracking import GIT_COMMIT_ENV, git_commit
+from trainforge import config
+from trainforge.errors import RecipeError
+from trainforge.tracking.driver import GIT_COMMIT_ENV, git_commit
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "deploy" / "runtime_env.yaml"
@@ -66,9 +66,8 @@ def command(
         args += ["--address", address]
     if not wait:
         args.append("--no-wait")
-    # `python -m runtime` runs from the shipped working_dir even where the console script
-    # is not installed.
-    return [*args, "--", "python", "-m", "runtime", "train", recipe, *overrides]
+    # `python -m trainforge` works even where the console script is not on PATH
+    return [*args, "--", "python", "-m", "trainforge", "train", recipe, *overrides]
 
 
 def submit(

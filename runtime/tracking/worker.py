@@ -5,7 +5,7 @@ Metrics are buffered and committed when a checkpoint is saved (and at the end): 
 crashes and resumes from its last checkpoint re-does exactly the steps whose metrics were not
 committed, so the metric history has no gap and no repeated step. A background thread does the
 sending; the training thread only appends to a list. When the server is down, the sender keeps
-retrying; what is still unsent at the end goes to the spool (``tracking_spool``).
+retrying; what is still unsent at the end goes to the spool (``tracking/spool.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -23,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.distributed import WorkerContext, all_gather_objects
-from runtime.tracking import RunHandle, configure_client_env, warn
-from runtime.tracking_spool import Spool
+from trainforge.distributed import WorkerContext, all_gather_objects
+from trainforge.log import warn
+from trainforge.tracking.client import RunHandle, configure_client_env
+from trainforge.tracking.spool import Spool
 
 MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step
 COMMIT_WAIT_S = 2.0  # how long a checkpoint waits for its metrics to be acknowledged
@@ -246,7 +248,7 @@ class WorkerTracker:
 
     def _spool(self) -> Spool:
         assert self.handle is not None
-        return self.handle.spool()
+        return Spool.of(self.handle)
 
     def _spool_dir(self) -> Path:
         assert self.handle is not None
@@ -257,17 +259,23 @@ def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor
     import mlflow
     import numpy as np
 
-    import runtime
+    import trainforge
 
     cpu_model = copy.deepcopy(model).float().cpu().eval()
     mlflow.set_tracking_uri(handle.tracking_uri)
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    with mlflow.start_run(run_id=handle.run_id):
+    with mlflow.start_run(run_id=handle.run_id), tempfile.TemporaryDirectory() as folder:
+        # The model's classes live in this package: ship it so the model loads anywhere. MLflow
+        # names the copy after its folder, and a checkout's folder is runtime/: copy it under
+        # the name it is imported by.
+        package = Path(folder) / "trainforge"
+        shutil.copytree(
+            Path(trainforge.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
+        )
         mlflow.pytorch.log_model(
             cpu_model,
             name="model",
             input_example=example.detach().float().cpu().numpy(),
             pip_requirements=requirements,
-            # the model's classes live in this package: ship it so the model loads anywhere
-            code_paths=[str(Path(runtime.__file__).parent)],
+            code_paths=[str(package)],
         )

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from trainforge.tracking.client import RunHandle, find_or_create_run
+
 SPOOL_FILE = "tracking-spool.jsonl"
 _lock = threading.Lock()
 
@@ -23,6 +25,10 @@ class Spool:
         """``run``: tracking_uri, experiment and run_name — enough to find or recreate the run."""
         self.path = Path(path)
         self.run = run
+
+    @classmethod
+    def of(cls, handle: RunHandle) -> Spool:
+        return cls(handle.spool_path, handle.identity())
 
     def write(self, kind: str, **data: Any) -> None:
         record = {"kind": kind, "run": self.run, **data}
@@ -43,8 +49,6 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     are only sent once because the file is removed after a complete replay)."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
-
-    from runtime.tracking import find_or_create_run
 
     path = Path(path)
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -8,8 +8,6 @@ starts, and raises RecipeError.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,116 +15,18 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runtime import config, tracking
-from runtime.errors import RecipeError
+from trainforge import config, ray_compat
+from trainforge.driver.cluster import check_resources, connect, storage_root, worker_resources
+from trainforge.errors import RecipeError
+from trainforge.tracking import driver as tracking
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
-
-
-def connect(local_only: bool = False, **init_options: Any) -> None:
-    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else start a local Ray.
-
-    Every process of the job is given its own cluster's address (RAY_ADDRESS in the job's
-    runtime env). Ray Train's placement-group cleaner, a detached actor, asks the State API
-    whether the run's controller lives; without RAY_ADDRESS that API asks the cluster named in
-    /tmp/ray/ray_current_cluster (the last `ray start` on the machine). Another live cluster
-    there has no such controller, and the cleaner removes the run's placement group: a healthy
-    run is killed. A dead one makes each query wait ~40 s for its GCS, and the end of every run
-    waited 12 s for the cleaner to stop (measured on this project's CPU). A local Ray therefore
-    gets a known GCS port.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    options = {"log_to_driver": True, "dashboard_host": "127.0.0.1", **init_options}
-    address = None if local_only else os.environ.get("RAY_ADDRESS")
-    if address:
-        _init_pinned(ray, address, address, options)
-        return
-    # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
-    # ray.init() would join that one). The local dashboard stays on loopback.
-    port = os.environ.get(GCS_PORT_ENV) or str(_free_port())
-    previous = os.environ.get(GCS_PORT_ENV)
-    os.environ[GCS_PORT_ENV] = port  # read by Ray when it starts the local GCS
-    try:
-        _init_pinned(ray, "local", f"127.0.0.1:{port}", options)
-    finally:
-        if previous is None:
-            del os.environ[GCS_PORT_ENV]
-
-
-GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
-
-
-def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> None:
-    if own == "auto" or "://" in own:  # not a GCS address: nothing to pin
-        ray.init(address=address, **options)
-        return
-    try:
-        ray.init(address=address, runtime_env={"env_vars": {"RAY_ADDRESS": own}}, **options)
-    except ValueError as exc:  # a submitted job's runtime env already sets RAY_ADDRESS
-        if "merge" not in str(exc):
-            raise
-        ray.init(address=address, **options)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def worker_resources(scaling: Any, use_gpu: bool) -> dict[str, float]:
-    resources = dict(scaling.resources_per_worker)
-    resources.setdefault("CPU", 1)
-    if use_gpu:
-        resources.setdefault("GPU", 1)
-    return resources
-
-
-def check_resources(scaling: Any, available: dict[str, float], cuda_graphs: bool = False) -> bool:
-    """Raise RecipeError when the cluster cannot host the workers; return whether to use GPUs.
-    Resolves ``use_all_gpus`` into ``num_workers``."""
-    gpus = available.get("GPU", 0)
-    if scaling.use_all_gpus:
-        if gpus < 1 or scaling.use_gpu == "false":
-            raise RecipeError("scaling.use_all_gpus: true, but the Ray cluster has no GPU to use")
-        per_worker = scaling.resources_per_worker.get("GPU", 1)
-        if per_worker <= 0 or gpus < per_worker:
-            raise RecipeError(
-                f"scaling.use_all_gpus: each worker asks for {per_worker:g} GPU "
-                f"(scaling.resources_per_worker.GPU) and the Ray cluster has {gpus:g}"
-            )
-        scaling.num_workers = int(gpus // per_worker)
-    if scaling.use_gpu == "true" and gpus == 0:
-        raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
-    use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
-    if cuda_graphs and not use_gpu:
-        raise RecipeError(
-            "precision.cuda_graphs: needs GPU workers (CUDA graphs), and these would run on CPU"
-        )
-    for resource, amount in worker_resources(scaling, use_gpu).items():
-        need, have = amount * scaling.num_workers, available.get(resource, 0)
-        if need > have:
-            raise RecipeError(
-                f"scaling.num_workers: {scaling.num_workers} workers × {amount:g} {resource} "
-                f"need {need:g} {resource}, but the Ray cluster has {have:g}"
-            )
-    return use_gpu
-
-
-def storage_root(run: Any) -> str:
-    """Absolute storage path (Ray workers run elsewhere); URIs such as s3:// pass through."""
-    if "://" in run.storage_path:
-        return run.storage_path
-    return str(Path(run.storage_path).expanduser().resolve())
 
 
 def spool_file(cfg: DictConfig, storage: str) -> Path:
     """Where tracking records wait when MLflow is unreachable: beside the checkpoints when the
     storage is a local/NFS path, else in the working directory."""
-    from runtime.tracking_spool import spool_path
+    from trainforge.tracking.spool import spool_path
 
     base = Path("trainforge-spool").resolve() if "://" in storage else Path(storage)
     return spool_path(base / cfg.run.name)
@@ -161,9 +61,9 @@ def train(cfg: DictConfig) -> Outcome:
     import ray.train
     from ray.train.torch import TorchConfig
 
-    _Trainer = _trainer_class()
+    _Trainer = ray_compat.trainer_class()
 
-    from runtime.workloads import check_workload_data, prepare_workload_data
+    from trainforge.workloads import check_workload_data, prepare_workload_data
 
     check_workload_data(cfg.workload)
     storage = storage_root(cfg.run)
@@ -187,9 +87,7 @@ def train(cfg: DictConfig) -> Outcome:
             state = "reopened" if handle.resumed else "created"
             print(f"[trainforge] MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
 
-    # ray.train.report blocks once the controller's one-slot result queue is full, until the
-    # controller's next poll (2 s by default): poll faster so short epochs don't wait on it.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+    ray_compat.poll_controller_fast()
     trainer = _Trainer(
         train_loop_per_worker=_worker_entry,
         train_loop_config=payload,
@@ -246,7 +144,7 @@ def train(cfg: DictConfig) -> Outcome:
 
 def simulate(cfg: DictConfig) -> int:
     """`trainforge simulate`: only the data stage (SBI simulations), on the Ray cluster."""
-    from runtime.workloads import check_workload_data, prepare_workload_data
+    from trainforge.workloads import check_workload_data, prepare_workload_data
 
     if cfg.workload.kind != "sbi":
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
@@ -258,32 +156,9 @@ def simulate(cfg: DictConfig) -> int:
     return 0
 
 
-def _trainer_class() -> type:
-    from ray.train.torch import TorchTrainer
-
-    class Trainer(TorchTrainer):
-        """TorchTrainer that remembers a Ctrl-C: Ray Train's own SIGINT handler aborts the run
-        gracefully and fit() then ends like a failure; the run must be recorded as KILLED."""
-
-        interrupted = False
-
-        def _register_sigint_handler(self, controller: Any) -> None:
-            super()._register_sigint_handler(controller)
-            ray_handler = signal.getsignal(signal.SIGINT)
-
-            def on_sigint(signum: int, frame: Any) -> None:
-                self.interrupted = True
-                if callable(ray_handler):
-                    ray_handler(signum, frame)
-
-            signal.signal(signal.SIGINT, on_sigint)
-
-    return Trainer
-
-
 def _worker_entry(payload: dict[str, Any]) -> None:
     # Imported in the worker so the driver does not pay for the loop's imports twice.
-    from runtime.trainer import train_worker
+    from trainforge.worker.trainer import train_worker
 
     train_worker(payload)
 

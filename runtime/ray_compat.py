@@ -1,0 +1,51 @@
+"""Every place trainforge relies on Ray behaviour that is not public API, each with why, so
+a Ray upgrade has one file to check (written against Ray 2.60)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+CHECKPOINT_DIR_GLOB = "checkpoint_*"
+"""How Ray Train names the checkpoint folders it persists under ``storage_path/run.name``.
+A worker that dies right after reporting can leave a persisted checkpoint that the controller
+never registered; the loop scans for these so a saved checkpoint is never lost."""
+
+HEALTH_CHECK_INTERVAL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def poll_controller_fast() -> None:
+    """``ray.train.report`` blocks once the controller's one-slot result queue is full, until
+    the controller's next poll (2 s by default): poll faster so short epochs don't wait on it."""
+    os.environ.setdefault(HEALTH_CHECK_INTERVAL_ENV, "0.2")
+
+
+def is_runtime_env_conflict(exc: ValueError) -> bool:
+    """``ray.init(runtime_env=…)`` inside a submitted job whose runtime env already sets the same
+    variable raises a ValueError about failing to merge them; Ray has no type for it."""
+    return "merge" in str(exc)
+
+
+def trainer_class() -> type:
+    from ray.train.torch import TorchTrainer
+
+    class Trainer(TorchTrainer):
+        """TorchTrainer that remembers a Ctrl-C: Ray Train's own SIGINT handler aborts the run
+        gracefully and fit() then ends like a failure; the run must be recorded as KILLED.
+        Relies on the private hook ``TorchTrainer._register_sigint_handler``."""
+
+        interrupted = False
+
+        def _register_sigint_handler(self, controller: Any) -> None:
+            super()._register_sigint_handler(controller)
+            ray_handler = signal.getsignal(signal.SIGINT)
+
+            def on_sigint(signum: int, frame: Any) -> None:
+                self.interrupted = True
+                if callable(ray_handler):
+                    ray_handler(signum, frame)
+
+            signal.signal(signal.SIGINT, on_sigint)
+
+    return Trainer

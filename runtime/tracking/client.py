@@ -1,0 +1,90 @@
+"""MLflow client basics shared by the driver, the workers and the spool: where the store is,
+how to reach it without long retries, and how a run is found again by its name."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_NAME_TAG = "trainforge.run_name"
+DEFAULT_URI = "sqlite:///mlflow.db"
+# A down server must cost seconds, not MLflow's default minutes of retries.
+CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+@dataclass
+class RunHandle:
+    """How the workers reach the run. ``run_id`` is None when the server was unreachable at
+    start: everything then goes to the spool."""
+
+    tracking_uri: str
+    experiment: str
+    run_name: str
+    run_id: str | None
+    resumed: bool
+    spool_path: str
+
+    def identity(self) -> dict[str, str]:
+        """Enough to find or recreate the run later (what the spool records carry)."""
+        return {
+            "tracking_uri": self.tracking_uri,
+            "experiment": self.experiment,
+            "run_name": self.run_name,
+        }
+
+    def for_workers(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def resolve_uri(configured: str | None) -> str:
+    """Recipe value, else $MLFLOW_TRACKING_URI, else SQLite in the working directory — made
+    absolute, because Ray workers run in another directory."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        uri = prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+    """Nested recipe → dotted keys (MLflow does not flatten dicts); values cut to 6,000 chars."""
+    if isinstance(data, dict):
+        out: dict[str, str] = {}
+        for key, value in data.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): str(data)[:6000]}
+
+
+def configure_client_env() -> None:
+    for key, value in CLIENT_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def reachable(uri: str, timeout_s: float = 5.0) -> bool:
+    """HTTP servers answer /health; local stores (sqlite, file) are always reachable."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def find_or_create_run(client: Any, experiment: str, run_name: str) -> tuple[str, bool]:
+    """(run_id, created) of the run tagged with ``run_name`` in ``experiment``."""
+    found_experiment = client.get_experiment_by_name(experiment)
+    experiment_id = (
+        found_experiment.experiment_id if found_experiment else client.create_experiment(experiment)
+    )
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
+    )
+    if found:
+        return found[0].info.run_id, False
+    run = client.create_run(experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name})
+    return run.info.run_id, True

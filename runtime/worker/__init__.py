@@ -1,0 +1,2 @@
+"""What every Ray Train worker runs: the loop (``trainer``) and its optimizer step, eager or
+replayed as a CUDA graph (``step``)."""
