@@ -186,10 +186,10 @@ def main() -> None:
     while (queue or running) and time.monotonic() < deadline:
         while queue and len(running) < args.concurrent_runs:
             task, budget = queue.pop(0)
-            recipe = ROOT / "recipes" / "sbi" / f"{task}_{budget}.yaml"
+            recipe = ROOT / "recipes" / "sbi" / f"npe_{budget}.yaml"  # the task is an override
             log = open(work / f"{task}_{budget}.log", "w")  # noqa: SIM115 - closed when done
             command = [
-                sys.executable, "-m", "trainforge", "train", str(recipe),
+                sys.executable, "-m", "trainforge", "train", str(recipe), f"workload.task={task}",
                 f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
                 "workload.evaluation.c2st=false", *scaling, *args.overrides,
             ]  # fmt: skip

@@ -19,7 +19,7 @@ from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import export, sources
 from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
-from trainforge.workloads.sbi.tasks import get_task
+from trainforge.workloads.sbi.tasks import TASKS, get_task
 from trainforge.workloads.sbi.workload import split
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,10 +60,19 @@ def test_bad_sbi_recipe_values_name_their_key(override: str, message: str) -> No
 
 def test_every_sbi_recipe_validates() -> None:
     recipes = sorted((ROOT / "recipes" / "sbi").glob("*.yaml"))
-    assert len(recipes) >= 13
+    assert len(recipes) >= 6
     for recipe in recipes:
         cfg = config.load(recipe)
         assert cfg.workload.kind == "sbi"
+
+
+@pytest.mark.parametrize("budget", ["1e4", "1e5", "1e6"])
+def test_one_recipe_per_budget_takes_any_task_and_names_the_run_after_it(budget: str) -> None:
+    recipe = ROOT / "recipes" / "sbi" / f"npe_{budget}.yaml"
+    assert config.load(recipe).run.name == f"two_moons_npe_{budget}"  # the default task
+    for task in TASKS:
+        cfg = config.load(recipe, [f"workload.task={task}"])
+        assert (cfg.workload.task, cfg.run.name) == (task, f"{task}_npe_{budget}")
 
 
 def test_lr_scaling() -> None:
