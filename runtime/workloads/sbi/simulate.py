@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainforge import log
 from trainforge.atomic import replacing
 from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import sources
@@ -129,7 +130,7 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     source = sources.resolve(cfg)
     device = simulation_device(cfg, source, ray.cluster_resources().get("GPU", 0))
     job = plan(cfg, source, seed, cache_root(cfg, storage_root), device)
-    say = (lambda _: None) if quiet else (lambda text: print(f"[trainforge] {text}", flush=True))
+    say = (lambda _: None) if quiet else log.say
     if (job.folder / MANIFEST).is_file():
         say(f"simulations: reusing {job.folder}")
         return job.folder
