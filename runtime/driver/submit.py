@@ -2,12 +2,18 @@
 
 - the run name is the submission id, so a job, its Ray Train run directory and its MLflow run
   share one identity (a resubmitted run resumes instead of forking);
-- the project ships as the job's working_dir, without data, runs and caches;
-- the runtime_env file (deploy/runtime_env.yaml) carries the environment variables, plus the git
-  commit captured here (the shipped tree has no .git);
-- the entrypoint reserves no CPU or GPU: the driver only coordinates, and a reserved GPU would
-  starve a training worker.
+- the user's project — the current directory — ships as the job's working_dir, without data,
+  runs and caches: the entrypoint runs there, so the project's recipes and its own modules (a
+  custom SBI simulator) are found as they are here;
+- a recipe is a file inside the project (named relative to it) or a shipped recipe's name,
+  which the cluster's own trainforge resolves;
+- the runtime_env file (by default the one shipped with trainforge) carries the environment
+  variables, plus the project's git commit captured here (the shipped tree has no .git);
+- the entrypoint, ``python -m trainforge train …``, reserves no CPU or GPU: the driver only
+  coordinates, and a reserved GPU would starve a training worker.
 
+The cluster must have trainforge installed (the image of deploy/docker does): trainforge itself
+does not travel in the working_dir, which holds the user's project, not site-packages.
 The recipe is validated before anything is submitted.
 """
 
@@ -24,20 +30,24 @@ import yaml
 
 from trainforge import config
 from trainforge.errors import RecipeError
+from trainforge.resources import default_runtime_env, find_recipe
 from trainforge.tracking.driver import GIT_COMMIT_ENV, git_commit
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_RUNTIME_ENV = PROJECT_ROOT / "deploy" / "runtime_env.yaml"
+DEFAULT_RUNTIME_ENV = default_runtime_env()
+# Ray uploads the working_dir whole (and refuses one over its size limit): leave out what a
+# project keeps beside its code — data, runs, tracking stores, caches, virtual environments.
 EXCLUDES = [
     ".git", ".device", ".whl", "data", "runs", "mlruns", "mlartifacts", "mlflow.db",
     "trainforge-spool", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info",
+    ".venv", "venv",
 ]  # fmt: skip
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 def build_runtime_env(
-    runtime_env_file: Path | None, commit: str | None, ship: bool = True
+    runtime_env_file: Path | None, commit: str | None, project: Path | None
 ) -> dict[str, Any]:
+    """``project``: the folder to ship as the working_dir, or None to ship nothing."""
     env: dict[str, Any] = {}
     if runtime_env_file is not None:
         if not runtime_env_file.is_file():
@@ -45,8 +55,8 @@ def build_runtime_env(
         env = yaml.safe_load(runtime_env_file.read_text()) or {}
         if not isinstance(env, dict):
             raise RecipeError(f"--runtime-env: {runtime_env_file} must be a mapping")
-    if ship:
-        env.setdefault("working_dir", str(PROJECT_ROOT))
+    if project is not None:
+        env.setdefault("working_dir", str(project))
         env["excludes"] = sorted(set(env.get("excludes", [])) | set(EXCLUDES))
     env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
     if commit:
@@ -78,18 +88,26 @@ def submit(
     wait: bool = True,
     ship: bool = True,
 ) -> int:
-    """``ship=False`` sends no working_dir: for clusters whose image already holds the project
-    (the container of deploy/docker); the recipe is then named by its absolute path."""
-    cfg = config.load(recipe, overrides)  # refuse a bad recipe before touching the cluster
-    recipe_arg = _relative_to_project(Path(recipe)) if ship else str(Path(recipe).resolve())
-    runtime_env = build_runtime_env(runtime_env_file, git_commit_of(PROJECT_ROOT), ship)
+    """Submit from the project folder (the current directory), which ships as the working_dir.
+
+    ``ship=False`` sends no working_dir: for clusters whose image already holds the project
+    (the container of deploy/docker); a recipe file is then named by its absolute path."""
+    project = Path.cwd().resolve()
+    path, name = find_recipe(recipe)
+    cfg = config.load(path, overrides)  # refuse a bad recipe before touching the cluster
+    recipe_arg = entrypoint_recipe(path, name, project if ship else None)
+    runtime_env = build_runtime_env(
+        runtime_env_file, git_commit_of(project), project if ship else None
+    )
     env = dict(os.environ)
     if (Path.home() / ".ray" / "auth_token").is_file():
         env.setdefault("RAY_AUTH_MODE", "token")  # Ray ≥ 2.60 heads want the token
     _clear_finished_job(cfg.run.name, address, env)
     args = command(recipe_arg, overrides, address, runtime_env, cfg.run.name, wait)
+    # say which folder is uploaded: it is the current directory, whatever it holds
+    shipped = f"--working-dir {shlex.quote(str(project))}" if ship else "(no working_dir)"
     print(
-        f"[trainforge] ray job submit --submission-id {shlex.quote(cfg.run.name)} … -- "
+        f"[trainforge] ray job submit --submission-id {shlex.quote(cfg.run.name)} {shipped} … -- "
         + shlex.join(args[args.index("--") + 1 :])
     )
     return subprocess.call(args, env=env)
@@ -104,14 +122,26 @@ def git_commit_of(root: Path) -> str | None:
         os.chdir(previous)
 
 
-def _relative_to_project(recipe: Path) -> str:
-    """The entrypoint runs inside the shipped project: name the recipe relative to it."""
-    resolved = recipe.resolve()
+def entrypoint_recipe(path: Path, name: str | None, project: Path | None) -> str:
+    """How the job's entrypoint names the recipe.
+
+    A shipped recipe goes by its name: the cluster's trainforge holds it (a path into this
+    machine's site-packages would mean nothing there). A file ships with the project, where the
+    entrypoint runs, so it is named relative to the project; without a working_dir (``project``
+    None) the cluster's image holds it at the same absolute path.
+    """
+    if name is not None:
+        return name
+    resolved = path.resolve()
+    if project is None:
+        return str(resolved)
     try:
-        return str(resolved.relative_to(PROJECT_ROOT))
+        return resolved.relative_to(project).as_posix()
     except ValueError:
         raise RecipeError(
-            f"recipe {recipe}: must live inside the project ({PROJECT_ROOT}) to ship with the job"
+            f"recipe {path}: must live inside the project ({project}, the current directory) to "
+            "ship with the job; run `trainforge submit` from the project's folder, or name a "
+            "shipped recipe (`trainforge recipes`)"
         ) from None
 
 
