@@ -1,5 +1,9 @@
 """Real clusters on this machine: `ray start --head` + `trainforge submit` (→ `ray job submit`),
-and a two-node cluster whose 2-worker run puts one worker on each node."""
+and a two-node cluster whose 2-worker run puts one worker on each node.
+
+Both submit from the checkout: the current directory is the project that ships as the
+working_dir, and the recipe is a file inside it (tests/integration/test_packaging.py submits a
+shipped recipe by name from an installed wheel and a project elsewhere)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.ray_nodes import RayNodes
-from trainforge.driver.submit import PROJECT_ROOT, git_commit_of
+from trainforge.driver.submit import git_commit_of
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-DIGITS = "recipes/cnn/digits_simple_cnn.yaml"
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout, submitted from as the project
+DIGITS = "recipes/cnn/digits_simple_cnn.yaml"  # a file inside the project, relative to it
 
 
 def _submit(
@@ -26,7 +31,7 @@ def _submit(
                f"run.storage_path={tmp_path / 'runs'}",
                f"tracking.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                "tracking.system_metrics=false", *flags, "--address", nodes.dashboard]  # fmt: skip
-    return subprocess.run(command, cwd=PROJECT_ROOT, env=nodes.env, capture_output=True,
+    return subprocess.run(command, cwd=PROJECT, env=nodes.env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
 
 
@@ -56,7 +61,7 @@ def test_ray_job_submit_runs_a_recipe(tmp_path: Path) -> None:
     run = _run(tmp_path, "submitted")
     assert run.info.status == "FINISHED"
     assert run.data.tags["ray.submission_id"] == "submitted"  # one identity: job = run name
-    assert run.data.tags["git.commit"] == git_commit_of(PROJECT_ROOT)
+    assert run.data.tags["git.commit"] == git_commit_of(PROJECT)
     assert [m.value for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
             .get_metric_history(run.info.run_id, "epoch")] == [1, 2]  # fmt: skip
 
