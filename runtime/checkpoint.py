@@ -1,28 +1,27 @@
-"""Checkpoints: what is saved, when, and how it comes back.
+"""Checkpoint files, and where they go.
 
-Rank 0 writes one ``state.pt`` (model, optimizer, scheduler, scaler, position, every rank's RNG
-state) plus the resolved recipe, and hands the folder to ``ray.train.report``, which persists it
-under ``storage_path/run.name`` and keeps the last N. Re-running the same run name makes Ray
-Train hand the latest one back through ``ray.train.get_checkpoint()``.
+A checkpoint is one folder: ``state.pt`` (the train state — model, optimizer, scheduler, scaler,
+position, early stopping, every rank's RNG state; see ``trainforge.worker.state``) plus the
+resolved recipe. Everything in ``state.pt`` is plain tensors, numbers and containers, so it
+loads with ``torch.load(weights_only=True)`` — no pickled code runs when a checkpoint is opened —
+and ``load(path)["model"]`` is a plain state dict.
 
-Everything saved is plain tensors, numbers and containers so that loading works with
-``torch.load(weights_only=True)`` — no pickled code runs when a checkpoint is opened.
+A ``Reporter`` takes the folder away: ``RayReporter`` hands it to ``ray.train.report``, which
+persists it under ``storage_path/run.name`` as ``checkpoint_*`` and keeps the last N; re-running
+the same run name makes Ray Train hand the latest one back. ``FolderReporter`` copies it into a
+local folder (a worker loop run without Ray, as the tests do).
 """
 
 from __future__ import annotations
 
-import random
-import tempfile
-from collections.abc import Callable
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from trainforge import ray_compat
-from trainforge.distributed import WorkerContext, all_gather_objects
 
 STATE_FILE = "state.pt"
 RECIPE_FILE = "recipe.yaml"
@@ -37,59 +36,13 @@ class Position:
     global_step: int = 0
 
 
-class Checkpointer:
-    def __init__(self, section: Any, ctx: WorkerContext, recipe_yaml: str) -> None:
-        self.every_epochs = section.every_epochs
-        self.every_steps = section.every_steps
-        self.ctx = ctx
-        self.recipe_yaml = recipe_yaml
+def save(folder: Path, state: dict[str, Any], recipe_yaml: str) -> None:
+    torch.save(state, folder / STATE_FILE)
+    (folder / RECIPE_FILE).write_text(recipe_yaml)
 
-    def due_after_step(self, global_step: int) -> bool:
-        return self.every_steps is not None and global_step % self.every_steps == 0
 
-    def due_after_epoch(self, epoch: int, last: bool) -> bool:
-        return last or (epoch + 1) % self.every_epochs == 0
-
-    def report(
-        self,
-        metrics: dict[str, float],
-        state_fn: Callable[[], dict[str, Any]] | None,
-    ) -> None:
-        """Report metrics, with a checkpoint when ``state_fn`` is given. Every rank must call
-        this at the same points: ``ray.train.report`` is a barrier."""
-        import ray.train
-
-        if state_fn is None:
-            ray.train.report(metrics)
-            return
-        rng_states = all_gather_objects(capture_rng(self.ctx.device), self.ctx.world_size)
-        if not self.ctx.is_main:
-            ray.train.report(metrics)
-            return
-        with tempfile.TemporaryDirectory(prefix="trainforge-ckpt-") as folder:
-            save(Path(folder), {**state_fn(), "rng": rng_states}, self.recipe_yaml)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
-
-    def latest(self, run_dir: str | None = None) -> dict[str, Any] | None:
-        """The run's latest checkpoint state, or None for a fresh run.
-
-        Ray Train registers a reported checkpoint asynchronously (its controller picks the
-        report up on its next poll); a worker that dies right after reporting can leave a
-        persisted checkpoint unregistered. So the run folder is searched too and the further
-        of the two wins: a saved checkpoint is never lost.
-        """
-        import ray.train
-
-        candidates = []
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as folder:
-                candidates.append(load(Path(folder)))
-        if run_dir is not None and "://" not in run_dir:
-            on_disk = newest_in(Path(run_dir))
-            if on_disk is not None:
-                candidates.append(on_disk)
-        return max(candidates, key=lambda state: state["global_step"], default=None)
+def load(folder: Path | str) -> dict[str, Any]:
+    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def newest_in(run_dir: Path) -> dict[str, Any] | None:
@@ -106,54 +59,70 @@ def newest_in(run_dir: Path) -> dict[str, Any] | None:
     return best
 
 
-def save(folder: Path, state: dict[str, Any], recipe_yaml: str) -> None:
-    torch.save(state, folder / STATE_FILE)
-    (folder / RECIPE_FILE).write_text(recipe_yaml)
+class Reporter(Protocol):
+    """Where metrics and checkpoint folders go, and where the latest checkpoint comes from."""
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        """Report metrics, with the checkpoint in ``folder`` (rank 0) or none (other ranks).
+        Every rank calls this equally often: under Ray Train it is a barrier."""
+        ...
+
+    def registered(self) -> dict[str, Any] | None:
+        """The latest checkpoint state this reporter knows of, or None."""
+        ...
 
 
-def load(folder: Path | str) -> dict[str, Any]:
-    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+class RayReporter:
+    """Ray Train's ``report`` and ``get_checkpoint``: the production reporter."""
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        import ray.train
+
+        checkpoint = None if folder is None else ray.train.Checkpoint.from_directory(folder)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    def registered(self) -> dict[str, Any] | None:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            return load(Path(folder))
 
 
-def capture_rng(device: torch.device) -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-    }
+class FolderReporter:
+    """Copies checkpoints to ``root/checkpoint_NNNNNN`` (as Ray names them, so ``newest_in``
+    finds them) and keeps the reported metrics in ``reports``: a loop without Ray."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.reports: list[dict[str, float]] = []
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        self.reports.append(dict(metrics))
+        if folder is not None:
+            count = len(list(self.root.glob(ray_compat.CHECKPOINT_DIR_GLOB)))
+            shutil.copytree(folder, self.root / f"checkpoint_{count:06d}")
+
+    def registered(self) -> dict[str, Any] | None:
+        return newest_in(self.root) if self.root.exists() else None
 
 
-def restore_rng(states: list[dict[str, Any]], ctx: WorkerContext) -> bool:
-    """Restore this rank's RNG streams; False when the world size changed (streams reseeded)."""
-    if len(states) != ctx.world_size:
-        return False
-    state = states[ctx.rank]
-    random.setstate(_as_tuple(state["python"]))
-    np_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
-    torch.set_rng_state(state["torch"])
-    if ctx.device.type == "cuda" and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], ctx.device)
-    return True
+def latest(reporter: Reporter, run_dir: str | None = None) -> dict[str, Any] | None:
+    """The run's latest checkpoint state, or None for a fresh run.
 
-
-def _as_tuple(value: Any) -> Any:
-    # random.setstate needs tuples all the way down; a round trip may hand back lists.
-    if isinstance(value, list | tuple):
-        return tuple(_as_tuple(v) for v in value)
-    return value
+    Ray Train registers a reported checkpoint asynchronously (its controller picks the report up
+    on its next poll); a worker that dies right after reporting can leave a persisted checkpoint
+    unregistered. So the run folder is searched too and the further of the two wins: a saved
+    checkpoint is never lost.
+    """
+    candidates = []
+    registered = reporter.registered()
+    if registered is not None:
+        candidates.append(registered)
+    if run_dir is not None and "://" not in run_dir:
+        on_disk = newest_in(Path(run_dir))
+        if on_disk is not None:
+            candidates.append(on_disk)
+    return max(candidates, key=lambda state: state["global_step"], default=None)

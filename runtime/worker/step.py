@@ -1,6 +1,8 @@
 """The optimizer step: eager (``optimizer_step``: micro-batches with DDP's ``no_sync`` on all
 but the last, unscale, clip, step), or the whole step — forward, backward, gradient clipping,
 optimizer update — captured once as a CUDA graph and replayed for every batch (``GraphedStep``).
+``Stepper`` is what the loop calls: it chooses between the two, capturing at its first call
+(capture needs a real batch) and going on with eager steps when capture fails.
 
 Why: the SBI estimators (tens of thousands of parameters, dozens of small layers) are bound by
 kernel launches and Python, not arithmetic: an eager step of sbi's MAF costs ~9 ms on an H200
@@ -26,6 +28,7 @@ scaling, and every training batch the same shape (the loop drops partial batches
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,7 +99,9 @@ class GraphedStep:
     def captured(self) -> bool:
         return self.graph is not None
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on this batch: (loss, pre-clip gradient norm), both fresh tensors."""
         assert self.graph is not None, "replaying a step whose capture failed"
         self.inputs.copy_(inputs)
@@ -149,3 +154,56 @@ def optimizer_step(
     grad_norm = precision.step(optimizer, params, clip_grad_norm, measure_norm)
     optimizer.zero_grad(set_to_none=True)
     return loss_total / micro_steps, grad_norm
+
+
+class Stepper:
+    """One optimizer step over a window of micro-batches: ``stepper(window) -> (loss, norm)``.
+
+    With ``cuda_graphs`` the first call captures the step as a CUDA graph on the window's first
+    batch and every call replays it (one batch per window: graphs refuse accumulation); when
+    capture fails, ``note`` says why and the steps stay eager. The loss is a device tensor (no
+    host sync here); the gradient norm is one too, or None for an eager step that neither clips
+    nor was asked to ``measure_norm``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        workload: Workload,
+        precision: Precision,
+        optimizer: torch.optim.Optimizer,
+        clip_grad_norm: float | None,
+        cuda_graphs: bool,
+        note: Callable[[str], None],
+    ) -> None:
+        self.model = model
+        self.workload = workload
+        self.precision = precision
+        self.optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.capture_pending = cuda_graphs
+        self.note = note
+        self.graphed: GraphedStep | None = None
+
+    def __call__(
+        self, window: list[tuple[torch.Tensor, torch.Tensor]], measure_norm: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.capture_pending:
+            self.capture_pending = False
+            self.graphed = self._capture(window[0])
+        if self.graphed is not None:
+            return self.graphed(*window[0])
+        return optimizer_step(
+            self.model, window, self.workload, self.precision, self.optimizer,
+            self.clip_grad_norm, measure_norm,
+        )  # fmt: skip
+
+    def _capture(self, example: tuple[torch.Tensor, torch.Tensor]) -> GraphedStep | None:
+        graphed = GraphedStep(
+            self.model, self.workload, self.optimizer, self.clip_grad_norm, example,
+            self.precision.autocast,
+        )  # fmt: skip
+        if graphed.captured:
+            return graphed
+        self.note(f"CUDA graph capture failed, eager steps: {graphed.error}")
+        return None

@@ -1,26 +1,30 @@
-"""The training loop every Ray Train worker runs — one loop, read it top to bottom.
+"""The training loop every Ray Train worker runs — ``run`` reads top to bottom:
+setup → per epoch: train, end of epoch → finish.
 
-Per optimizer step: ``grad_accum_steps`` micro-batches, each forward+backward under autocast,
-DDP's all-reduce skipped on all but the last (``no_sync``), the loss divided by the number of
-micro-steps so the accumulated gradient is the mean; then unscale → clip → step → LR schedule.
-Progress and metrics every ``log_every_steps``; evaluation and checkpoints at epoch ends.
-Every rank reaches every ``ray.train.report`` call (epoch ends and checkpoints): it is a barrier.
+Per optimizer step (``Stepper``): ``grad_accum_steps`` micro-batches, each forward+backward
+under autocast, DDP's all-reduce skipped on all but the last (``no_sync``), the loss divided by
+the number of micro-steps so the accumulated gradient is the mean; then unscale → clip → step
+(or the whole step replayed as a CUDA graph) → LR schedule. Progress lines and MLflow metrics
+every ``log_every_steps``. At epoch ends: validation (every ``eval_every_epochs`` and at the
+end), early stopping, and a checkpoint when one is due (``Checkpointer.maybe_save``, also every
+``checkpoint.every_steps``). Metrics are reported to Ray Train only with a checkpoint, and every
+rank reaches every report: it is a barrier. At the end: the best weights back, the workload's
+own evaluation and export on rank 0 (``finish``), and a final checkpoint when anything changed.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from trainforge import config, distributed
-from trainforge.checkpoint import Checkpointer, Position, restore_rng
+from trainforge.checkpoint import RayReporter, Reporter
 from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
@@ -29,7 +33,9 @@ from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
 from trainforge.tracking.worker import WorkerTracker
-from trainforge.worker.step import GraphedStep, optimizer_step
+from trainforge.worker.rng import seed_everything
+from trainforge.worker.state import Checkpointer, TrainState
+from trainforge.worker.step import Stepper
 from trainforge.workloads import build_workload
 from trainforge.workloads.base import Workload
 
@@ -39,189 +45,257 @@ def train_worker(payload: dict[str, Any]) -> None:
     run(payload, distributed.ray_context())
 
 
-def run(payload: dict[str, Any], ctx: WorkerContext) -> None:
+def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None = None) -> None:
+    """One worker's whole run; ``reporter`` takes the checkpoints (default: Ray Train's)."""
     cfg = config.from_container(payload["recipe"])
-    train_cfg, precision_cfg = cfg.train, cfg.precision
-    setup_backends(precision_cfg, ctx)
+    setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
+    tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
+    reporter = reporter or RayReporter()
+    checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg), reporter, tracker)
+    trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
+    state, plan = trainer.state, trainer.plan
+    position = state.position
 
-    workload = build_workload(cfg.workload, seed=cfg.run.seed, precision=precision_cfg)
-    with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
-        train_split, val_split = workload.datasets(ctx.device)
+    while (
+        position.epoch < plan.epochs
+        and position.global_step < plan.total_steps
+        and not state.stopper.stopped
+    ):
+        trainer.train_epoch(checkpointer)  # saves every checkpoint.every_steps steps
+        last = trainer.end_of_epoch()  # validation, early stopping, the epoch's metrics
+        checkpointer.maybe_save(state, trainer.metrics, epoch_end=True, last=last)
+        if position.epoch == payload.get("fail_after_epoch"):
+            raise RuntimeError(
+                f"injected failure after epoch {position.epoch} (TRAINFORGE_FAIL_AFTER_EPOCH)"
+            )
+
+    # Whatever finish changed (best weights, the workload's evaluation) is reported with a
+    # final checkpoint: Ray's result carries the metrics of the latest checkpoint, and a resume
+    # must find the weights the run ended with. A barrier too: every rank waits here for rank
+    # 0's evaluation.
+    if trainer.finish(payload.get("run_dir")):
+        checkpointer.maybe_save(state, trainer.metrics, last=True)
+    trainer.close()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long the run is, in optimizer steps."""
+
+    global_batch: int
+    steps_per_epoch: int
+    total_steps: int
+    epochs: int
+
+    @classmethod
+    def of(cls, train_cfg: Any, train_samples: int, ctx: WorkerContext) -> Plan:
+        global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
+        micro_per_epoch = micro_batches_per_epoch(train_samples, ctx, train_cfg.batch_size)
+        steps_per_epoch = micro_per_epoch // train_cfg.grad_accum_steps
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"train.batch_size={train_cfg.batch_size} × grad_accum_steps="
+                f"{train_cfg.grad_accum_steps} is larger than a worker's shard of "
+                f"{train_samples} / {ctx.world_size} samples: no optimizer step fits in an epoch"
+            )
+        total_steps = train_cfg.max_steps or steps_per_epoch * train_cfg.epochs
+        epochs = -(-total_steps // steps_per_epoch)
+        return cls(global_batch, steps_per_epoch, total_steps, epochs)
+
+
+class Trainer:
+    """The parts of one worker's run (built in order: the RNG streams depend on it) and its
+    stages, which ``run`` calls."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        ctx: WorkerContext,
+        tracker: WorkerTracker,
+        resume_from: dict[str, Any] | None,
+    ) -> None:
+        self.cfg, self.ctx, self.tracker = cfg, ctx, tracker
+        self.workload = build_workload(cfg.workload, seed=cfg.run.seed, precision=cfg.precision)
+        with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
+            self.train_split, self.val_split = self.workload.datasets(ctx.device)
+        self.plan = Plan.of(cfg.train, len(self.train_split), ctx)
+        self.state = build_state(cfg, self.workload, self.plan, ctx)
+        self.state.resume(resume_from, ctx)
+        self.batches = TrainBatches(
+            self.train_split,
+            ctx,
+            cfg.train.batch_size,
+            seed=cfg.run.seed,
+            loader_workers=getattr(cfg.workload, "loader_workers", 0),
+            pin_memory=getattr(cfg.workload, "pin_memory", False),
+        )
+        self.train_model = wrap(self.state.model, cfg.precision, ctx)
+        tracker.start()
+        self.profiler = StepProfiler(
+            cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx
+        )
+        self.progress = Progress(
+            ctx, self.plan.total_steps, self.plan.epochs, self.plan.global_batch,
+            self.workload.describe(), self.state.stopper.patience > 0,
+        )  # fmt: skip
+        self.progress.start(self.state.position)
+        self.step = Stepper(
+            self.train_model, self.workload, self.state.precision, self.state.optimizer,
+            cfg.train.clip_grad_norm, cfg.precision.cuda_graphs, self.progress.note,
+        )  # fmt: skip
+        self.loss_sum = torch.zeros((), device=ctx.device)  # train loss since the last log line
+        self.steps_since_log = 0
+        self.metrics: dict[str, float] = {}  # the latest of each, reported with checkpoints
+        self.eval_sums: dict[str, torch.Tensor] = {}  # the last validation's, for the figures
+
+    def train_epoch(self, checkpointer: Checkpointer) -> None:
+        """Optimizer steps from the position to the end of the epoch (or of the run)."""
+        train_cfg, state, position = self.cfg.train, self.state, self.state.position
+        accum = train_cfg.grad_accum_steps
+        self.train_model.train()
+        micro_batches = self.batches.epoch(
+            position.epoch, skip_batches=position.step_in_epoch * accum
+        )
+        while (
+            position.step_in_epoch < self.plan.steps_per_epoch
+            and position.global_step < self.plan.total_steps
+        ):
+            window = [next(micro_batches) for _ in range(accum)]
+            log_now = (position.global_step + 1) % train_cfg.log_every_steps == 0
+            loss, grad_norm = self.step(window, measure_norm=log_now)
+            state.scheduler.step()
+            position.step_in_epoch += 1
+            position.global_step += 1
+            self.loss_sum += loss
+            self.steps_since_log += 1
+            self.profiler.after_step(position.global_step)
+            if log_now:
+                self.log_step(grad_norm)
+            # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
+            # for the Ray Train controller's poll once its one-slot queue is full.
+            checkpointer.maybe_save(state, self.metrics)
+        micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
+
+    def log_step(self, grad_norm: torch.Tensor | None) -> None:
+        """Training metrics since the last call: to MLflow and a progress line (one host sync)."""
+        position = self.state.position
+        metrics = train_metrics(
+            self.loss_sum, self.steps_since_log, grad_norm, self.state.scheduler, self.ctx
+        )
+        metrics.update(self.progress.step_metrics(position, self.steps_since_log))
+        self.loss_sum.zero_()
+        self.steps_since_log = 0
+        self.tracker.log(metrics, position.global_step)
+        self.progress.log_step(position, metrics)
+        self.metrics = metrics
+
+    def end_of_epoch(self) -> bool:
+        """Validation when due, early stopping, the epoch's metrics and line; moves the position
+        to the next epoch. True when this epoch was the run's last."""
+        position = self.state.position
+        epoch = position.epoch
+        last = position.global_step >= self.plan.total_steps or epoch + 1 >= self.plan.epochs
+        metrics: dict[str, float] = {"epoch": epoch + 1, "perf/elapsed_s": self.progress.elapsed()}
+        if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0:
+            val_metrics = self.evaluate()
+            metrics |= val_metrics
+            last = self.early_stop(val_metrics["val/loss"], epoch + 1) or last  # a collective
+        if last:  # what this attempt cost, and how much of it was tracking on this thread
+            metrics["perf/train_s"] = self.progress.elapsed()
+            metrics["perf/tracking_s"] = self.tracker.busy_s
+        self.tracker.log(metrics, position.global_step)
+        self.metrics = self.metrics | metrics
+        position.epoch, position.step_in_epoch = epoch + 1, 0
+        self.progress.log_epoch(epoch, self.metrics)
+        return last
+
+    def evaluate(self) -> dict[str, float]:
+        state = self.state
+        metrics, self.eval_sums = evaluate(
+            state.model, self.val_split, self.workload, state.precision, self.ctx, self.cfg.train
+        )
+        return metrics
+
+    def early_stop(self, val_loss: float, epoch: int) -> bool:
+        stopper = self.state.stopper
+        if not stopper.update(val_loss, epoch, self.state.model, self.ctx):
+            return False
+        self.progress.note(
+            f"early stop after epoch {epoch}: val/loss has not improved for "
+            f"{stopper.patience} evaluations (best {stopper.best:.4f} at epoch "
+            f"{stopper.best_epoch})"
+        )
+        return True
+
+    def finish(self, run_dir: str | None) -> bool:
+        """After the loop: the best weights back, the workload's own evaluation and export.
+        True when anything changed since the last checkpoint."""
+        position, stopper = self.state.position, self.state.stopper
+        changed = not self.metrics  # a resumed run that had already finished: report once more
+        if self.cfg.train.restore_best and stopper.restore_best(self.state.model):
+            self.progress.note(
+                f"restored the best weights (val/loss {stopper.best:.4f}, epoch "
+                f"{stopper.best_epoch})"
+            )
+            changed = True
+        if changed:  # the last training metrics stay; validation is of the weights kept
+            val_metrics = self.evaluate()
+            self.tracker.log(
+                {f"final/{k}": v for k, v in val_metrics.items()}, position.global_step
+            )
+            self.metrics = self.metrics | val_metrics | {"epoch": position.epoch}
+        self.progress.finish(position)
+        self.profiler.stop()
+        return self.workload_finish(run_dir) or changed
+
+    def workload_finish(self, run_dir: str | None) -> bool:
+        """The workload's own final evaluation and export, on rank 0; False when it has none."""
+        finish = getattr(self.workload, "finish", None)
+        if finish is None:
+            return False
+        if self.ctx.is_main:
+            with tempfile.TemporaryDirectory(prefix="trainforge-eval-") as folder:
+                model = distributed.unwrap(self.state.model)
+                final, files = finish(model, run_dir, Path(folder))
+                self.tracker.log(final, self.state.position.global_step)
+                self.tracker.log_artifacts(files, "evaluation")
+            self.progress.note("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+            self.metrics = self.metrics | final
+        return True
+
+    def close(self) -> None:
+        if self.ctx.is_main:
+            log_final_artifacts(
+                self.tracker, self.workload, self.state.model, self.val_split, self.eval_sums,
+                self.profiler,
+            )  # fmt: skip
+        self.tracker.close()
+
+
+def build_state(cfg: Any, workload: Workload, plan: Plan, ctx: WorkerContext) -> TrainState:
+    """A fresh train state: the model, optimizer, LR schedule, precision and early stopping."""
     torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
     model = workload.build_model().to(ctx.device)
-    if precision_cfg.channels_last:
+    if cfg.precision.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
-    optimizer = build_optimizer(
-        model, train_cfg, config.scaled_lr(train_cfg, global_batch), precision_cfg.cuda_graphs
+    lr = config.scaled_lr(cfg.train, plan.global_batch)
+    optimizer = build_optimizer(model, cfg.train, lr, cfg.precision.cuda_graphs)
+    return TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_schedule(optimizer, cfg.train, plan.total_steps),
+        precision=Precision(cfg.precision.dtype, ctx.device),
+        stopper=EarlyStopping(cfg.train.early_stopping_patience, cfg.train.restore_best),
     )
-    precision = Precision(precision_cfg.dtype, ctx.device)
 
-    loader_workers = getattr(cfg.workload, "loader_workers", 0)
-    batches = TrainBatches(
-        train_split,
-        ctx,
-        train_cfg.batch_size,
-        seed=cfg.run.seed,
-        loader_workers=loader_workers,
-        pin_memory=getattr(cfg.workload, "pin_memory", False),
-    )
-    micro_per_epoch = micro_batches_per_epoch(len(train_split), ctx, train_cfg.batch_size)
-    steps_per_epoch = micro_per_epoch // train_cfg.grad_accum_steps
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"train.batch_size={train_cfg.batch_size} × grad_accum_steps="
-            f"{train_cfg.grad_accum_steps} is larger than a worker's shard of "
-            f"{len(train_split)} / {ctx.world_size} samples: no optimizer step fits in an epoch"
-        )
-    total_steps = train_cfg.max_steps or steps_per_epoch * train_cfg.epochs
-    epochs = -(-total_steps // steps_per_epoch)
-    scheduler = build_schedule(optimizer, train_cfg, total_steps)
 
-    checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg))
-    latest = checkpointer.latest(payload.get("run_dir"))
-    position = restore(latest, model, optimizer, scheduler, precision, ctx)
-    stopper = EarlyStopping(train_cfg.early_stopping_patience, train_cfg.restore_best)
-    if latest is not None and "early_stopping" in latest:
-        stopper.load_state_dict(latest["early_stopping"], ctx.device)
+def wrap(model: nn.Module, precision_cfg: Any, ctx: WorkerContext) -> nn.Module:
+    """The module the steps run: DDP over several ranks, compiled when asked."""
     train_model = distributed.wrap(model, ctx, precision_cfg.cuda_graphs)
     if precision_cfg.compile:
         train_model = torch.compile(train_model, mode=precision_cfg.compile_mode)
-
-    tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
-    tracker.start()
-    profiler = StepProfiler(cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx)
-    progress = Progress(
-        ctx, total_steps, epochs, global_batch, workload.describe(), stopper.patience > 0
-    )
-    progress.start(position)
-    fail_after_epoch = payload.get("fail_after_epoch")
-
-    def state() -> dict[str, Any]:
-        return {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": precision.state_dict(),
-            "epoch": position.epoch,
-            "step_in_epoch": position.step_in_epoch,
-            "global_step": position.global_step,
-            "early_stopping": stopper.state_dict(),
-        }
-
-    graphed: GraphedStep | None = None  # captured at the first step (needs a real batch)
-    loss_sum = torch.zeros((), device=ctx.device)
-    steps_since_log = 0
-    metrics: dict[str, float] = {}
-    eval_sums: dict[str, torch.Tensor] = {}
-    while position.epoch < epochs and position.global_step < total_steps and not stopper.stopped:
-        epoch = position.epoch
-        train_model.train()
-        micro_batches = batches.epoch(
-            epoch, skip_batches=position.step_in_epoch * train_cfg.grad_accum_steps
-        )
-        while position.step_in_epoch < steps_per_epoch and position.global_step < total_steps:
-            window = [next(micro_batches) for _ in range(train_cfg.grad_accum_steps)]
-            log_now = (position.global_step + 1) % train_cfg.log_every_steps == 0
-            if precision_cfg.cuda_graphs and graphed is None:
-                graphed = GraphedStep(
-                    train_model, workload, optimizer, train_cfg.clip_grad_norm, window[0],
-                    precision.autocast,
-                )  # fmt: skip
-                if not graphed.captured:
-                    progress.note(f"CUDA graph capture failed, eager steps: {graphed.error}")
-            if graphed is not None and graphed.captured:
-                loss, grad_norm = graphed(*window[0])
-            else:
-                loss, grad_norm = optimizer_step(
-                    train_model, window, workload, precision, optimizer,
-                    train_cfg.clip_grad_norm, measure_norm=log_now,
-                )  # fmt: skip
-            scheduler.step()
-            position.step_in_epoch += 1
-            position.global_step += 1
-            loss_sum += loss
-            steps_since_log += 1
-            profiler.after_step(position.global_step)
-
-            if log_now:
-                metrics = train_metrics(loss_sum, steps_since_log, grad_norm, scheduler, ctx)
-                metrics.update(progress.step_metrics(position, steps_since_log))
-                loss_sum.zero_()
-                steps_since_log = 0
-                tracker.log(metrics, position.global_step)
-                progress.log_step(position, metrics)
-            # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
-            # for the Ray Train controller's poll once its one-slot queue is full.
-            if checkpointer.due_after_step(position.global_step):
-                with tracker.committing():  # these metrics are covered by this checkpoint
-                    checkpointer.report(metrics | {"epoch": epoch}, state)
-
-        micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
-        last = position.global_step >= total_steps or epoch + 1 >= epochs
-        epoch_metrics: dict[str, float] = {"epoch": epoch + 1, "perf/elapsed_s": progress.elapsed()}
-        evaluated = last or (epoch + 1) % train_cfg.eval_every_epochs == 0
-        if evaluated:
-            val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
-            epoch_metrics |= val_metrics
-            if stopper.update(val_metrics["val/loss"], epoch + 1, model, ctx):
-                last = True
-                progress.note(
-                    f"early stop after epoch {epoch + 1}: val/loss has not improved for "
-                    f"{stopper.patience} evaluations (best {stopper.best:.4f} at epoch "
-                    f"{stopper.best_epoch})"
-                )
-        if last:  # what this attempt cost, and how much of it was tracking on this thread
-            epoch_metrics["perf/train_s"] = progress.elapsed()
-            epoch_metrics["perf/tracking_s"] = tracker.busy_s
-        tracker.log(epoch_metrics, position.global_step)
-        metrics = metrics | epoch_metrics
-        position.epoch, position.step_in_epoch = epoch + 1, 0
-        progress.log_epoch(epoch, metrics)
-        save = checkpointer.due_after_epoch(epoch, last)
-        # Only with a checkpoint: a report is a barrier and, once Ray's one-slot queue is full,
-        # waits for the controller's poll, which would dominate short SBI epochs.
-        if save:
-            with tracker.committing():
-                checkpointer.report(metrics, state)
-        if fail_after_epoch is not None and epoch + 1 == fail_after_epoch:
-            raise RuntimeError(
-                f"injected failure after epoch {epoch + 1} (TRAINFORGE_FAIL_AFTER_EPOCH)"
-            )
-
-    # After the loop: best weights back, the workload's own evaluation and export. Whatever
-    # changed is reported with a final checkpoint: Ray's result carries the metrics of the
-    # latest checkpoint, and a resume must find the weights the run ended with.
-    changed = not metrics  # a resumed run that had already finished: report once more
-    if train_cfg.restore_best and stopper.restore_best(model):
-        progress.note(f"restored the best weights (val/loss {stopper.best:.4f}, epoch "
-                      f"{stopper.best_epoch})")  # fmt: skip
-        changed = True
-    if changed:  # the last training metrics stay; validation is of the weights kept
-        val_metrics, eval_sums = evaluate(model, val_split, workload, precision, ctx, train_cfg)
-        tracker.log({f"final/{k}": v for k, v in val_metrics.items()}, position.global_step)
-        metrics = metrics | val_metrics | {"epoch": position.epoch}
-    progress.finish(position)
-    profiler.stop()
-    finish = getattr(workload, "finish", None)
-    with tempfile.TemporaryDirectory(prefix="trainforge-eval-") as folder:
-        if finish is not None:  # workload-specific final evaluation and export, on rank 0
-            final: dict[str, float] = {}
-            if ctx.is_main:
-                final, files = finish(
-                    distributed.unwrap(model), payload.get("run_dir"), Path(folder)
-                )
-                tracker.log(final, position.global_step)
-                tracker.log_artifacts(files, "evaluation")
-                progress.note("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-            metrics, changed = metrics | final, True
-        if changed:  # a barrier too: every rank waits here for rank 0's evaluation
-            with tracker.committing():
-                checkpointer.report(metrics, state)
-    if ctx.is_main:
-        log_final_artifacts(tracker, workload, model, val_split, eval_sums, profiler)
-    tracker.close()
+    return train_model
 
 
 def log_final_artifacts(
@@ -283,25 +357,6 @@ def train_metrics(
     return metrics
 
 
-def restore(
-    state: dict[str, Any] | None,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    precision: Precision,
-    ctx: WorkerContext,
-) -> Position:
-    if state is None:
-        return Position()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    precision.load_state_dict(state["scaler"])
-    if not restore_rng(state["rng"], ctx):
-        seed_everything(int(state["global_step"]) * 1000 + ctx.rank)
-    return Position(state["epoch"], state["step_in_epoch"], state["global_step"])
-
-
 def setup_backends(precision_cfg: Any, ctx: WorkerContext) -> None:
     torch.backends.cuda.matmul.allow_tf32 = precision_cfg.tf32
     torch.backends.cudnn.allow_tf32 = precision_cfg.tf32
@@ -310,9 +365,3 @@ def setup_backends(precision_cfg: Any, ctx: WorkerContext) -> None:
         torch.backends.cudnn.benchmark = True
     if os.environ.get("OMP_NUM_THREADS") is None and ctx.device.type == "cpu":
         torch.set_num_threads(1)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)

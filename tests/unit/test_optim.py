@@ -1,0 +1,74 @@
+"""Optimizer and LR schedule (``trainforge.optim``): warmup, cosine, linear, constant."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainforge import config, optim
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+
+
+@pytest.fixture(scope="module")
+def optimizer_imports() -> None:
+    """torch imports torch._dynamo lazily (~1 s) when the first optimizer is built: pay it once
+    here, in setup, rather than inside whichever test happens to build one first."""
+    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+
+
+def train_section(*overrides: str):
+    return config.load(DIGITS, list(overrides)).train
+
+
+def test_warmup_rises_linearly_to_one() -> None:
+    train = train_section("train.schedule=cosine", "train.warmup_steps=4")
+    factors = [optim.lr_factor(step, 100, train) for step in range(4)]
+    assert factors == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert optim.lr_factor(4, 100, train) == pytest.approx(1.0)  # decay starts from the peak
+
+
+@pytest.mark.parametrize("min_lr_ratio", [0.0, 0.1])
+def test_cosine_ends_at_min_lr_ratio(min_lr_ratio: float) -> None:
+    train = train_section(
+        "train.schedule=cosine", "train.warmup_steps=10", f"train.min_lr_ratio={min_lr_ratio}"
+    )
+    total = 110
+    factors = [optim.lr_factor(step, total, train) for step in range(10, total + 1)]
+    assert factors[0] == pytest.approx(1.0)
+    assert factors[-1] == pytest.approx(min_lr_ratio)
+    assert all(a >= b for a, b in itertools.pairwise(factors))
+    assert optim.lr_factor(60, total, train) == pytest.approx((1 + min_lr_ratio) / 2)
+    assert optim.lr_factor(total + 50, total, train) == pytest.approx(min_lr_ratio)
+
+
+def test_linear_is_halfway_at_mid() -> None:
+    train = train_section("train.schedule=linear", "train.min_lr_ratio=0.2")
+    assert optim.lr_factor(0, 100, train) == pytest.approx(1.0)
+    assert optim.lr_factor(50, 100, train) == pytest.approx(0.6)
+    assert optim.lr_factor(25, 100, train) == pytest.approx(0.8)
+    assert optim.lr_factor(100, 100, train) == pytest.approx(0.2)
+
+
+def test_constant_stays_one() -> None:
+    train = train_section("train.schedule=constant")
+    assert {optim.lr_factor(step, 50, train) for step in range(60)} == {1.0}
+
+
+@pytest.mark.usefixtures("optimizer_imports")
+def test_schedule_drives_the_optimizer() -> None:
+    train = train_section("train.schedule=linear", "train.lr=0.1", "train.optimizer=sgd")
+    model = nn.Linear(2, 1)
+    optimizer = optim.build_optimizer(model, train)
+    scheduler = optim.build_schedule(optimizer, train, total_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.1 * (1 - s / 10) for s in range(10)])
