@@ -1,0 +1,158 @@
+"""The worker loop (``trainforge.worker.trainer.run``) in this process, without Ray: world size
+1 on the CPU, the digits CNN recipe, checkpoints to a local folder (``FolderReporter``).
+
+Three epochs of 44 steps, a checkpoint every 30 steps and at every epoch end (steps 30, 44, 60,
+88, 90, 120, 132). A run that crashes — at an epoch end, or right after a mid-epoch checkpoint —
+and is run again continues from its latest checkpoint and ends bitwise where the uninterrupted
+run ends, with augmentation on so that the RNG streams matter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainforge import checkpoint, config
+from trainforge.checkpoint import FolderReporter
+from trainforge.distributed import WorkerContext
+from trainforge.worker.trainer import run
+from trainforge.workloads.cnn.models import build_model
+
+DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+CTX = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
+COMMON = (
+    "scaling.num_workers=1",
+    "tracking.enabled=false",
+    "train.epochs=3",
+    "workload.augment=true",
+    "checkpoint.every_steps=30",
+)
+SAVED_AT = [30, 44, 60, 88, 90, 120, 132]  # every 30 steps and at each epoch's end (44 steps)
+STATE_KEYS = {"model", "optimizer", "scheduler", "scaler", "epoch", "step_in_epoch",
+              "global_step", "early_stopping", "rng"}  # fmt: skip
+
+
+def train(
+    run_dir: Path, *overrides: str, reporter: FolderReporter | None = None, **payload: Any
+) -> FolderReporter:
+    cfg = config.load(DIGITS, [*COMMON, *overrides])
+    reporter = reporter or FolderReporter(run_dir)
+    run({"recipe": config.to_container(cfg), "run_dir": str(run_dir), **payload}, CTX, reporter)
+    return reporter
+
+
+def saved(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's checkpoints in the order they were written."""
+    return [checkpoint.load(folder) for folder in sorted(run_dir.glob("checkpoint_*"))]
+
+
+def assert_identical(a: Any, b: Any, where: str = "state") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+class CrashAfterCheckpoints(FolderReporter):
+    """Dies right after its ``count``-th checkpoint is persisted, as a preempted worker would."""
+
+    def __init__(self, root: Path, count: int) -> None:
+        super().__init__(root)
+        self.left = count
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        super().report(metrics, folder)
+        self.left -= folder is not None
+        if self.left == 0:
+            raise RuntimeError("preempted")
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, FolderReporter]:
+    """The uninterrupted run the others are compared with."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    return run_dir, train(run_dir)
+
+
+def test_the_loop_learns_and_checkpoints(straight: tuple[Path, FolderReporter]) -> None:
+    run_dir, reporter = straight
+    states = saved(run_dir)
+    assert [s["global_step"] for s in states] == SAVED_AT
+    assert [(s["epoch"], s["step_in_epoch"]) for s in states][:2] == [(0, 30), (1, 0)]
+    # metrics go out with checkpoints only: one report per checkpoint, no final one (nothing
+    # changed after the last epoch), each carrying the epochs done
+    assert len(reporter.reports) == len(SAVED_AT)
+    assert [r["epoch"] for r in reporter.reports] == [0, 1, 1, 2, 2, 2, 3]
+    epoch_ends = [r for r in reporter.reports if "val/loss" in r]
+    assert len(epoch_ends) == 3
+    assert epoch_ends[0]["val/loss"] > epoch_ends[1]["val/loss"] > epoch_ends[2]["val/loss"]
+    assert epoch_ends[0]["train/loss"] > epoch_ends[2]["train/loss"]
+    assert epoch_ends[2]["val/accuracy"] >= 0.7  # chance is 0.1
+    assert "perf/train_s" in epoch_ends[2]
+
+    # the README's promise: weights_only loading, and "model" a plain state dict
+    latest = sorted(run_dir.glob("checkpoint_*"))[-1]
+    state = torch.load(latest / checkpoint.STATE_FILE, map_location="cpu", weights_only=True)
+    assert set(state) == STATE_KEYS
+    assert (state["epoch"], state["step_in_epoch"], state["global_step"]) == (3, 0, 132)
+    model = build_model("simple_cnn", state["model"]["features.0.weight"].shape[1], 10, 32)
+    model.load_state_dict(state["model"])
+    recipe = config.load(latest / checkpoint.RECIPE_FILE)
+    assert recipe.train.epochs == 3 and recipe.checkpoint.every_steps == 30
+
+
+def test_resume_after_a_crash_at_an_epoch_end_is_bitwise_identical(
+    straight: tuple[Path, FolderReporter], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(RuntimeError, match="injected failure after epoch 1"):
+        train(tmp_path, fail_after_epoch=1)
+    assert [s["global_step"] for s in saved(tmp_path)] == [30, 44]
+    capsys.readouterr()
+
+    resumed = train(tmp_path)
+    assert "resuming at epoch 2 step 44" in capsys.readouterr().out
+    # it went on from step 44: the same checkpoints as the uninterrupted run, each identical
+    assert [s["global_step"] for s in saved(tmp_path)] == SAVED_AT
+    assert [r["epoch"] for r in resumed.reports] == [1, 2, 2, 2, 3]
+    for got, expected in zip(saved(tmp_path), saved(straight[0]), strict=True):
+        assert_identical(got, expected, f"step {expected['global_step']}")
+
+
+def test_resume_mid_epoch_is_bitwise_identical(
+    straight: tuple[Path, FolderReporter], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(RuntimeError, match="preempted"):
+        train(tmp_path, reporter=CrashAfterCheckpoints(tmp_path, count=1))
+    capsys.readouterr()
+
+    train(tmp_path)
+    assert "resuming at epoch 1 step 30" in capsys.readouterr().out
+    assert [s["global_step"] for s in saved(tmp_path)] == SAVED_AT
+    assert_identical(saved(tmp_path)[-1], saved(straight[0])[-1])
+
+
+def test_restore_best_ends_with_a_checkpoint_of_the_best_weights(tmp_path: Path) -> None:
+    # a constant, high LR: validation loss does not fall every epoch
+    reporter = train(
+        tmp_path, "train.restore_best=true", "train.lr=0.01", "train.schedule=constant",
+        "checkpoint.every_steps=null",
+    )  # fmt: skip
+    states = saved(tmp_path)
+    assert [s["global_step"] for s in states] == [44, 88, 132, 132]  # epochs, then the final one
+    epoch_ends, final = reporter.reports[:3], reporter.reports[3]
+    best = min(epoch_ends, key=lambda r: r["val/loss"])
+    assert final["val/loss"] == best["val/loss"]  # validation of the weights kept
+    assert final["epoch"] == 3
+    best_weights = states[-1]["early_stopping"]["best_weights"]
+    assert_identical(states[-1]["model"], best_weights)
