@@ -1,0 +1,133 @@
+"""`trainforge submit` up to the `ray job submit` command line: what ships, how the entrypoint
+names the recipe, the runtime env and the git commit (no cluster: the call is captured)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainforge import cli, resources
+from trainforge.driver import submit
+from trainforge.errors import RecipeError
+from trainforge.tracking.driver import GIT_COMMIT_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's project folder (not the checkout), the current directory, with its own recipe."""
+    root = tmp_path / "project"
+    (root / "recipes").mkdir(parents=True)
+    shutil.copy(DIGITS, root / "recipes" / "mine.yaml")
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.fixture
+def submitted(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The `ray job submit` command lines `submit` would run."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(submit, "_clear_finished_job", lambda *args: None)
+    monkeypatch.setattr(subprocess, "call", lambda args, env: calls.append(args) or 0)
+    return calls
+
+
+def _runtime_env(args: list[str]) -> dict:
+    return json.loads(args[args.index("--runtime-env-json") + 1])
+
+
+def _entrypoint(args: list[str]) -> list[str]:
+    return args[args.index("--") + 1 :]
+
+
+def test_the_current_directory_ships_as_the_working_dir(
+    project: Path, submitted: list[list[str]]
+) -> None:
+    assert submit.submit("recipes/mine.yaml", ["train.epochs=1"]) == 0
+    (args,) = submitted
+    env = _runtime_env(args)
+    assert env["working_dir"] == str(project)
+    assert {".git", "runs", "mlflow.db", ".venv"} <= set(env["excludes"])
+    assert _entrypoint(args) == [
+        "python", "-m", "trainforge", "train", "recipes/mine.yaml", "train.epochs=1"
+    ]  # fmt: skip
+    assert args[args.index("--entrypoint-num-cpus") + 1] == "0"
+
+
+def test_a_recipe_file_by_absolute_path_is_named_relative_to_the_project(
+    project: Path, submitted: list[list[str]]
+) -> None:
+    submit.submit(str(project / "recipes" / "mine.yaml"), [])
+    assert _entrypoint(submitted[0])[4] == "recipes/mine.yaml"
+
+
+def test_a_shipped_recipe_goes_by_its_name(project: Path, submitted: list[list[str]]) -> None:
+    submit.submit("digits_simple_cnn", ["scaling.num_workers=1"])
+    # the cluster's own trainforge resolves it: a path into this machine's site-packages
+    # would mean nothing there
+    assert _entrypoint(submitted[0])[4:] == ["cnn/digits_simple_cnn", "scaling.num_workers=1"]
+    assert _runtime_env(submitted[0])["working_dir"] == str(project)
+
+
+def test_a_recipe_outside_the_project_is_refused(
+    project: Path, submitted: list[list[str]], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere.yaml"
+    shutil.copy(DIGITS, elsewhere)
+    with pytest.raises(RecipeError, match=r"must live inside the project .*current directory"):
+        submit.submit(str(elsewhere), [])
+    assert submitted == []
+
+
+def test_without_working_dir_a_file_goes_by_its_absolute_path(
+    project: Path, submitted: list[list[str]], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere.yaml"
+    shutil.copy(DIGITS, elsewhere)
+    submit.submit(str(elsewhere), [], ship=False)
+    assert "working_dir" not in _runtime_env(submitted[0])
+    assert _entrypoint(submitted[0])[4] == str(elsewhere)
+
+
+def test_a_bad_recipe_is_refused_before_submitting(
+    project: Path, submitted: list[list[str]]
+) -> None:
+    with pytest.raises(RecipeError, match=r"train\.lrr"):
+        submit.submit("recipes/mine.yaml", ["train.lrr=1"])
+    assert submitted == []
+
+
+def test_default_runtime_env_is_the_packaged_one(project: Path, submitted: list[list[str]]) -> None:
+    assert resources.default_runtime_env() == submit.DEFAULT_RUNTIME_ENV
+    assert cli.main(["submit", "digits_simple_cnn"]) == 0
+    packaged = submit.build_runtime_env(resources.default_runtime_env(), None, None)
+    env = _runtime_env(submitted[0])
+    assert packaged["env_vars"]  # the shipped file carries the cluster's environment variables
+    assert packaged["env_vars"].items() <= env["env_vars"].items()
+
+
+def test_the_git_commit_is_the_projects(project: Path, submitted: list[list[str]]) -> None:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(project)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "mine"], check=True)
+    commit = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    submit.submit("recipes/mine.yaml", [])
+    assert _runtime_env(submitted[0])["env_vars"][GIT_COMMIT_ENV] == commit
+    assert submit.git_commit_of(project) == commit
+
+
+def test_runtime_env_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="does not exist"):
+        submit.build_runtime_env(tmp_path / "absent.yaml", None, None)
+    (tmp_path / "list.yaml").write_text("- a\n")
+    with pytest.raises(RecipeError, match="must be a mapping"):
+        submit.build_runtime_env(tmp_path / "list.yaml", None, None)
