@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from typing import Any
 
 from trainforge import __version__
 from trainforge.errors import RecipeError
@@ -95,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         from trainforge import config
 
-        recipe, _ = find_recipe(args.recipe)
-        cfg = config.load(recipe, args.overrides)
+        cfg = _load(args.recipe, args.overrides)
         if args.command == "validate":
             print(config.to_yaml(cfg), end="")
             print(f"# global batch: {config.global_batch(cfg)}", file=sys.stderr)
@@ -154,16 +154,33 @@ def _ui(tracking_uri: str | None, port: int) -> int:
     return subprocess.call(command)
 
 
+def _load(recipe: str, overrides: list[str]) -> Any:
+    """The recipe (a path or a shipped recipe's name), loaded and checked."""
+    from trainforge import config
+
+    path, _ = find_recipe(recipe)
+    try:
+        return config.load(path, overrides)
+    except ModuleNotFoundError as exc:
+        # a check that imports an optional package (an SBI embedding net's): the same one line
+        kind = next((k for k, (m, _) in OPTIONAL_MODULES.items() if exc.name == m), None)
+        if kind is None:
+            raise
+        raise _missing_module(kind) from None
+
+
 def check_optional_modules(kind: str) -> None:
     """A workload whose library is an optional extra: one clear line instead of an ImportError
     from deep inside a worker. Asks for the module's spec only: importing sbi costs ~1.4 s."""
-    if kind not in OPTIONAL_MODULES:
-        return
+    if kind in OPTIONAL_MODULES and importlib.util.find_spec(OPTIONAL_MODULES[kind][0]) is None:
+        raise _missing_module(kind)
+
+
+def _missing_module(kind: str) -> RecipeError:
     module, extra = OPTIONAL_MODULES[kind]
-    if importlib.util.find_spec(module) is None:
-        raise RecipeError(
-            f"workload.kind: {kind} needs the {module} package: pip install 'trainforge[{extra}]'"
-        )
+    return RecipeError(
+        f"workload.kind: {kind} needs the {module} package: pip install 'trainforge[{extra}]'"
+    )
 
 
 def _list_recipes() -> int:
