@@ -1,2 +1,3 @@
-"""What every Ray Train worker runs: the loop (``trainer``) and its optimizer step, eager or
-replayed as a CUDA graph (``step``)."""
+"""What every Ray Train worker runs: the loop (``trainer``), its optimizer step, eager or
+replayed as a CUDA graph (``step``), the train state and its checkpoints (``state``), and the
+RNG streams a checkpoint carries (``rng``)."""

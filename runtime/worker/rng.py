@@ -8,7 +8,7 @@ one. The states are plain tensors and numbers: they load with ``torch.load(weigh
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
     """This process's generator states (the CUDA one of ``device`` when it is a GPU)."""
-    np_state = np.random.get_state()
+    np_state = cast(tuple[Any, ...], np.random.get_state())  # the legacy tuple form
     return {
         "python": random.getstate(),
         "numpy": {

@@ -18,7 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -119,7 +119,7 @@ class Trainer:
         self.workload = build_workload(cfg.workload, seed=cfg.run.seed, precision=cfg.precision)
         with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
             self.train_split, self.val_split = self.workload.datasets(ctx.device)
-        self.plan = Plan.of(cfg.train, len(self.train_split), ctx)
+        self.plan = Plan.of(cfg.train, len(self.train_split), ctx)  # type: ignore[arg-type]
         self.state = build_state(cfg, self.workload, self.plan, ctx)
         self.state.resume(resume_from, ctx)
         self.batches = TrainBatches(
@@ -175,7 +175,8 @@ class Trainer:
             # Step metrics go to MLflow and the log, not to ray.train.report: a report waits
             # for the Ray Train controller's poll once its one-slot queue is full.
             checkpointer.maybe_save(state, self.metrics)
-        micro_batches.close()  # release a DataLoader epoch left part-way (max_steps)
+        # a generator: release a DataLoader epoch left part-way (max_steps)
+        micro_batches.close()  # type: ignore[attr-defined]
 
     def log_step(self, grad_norm: torch.Tensor | None) -> None:
         """Training metrics since the last call: to MLflow and a progress line (one host sync)."""
@@ -278,7 +279,7 @@ def build_state(cfg: Any, workload: Workload, plan: Plan, ctx: WorkerContext) ->
     torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
     model = workload.build_model().to(ctx.device)
     if cfg.precision.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     lr = config.scaled_lr(cfg.train, plan.global_batch)
     optimizer = build_optimizer(model, cfg.train, lr, cfg.precision.cuda_graphs)
     return TrainState(
@@ -294,7 +295,8 @@ def wrap(model: nn.Module, precision_cfg: Any, ctx: WorkerContext) -> nn.Module:
     """The module the steps run: DDP over several ranks, compiled when asked."""
     train_model = distributed.wrap(model, ctx, precision_cfg.cuda_graphs)
     if precision_cfg.compile:
-        train_model = torch.compile(train_model, mode=precision_cfg.compile_mode)
+        compiled = torch.compile(train_model, mode=precision_cfg.compile_mode)
+        train_model = cast(nn.Module, compiled)
     return train_model
 
 
@@ -329,7 +331,7 @@ def evaluate(
     """Validation metrics over the whole split (each sample once across ranks), and the summed
     statistics they came from."""
     model.eval()
-    sums: dict[str, torch.Tensor] = {}
+    sums: dict[str, torch.Tensor | float] = {}
     batch_size = getattr(workload, "eval_batch_size", None) or max(train_cfg.batch_size, 256)
     for inputs, targets in eval_batches(split, ctx, batch_size=batch_size):
         with precision.autocast():

@@ -1,0 +1,150 @@
+"""The optimizer step (``trainforge.worker.step``): the eager step over an accumulation window,
+and the ``Stepper`` that chooses between it and a CUDA-graph replay (capture itself needs a GPU:
+tests/gpu/test_sbi_gpu.py)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+from trainforge.precision import Precision
+from trainforge.worker import step as step_module
+from trainforge.worker.step import Stepper, optimizer_step
+
+CPU = torch.device("cpu")
+
+
+class Regression:
+    """The slice of a workload the step uses: a mean squared error."""
+
+    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
+        return inputs
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (model(inputs).squeeze(1) - targets).pow(2).mean()
+
+
+def model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Linear(4, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def window(micro_steps: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(micro_steps * batch)
+    return [
+        (torch.randn(batch, 4, generator=generator), torch.randn(batch, generator=generator))
+        for _ in range(micro_steps)
+    ]
+
+
+def stepper(model: nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any) -> Stepper:
+    options: dict[str, Any] = {"clip_grad_norm": None, "cuda_graphs": False, "note": print}
+    options.update(kwargs)
+    return Stepper(model, Regression(), Precision("fp32", CPU), optimizer, **options)  # type: ignore[arg-type]
+
+
+def eager(
+    model: nn.Module, optimizer: torch.optim.Optimizer, micro: list[tuple[torch.Tensor, ...]]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    precision = Precision("fp32", CPU)
+    return optimizer_step(model, micro, Regression(), precision, optimizer, None)  # type: ignore[arg-type]
+
+
+def test_accumulated_window_equals_one_batch_of_all_of_it() -> None:
+    """Two micro-batches of 8 with the loss divided by 2: the gradient of one batch of 16."""
+    micro = window(2)
+    whole = [(torch.cat([x for x, _ in micro]), torch.cat([y for _, y in micro]))]
+    a, opt_a = model_and_optimizer()
+    b, opt_b = model_and_optimizer()
+    precision = Precision("fp32", CPU)
+    loss_a, _ = optimizer_step(a, micro, Regression(), precision, opt_a, None)  # type: ignore[arg-type]
+    loss_b, _ = optimizer_step(b, whole, Regression(), precision, opt_b, None)  # type: ignore[arg-type]
+    torch.testing.assert_close(loss_a, loss_b)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+        assert p.grad is None  # gradients cleared for the next window
+
+
+def test_eager_stepper_is_the_eager_step() -> None:
+    a, opt_a = model_and_optimizer()
+    b, opt_b = model_and_optimizer()
+    step = stepper(a, opt_a, clip_grad_norm=1.0)
+    precision = Precision("fp32", CPU)
+    for micro_steps in (1, 2, 3):
+        got = step(window(micro_steps))
+        expected = optimizer_step(b, window(micro_steps), Regression(), precision, opt_b, 1.0)  # type: ignore[arg-type]
+        assert torch.equal(got[0], expected[0])
+        assert got[1] is not None and expected[1] is not None
+        assert torch.equal(got[1], expected[1])
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_the_norm_is_measured_only_when_asked_or_clipping() -> None:
+    model, optimizer = model_and_optimizer()
+    step = stepper(model, optimizer)
+    assert step(window(1))[1] is None  # no clipping, not asked: no norm, no extra kernels
+    norm = step(window(1), measure_norm=True)[1]
+    assert norm is not None and norm.item() > 0
+
+
+class FakeGraph:
+    """Stands in for GraphedStep (capture needs a GPU)."""
+
+    made: ClassVar[list[FakeGraph]] = []
+    capture_works: ClassVar[bool] = True
+
+    def __init__(self, *args: Any) -> None:  # GraphedStep's arguments
+        self.captured = self.capture_works
+        self.error = "operation not permitted when stream is capturing"
+        self.replayed: list[torch.Tensor] = []
+        FakeGraph.made.append(self)
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.replayed.append(inputs)
+        return torch.tensor(1.0), torch.tensor(2.0)
+
+
+@pytest.fixture
+def fake_graph(monkeypatch: pytest.MonkeyPatch) -> type[FakeGraph]:
+    FakeGraph.made = []
+    monkeypatch.setattr(step_module, "GraphedStep", FakeGraph)
+    return FakeGraph
+
+
+def test_graphs_are_captured_once_at_the_first_step(fake_graph: type[FakeGraph]) -> None:
+    model, optimizer = model_and_optimizer()
+    before = [p.detach().clone() for p in model.parameters()]
+    notes: list[str] = []
+    step = stepper(model, optimizer, cuda_graphs=True, note=notes.append)
+    batches = [window(1) for _ in range(3)]
+    for batch in batches:
+        loss, norm = step(batch)
+        assert norm is not None and (loss.item(), norm.item()) == (1.0, 2.0)
+    assert len(fake_graph.made) == 1 and not notes
+    assert [id(x) for x in fake_graph.made[0].replayed] == [id(b[0][0]) for b in batches]
+    for p, q in zip(before, model.parameters(), strict=True):
+        assert torch.equal(p, q)  # every step was the graph's, none eager
+
+
+def test_a_failed_capture_goes_on_with_eager_steps(
+    fake_graph: type[FakeGraph], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeGraph, "capture_works", False)
+    model, optimizer = model_and_optimizer()
+    reference, reference_optimizer = model_and_optimizer()
+    notes: list[str] = []
+    step = stepper(model, optimizer, cuda_graphs=True, note=notes.append)
+    for _ in range(3):
+        step(window(1))
+        eager(reference, reference_optimizer, window(1))
+    assert len(fake_graph.made) == 1  # not retried
+    assert notes == [
+        "CUDA graph capture failed, eager steps: operation not permitted when stream is capturing"
+    ]
+    for p, q in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
