@@ -7,6 +7,7 @@ shipped recipe by name from an installed wheel and a project elsewhere)."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout, submitted from as the project
 DIGITS = "recipes/cnn/digits_simple_cnn.yaml"  # a file inside the project, relative to it
+
+
+def _nodes(tmp_path: Path, *head_args: str) -> RayNodes:
+    nodes = RayNodes(tmp_path)
+    # a token of its own: `ray start --head` with RAY_AUTH_MODE=token refuses to start without
+    # one, and ~/.ray/auth_token exists only where some head made it before
+    nodes.env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return nodes.start_head(*head_args)
 
 
 def _submit(
@@ -50,7 +59,8 @@ def _run(tmp_path: Path, name: str):
 
 
 def test_ray_job_submit_runs_a_recipe(tmp_path: Path) -> None:
-    nodes = RayNodes(tmp_path).start_head("--num-cpus=2")
+    nodes = _nodes(tmp_path, "--num-cpus=2")
+    commit = git_commit_of(PROJECT)  # now, not after the job: others may commit meanwhile
     try:
         done = _submit(nodes, tmp_path, "run.name=submitted", "train.epochs=2",
                        "scaling.num_workers=1")  # fmt: skip
@@ -61,13 +71,13 @@ def test_ray_job_submit_runs_a_recipe(tmp_path: Path) -> None:
     run = _run(tmp_path, "submitted")
     assert run.info.status == "FINISHED"
     assert run.data.tags["ray.submission_id"] == "submitted"  # one identity: job = run name
-    assert run.data.tags["git.commit"] == git_commit_of(PROJECT)
+    assert run.data.tags["git.commit"] == commit  # the project's: the checkout, submitted from
     assert [m.value for m in MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
             .get_metric_history(run.info.run_id, "epoch")] == [1, 2]  # fmt: skip
 
 
 def test_two_node_cluster_places_one_worker_per_node(tmp_path: Path) -> None:
-    nodes = RayNodes(tmp_path).start_head("--num-cpus=1", '--resources={"node1": 1}')
+    nodes = _nodes(tmp_path, "--num-cpus=1", '--resources={"node1": 1}')
     try:
         nodes.add_node("--num-cpus=1", '--resources={"node2": 1}')
         assert nodes.node_count() == 2
