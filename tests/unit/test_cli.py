@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import trainforge
-from trainforge import cli, config
+from trainforge import cli, config, resources
 from trainforge.driver import cluster, launch
 from trainforge.errors import RecipeError
 from trainforge.workloads import check_workload_data
@@ -223,3 +223,91 @@ def test_cuda_graphs_need_gpu_workers() -> None:
         cluster.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
     cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"  # DDP steps are captured too
     assert cluster.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True) is True
+
+
+# --- shipped recipes by name, optional packages ----------------------------------------------
+
+
+def test_recipes_lists_every_shipped_recipe_with_a_description(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == list(resources.shipped_recipes())
+    assert "cnn/digits_simple_cnn" in names
+    digits = lines[names.index("cnn/digits_simple_cnn")]
+    assert "digits" in digits.split(None, 1)[1]  # the recipe's first comment line
+
+
+@pytest.mark.parametrize("name", ["cnn/digits_simple_cnn", "digits_simple_cnn"])
+def test_validate_a_shipped_recipe_by_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no recipes/ here: the name finds the shipped one
+    assert cli.main(["validate", name, "train.lr=0.05"]) == 0
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert printed.workload.dataset == "digits" and printed.train.lr == 0.05
+
+
+def test_unknown_recipe_name_is_one_line_with_a_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["train", "digits_simple_cn"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith("trainforge: error: recipe digits_simple_cn:")
+    assert "did you mean 'digits_simple_cnn'?" in err
+
+
+def test_sbi_recipe_without_sbi_fails_before_any_worker(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "sbi", None)  # import sbi fails as if not installed
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("dispatched without sbi")
+
+    monkeypatch.setattr(launch, "train", must_not_run)
+    monkeypatch.setattr(launch, "simulate", must_not_run)
+    for command in ("train", "simulate"):
+        assert cli.main([command, "sbi/two_moons_debug"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            "trainforge: error: workload.kind: sbi needs the sbi package: "
+            "pip install 'trainforge[sbi]'\n"
+        )
+
+
+def test_validate_notes_a_missing_sbi(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "sbi", None)
+    assert cli.main(["validate", "sbi/two_moons_debug"]) == 0  # the recipe itself is fine
+    err = capsys.readouterr().err
+    assert "# note: `train` would refuse on this machine" in err
+    assert "trainforge[sbi]" in err
+
+
+def test_cnn_validate_and_train_path_never_import_sbi(tmp_path: Path) -> None:
+    """sbi is an optional extra: a CNN user need not have it. A fresh process runs `validate`,
+    then what `train` imports and builds on the driver and in a worker (short of Ray)."""
+    code = """
+import sys
+from trainforge import cli, config
+from trainforge.driver import launch, submit
+from trainforge.worker import trainer
+from trainforge.workloads import build_workload, check_workload_data
+assert cli.main(["validate", "cnn/digits_simple_cnn"]) == 0
+cfg = config.load(sys.argv[1])
+cli.check_optional_modules(cfg.workload.kind)
+check_workload_data(cfg.workload)
+build_workload(cfg.workload, seed=0, precision=cfg.precision)
+print("sbi imported:", sorted(m for m in sys.modules if m.split(".")[0] == "sbi"))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(DIGITS)], cwd=tmp_path, env=_subprocess_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "sbi imported: []"
