@@ -1,4 +1,5 @@
-"""Command line: argument parsing only; each subcommand hands off to its module."""
+"""Command line: argument parsing, recipes found by path or shipped name, and the optional
+packages a workload needs checked; each subcommand hands off to its module."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
 from trainforge import config
 from trainforge.errors import RecipeError
