@@ -19,7 +19,6 @@ class StepProfiler:
         self.device = ctx.device
         self.profiler: profile | None = None
         self.trace: Path | None = None
-        self._folder = tempfile.mkdtemp(prefix="trainforge-profile-")
 
     def after_step(self, global_step: int) -> None:
         """Call after each optimizer step; starts and stops the profiling window."""
@@ -41,5 +40,5 @@ class StepProfiler:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.profiler.__exit__(None, None, None)
-        self.trace = Path(self._folder) / "trace_rank0.json"
+        self.trace = Path(tempfile.mkdtemp(prefix="trainforge-profile-")) / "trace_rank0.json"
         self.profiler.export_chrome_trace(str(self.trace))

@@ -1,0 +1,46 @@
+"""Progress lines (``trainforge.progress``): from rank 0 only, with the resume point, loss,
+throughput and an ETA that is an upper bound under early stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainforge.checkpoint import Position
+from trainforge.distributed import WorkerContext
+from trainforge.progress import Progress
+
+CPU = torch.device("cpu")
+
+
+def progress(rank: int = 0, early_stopping: bool = False) -> Progress:
+    ctx = WorkerContext(rank=rank, local_rank=rank, world_size=2, node_rank=0, device=CPU)
+    return Progress(ctx, 100, 4, 64, {"model": "simple_cnn"}, early_stopping)
+
+
+def test_lines_from_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = progress(early_stopping=True)
+    lines.start(Position(1, 5, 30))
+    metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
+    assert metrics["perf/samples_per_s"] > 0 and metrics["perf/step_ms"] > 0
+    lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
+    lines.log_epoch(1, {"train/loss": 0.5, "val/loss": 0.25, "perf/step_ms": 1.0})
+    lines.note("early stop")
+    lines.finish(Position(2, 0, 50))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[trainforge] training 100 steps over 4 epochs on 2 worker(s) (cpu)")
+    assert "global batch 64, resuming at epoch 2 step 30; model=simple_cnn" in out[0]
+    assert out[1].startswith("[trainforge] epoch 2/4 step 35/100 loss 0.5000 lr 1.00e-03 ")
+    assert " eta ≤ " in out[1]  # with early stopping the planned steps are an upper bound
+    assert out[2] == "[trainforge] epoch 2/4 done: train/loss 0.5000 val/loss 0.2500"
+    assert out[3] == "[trainforge] early stop"
+    assert out[4].startswith("[trainforge] finished at step 50 in ")
+    assert out[4].endswith(" samples/s")  # 20 steps in this attempt
+
+
+def test_other_ranks_are_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = progress(rank=1)
+    lines.start(Position())
+    lines.note("early stop")
+    lines.finish(Position())
+    assert capsys.readouterr().out == ""
