@@ -74,6 +74,8 @@ class TrainState:
 
 
 class Checkpointer:
+    """Saves the train state when due (``maybe_save``) and finds the run's latest (``latest``)."""
+
     def __init__(
         self,
         section: Any,
