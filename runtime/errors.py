@@ -16,3 +16,11 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(value, list(choices), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def not_one_of(key: str, value: object, choices: Iterable[str]) -> RecipeError:
+    """The error for a value outside a fixed set of choices, the same wherever it is caught."""
+    options = [str(choice) for choice in choices]
+    return RecipeError(
+        f"{key}: {value!r} is not one of {', '.join(options)}{did_you_mean(str(value), options)}"
+    )

@@ -1,9 +1,9 @@
-"""Recipes: the schema (``schema.py``: one typed section per component) and loading
-(``load.py``: YAML + ``key=value`` overrides → one validated config, or one RecipeError)."""
+"""Recipes: the schema (``schema.py``: one typed section per component, each checking itself),
+loading (``load.py``: YAML + ``key=value`` overrides → one typed ``Recipe``, or one RecipeError)
+and resolving (``resolve.py``: what the driver decides once it knows the cluster)."""
 
 from trainforge.config.load import (
     build,
-    check_values,
     from_container,
     global_batch,
     load,
@@ -11,13 +11,16 @@ from trainforge.config.load import (
     to_container,
     to_yaml,
 )
+from trainforge.config.resolve import resolve
+from trainforge.config.schema import Recipe
 
 __all__ = [
+    "Recipe",
     "build",
-    "check_values",
     "from_container",
     "global_batch",
     "load",
+    "resolve",
     "scaled_lr",
     "to_container",
     "to_yaml",

@@ -4,13 +4,16 @@ Each component owns a small section of the schema (``schema.py``) and is handed 
 section. ``workload`` is a tagged union: its ``kind`` picks the schema (see
 ``trainforge.workloads``).
 
-Every user mistake becomes a single :class:`RecipeError` that names the key.
+Every user mistake becomes a single :class:`RecipeError` that names the key. The result is a
+``Recipe`` of dataclasses (``OmegaConf.to_object``): consumers read ``cfg.train.batch_size``,
+and nothing holds an OmegaConf node past loading.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import typing
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -27,21 +30,12 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from trainforge.config.schema import Recipe
-from trainforge.errors import RecipeError
-
-CHOICES = {
-    "scaling.use_gpu": ("auto", "true", "false"),
-    "scaling.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "train.optimizer": ("adamw", "adam", "sgd"),
-    "train.schedule": ("constant", "cosine", "linear"),
-    "train.lr_scaling": ("none", "linear", "sqrt"),
-    "precision.dtype": ("fp32", "bf16", "fp16"),
-    "precision.compile_mode": ("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
-}
+from trainforge.config.rules import literal_fields
+from trainforge.config.schema import Recipe, TrainSection
+from trainforge.errors import RecipeError, not_one_of
 
 
-def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Load a recipe file, apply ``key=value`` overrides, and validate. Raises RecipeError."""
     path = Path(recipe_path)
     if not path.is_file():
@@ -52,132 +46,57 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(f"cannot read recipe {path}: {_first_line(exc)}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"recipe {path} must be a mapping of sections, not a list")
-    cli = _parse_overrides(overrides)
-    return build(OmegaConf.merge(user, cli))
+    merged = OmegaConf.merge(user, _parse_overrides(overrides))
+    assert isinstance(merged, DictConfig)
+    return build(merged)
 
 
-def from_container(data: dict[str, Any]) -> DictConfig:
-    """Rebuild the typed config from a plain dict (how workers receive it)."""
+def from_container(data: dict[str, Any]) -> Recipe:
+    """Rebuild the typed recipe from a plain dict (how workers receive it), validating it."""
     return build(OmegaConf.create(data))
 
 
-def build(user: DictConfig) -> DictConfig:
-    """Merge user values onto the typed defaults, pick the workload schema, validate."""
-    from trainforge.workloads import workload_schema  # the registry imports workload configs
+def build(user: DictConfig) -> Recipe:
+    """Merge user values onto the typed defaults, pick the workload schema, validate, and
+    return the typed recipe: every section's checks run as its dataclass is built."""
+    from trainforge.workloads import spec_for  # the registry: workload.kind → its schema
 
     for name in Recipe.__dataclass_fields__:
         if name in user and name != "workload" and not isinstance(user[name], DictConfig):
             raise RecipeError(f"{name}: must be a section of settings, got {user[name]!r}")
     workload_user = user.get("workload") if "workload" in user else None
-    body = OmegaConf.masked_copy(user, [k for k in user if k != "workload"])
+    body = OmegaConf.masked_copy(user, [str(k) for k in user if k != "workload"])
     cfg = _merge(OmegaConf.structured(Recipe), body)
 
-    kind = _workload_kind(workload_user)
-    schema = workload_schema(kind)
-    workload = _merge(OmegaConf.structured(schema), workload_user, prefix="workload")
+    spec = spec_for(_workload_kind(workload_user))
+    workload = _merge(OmegaConf.structured(spec.schema), workload_user, prefix="workload")
     with _key_errors("workload"):
         cfg.workload = workload
-    OmegaConf.set_readonly(cfg, False)
     _check_missing(cfg)
-    check_values(cfg)
-    return cfg
+    recipe = OmegaConf.to_object(cfg)
+    assert isinstance(recipe, Recipe)
+    spec.check(recipe.workload, recipe)
+    return recipe
 
 
-def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
+def to_yaml(cfg: Recipe) -> str:
+    """The recipe as YAML (logged to MLflow and stored in checkpoints)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def to_container(cfg: DictConfig) -> dict[str, Any]:
-    data = OmegaConf.to_container(cfg, resolve=True)
+def to_container(cfg: Recipe) -> dict[str, Any]:
+    """The recipe as plain dicts and lists (what the driver sends its workers)."""
+    data = OmegaConf.to_container(OmegaConf.structured(cfg))
     assert isinstance(data, dict)
-    return data
+    return data  # type: ignore[return-value]
 
 
-def global_batch(cfg: DictConfig) -> int:
+def global_batch(cfg: Recipe) -> int:
     """Samples per optimizer step across all workers."""
     return cfg.train.batch_size * cfg.scaling.num_workers * cfg.train.grad_accum_steps
 
 
-def check_values(cfg: DictConfig) -> None:
-    """Impossible values, each named by its key. Resource checks against the cluster live in
-    ``trainforge.launch`` (they need a connection to Ray)."""
-    # YAML reads `use_gpu: true` as a bool; the schema keeps it as text.
-    cfg.scaling.use_gpu = str(cfg.scaling.use_gpu).lower()
-    for key, choices in CHOICES.items():
-        value = str(OmegaConf.select(cfg, key))
-        if value not in choices:
-            raise RecipeError(f"{key}: {value!r} is not one of {', '.join(choices)}")
-    positive = {
-        "scaling.num_workers": 1,
-        "scaling.timeout_s": 1,
-        "train.epochs": 1,
-        "train.batch_size": 1,
-        "train.grad_accum_steps": 1,
-        "train.eval_every_epochs": 1,
-        "train.lr_reference_batch": 1,
-        "train.log_every_steps": 1,
-        "checkpoint.every_epochs": 1,
-        "checkpoint.keep_last": 1,
-    }
-    for key, low in positive.items():
-        value = OmegaConf.select(cfg, key)
-        if value < low:
-            raise RecipeError(f"{key}: must be >= {low}, got {value}")
-    if cfg.tracking.profile_steps < 0 or cfg.tracking.profile_start_step < 0:
-        raise RecipeError("tracking.profile_steps and tracking.profile_start_step must be >= 0")
-    if cfg.tracking.system_metrics_interval_s <= 0:
-        raise RecipeError(
-            f"tracking.system_metrics_interval_s: must be > 0, got "
-            f"{cfg.tracking.system_metrics_interval_s}"
-        )
-    for key in ("train.max_steps", "checkpoint.every_steps"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value < 1:
-            raise RecipeError(f"{key}: must be >= 1 (or null), got {value}")
-    train = cfg.train
-    if not (train.lr > 0 and math.isfinite(train.lr)):
-        raise RecipeError(f"train.lr: must be > 0, got {train.lr}")
-    if train.weight_decay < 0:
-        raise RecipeError(f"train.weight_decay: must be >= 0, got {train.weight_decay}")
-    if train.early_stopping_patience < 0:
-        raise RecipeError(
-            f"train.early_stopping_patience: must be >= 0, got {train.early_stopping_patience}"
-        )
-    if train.warmup_steps < 0:
-        raise RecipeError(f"train.warmup_steps: must be >= 0, got {train.warmup_steps}")
-    if not 0 <= train.min_lr_ratio <= 1:
-        raise RecipeError(f"train.min_lr_ratio: must be in [0, 1], got {train.min_lr_ratio}")
-    if train.clip_grad_norm is not None and train.clip_grad_norm <= 0:
-        raise RecipeError(
-            f"train.clip_grad_norm: must be > 0 (or null), got {train.clip_grad_norm}"
-        )
-    if cfg.precision.cuda_graphs:
-        if train.grad_accum_steps != 1:
-            raise RecipeError("precision.cuda_graphs: needs train.grad_accum_steps=1")
-        if cfg.precision.dtype == "fp16":
-            raise RecipeError("precision.cuda_graphs: not with fp16 (loss scaling); use bf16")
-        if cfg.precision.compile:
-            raise RecipeError("precision.cuda_graphs: choose it or precision.compile, not both")
-        if train.optimizer not in ("adam", "adamw"):
-            raise RecipeError("precision.cuda_graphs: needs train.optimizer adam or adamw")
-    if cfg.run.max_failures < -1:
-        raise RecipeError(f"run.max_failures: must be >= -1, got {cfg.run.max_failures}")
-    if not cfg.run.name.strip() or "/" in cfg.run.name:
-        raise RecipeError(f"run.name: must be a non-empty name without '/', got {cfg.run.name!r}")
-    for resource, amount in cfg.scaling.resources_per_worker.items():
-        if amount < 0:
-            raise RecipeError(
-                f"scaling.resources_per_worker.{resource}: must be >= 0, got {amount}"
-            )
-    if cfg.scaling.use_gpu == "false" and cfg.scaling.resources_per_worker.get("GPU", 0) > 0:
-        raise RecipeError("scaling.resources_per_worker.GPU: set, but scaling.use_gpu is false")
-
-    from trainforge.workloads import check_workload
-
-    check_workload(cfg.workload, cfg.precision)
-
-
-def scaled_lr(train: Any, global_batch_size: int) -> float:
+def scaled_lr(train: TrainSection, global_batch_size: int) -> float:
     """The learning rate after ``train.lr_scaling`` for this global batch."""
     ratio = global_batch_size / train.lr_reference_batch
     if train.lr_scaling == "linear":
@@ -215,7 +134,28 @@ def _merge(base: DictConfig, user: Any, prefix: str = "") -> DictConfig:
     if user is None:
         return base
     with _key_errors(prefix, schema=base):
+        user = _switches_as_text(OmegaConf.get_type(base), user)
         return OmegaConf.merge(base, user)  # type: ignore[return-value]
+
+
+def _switches_as_text(schema: Any, user: Any) -> Any:
+    """YAML and the command line read ``true``/``false`` as bools; a field whose choices are
+    text (``Switch``: auto | true | false) takes them as that text."""
+    if not (isinstance(schema, type) and is_dataclass(schema) and isinstance(user, DictConfig)):
+        return user
+    hints = typing.get_type_hints(schema)
+    switches = literal_fields(schema)
+    for name in [str(k) for k in user]:
+        if name not in hints or OmegaConf.is_interpolation(user, name):
+            continue
+        if OmegaConf.is_missing(user, name):
+            continue
+        value = user[name]
+        if name in switches and isinstance(value, bool) and str(value).lower() in switches[name]:
+            user[name] = str(value).lower()
+        elif isinstance(value, DictConfig):
+            _switches_as_text(hints[name], value)
+    return user
 
 
 class _key_errors:
@@ -228,14 +168,17 @@ class _key_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or not isinstance(exc, OmegaConfBaseException):
-            return False
+            return  # not ours: it propagates unchanged
         key = _full_key(self.prefix, getattr(exc, "full_key", "") or "")
         if isinstance(exc, ConfigKeyError | ConfigAttributeError):
             raise RecipeError(f"{key}: unknown key{self._did_you_mean(key)}") from None
         if isinstance(exc, ValidationError):
             value = getattr(exc, "value", None)
+            choices = _literal_choices(exc)
+            if choices:
+                raise not_one_of(key, value, choices) from None
             expected = _expected_type(exc)
             raise RecipeError(f"{key}: wrong type, got {value!r}{expected}") from None
         if isinstance(exc, GrammarParseError | InterpolationResolutionError):
@@ -279,9 +222,15 @@ def _expected_type(exc: ValidationError) -> str:
     # OmegaConf says e.g. "Value 'abc' of type 'str' could not be converted to Integer"
     if "could not be converted to" in text:
         return ", expected " + text.split("could not be converted to", 1)[1].strip().lower()
-    if "Invalid type assigned" in text or "is not a subclass" in text:
-        return f" ({text})"
     return f" ({text})"
+
+
+def _literal_choices(exc: ValidationError) -> tuple[Any, ...]:
+    """The allowed values when the failed field is a ``Literal`` choice, else ()."""
+    schema, name = getattr(exc, "object_type", None), getattr(exc, "key", None)
+    if not (isinstance(schema, type) and is_dataclass(schema) and isinstance(name, str)):
+        return ()
+    return literal_fields(schema).get(name, ())
 
 
 def _check_missing(cfg: DictConfig, prefix: str = "") -> None:

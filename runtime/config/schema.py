@@ -1,18 +1,38 @@
 """The recipe's schema: one typed section per component (``run``, ``scaling``, ``train``,
 ``precision``, ``checkpoint``, ``tracking``), each field with its default and a docstring.
 ``workload`` is a tagged union whose ``kind`` picks the workload's own schema
-(``runtime/workloads``)."""
+(``runtime/workloads``).
+
+Choices are ``Literal`` aliases (OmegaConf validates them while merging; ``Section`` again when
+a section is built in code). Each section checks its own values in ``check``; ``Recipe`` checks
+the few rules that span sections.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 from omegaconf import MISSING
 
+from trainforge.config.rules import Section
+from trainforge.errors import RecipeError
+
+# auto | true | false. YAML and the command line read `true` as a bool; the loader turns a
+# bool given for a Switch into its text before merging (see load._switches_as_text).
+Switch = Literal["auto", "true", "false"]
+Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+Optimizer = Literal["adamw", "adam", "sgd"]
+Schedule = Literal["constant", "cosine", "linear"]
+LrScaling = Literal["none", "linear", "sqrt"]
+Dtype = Literal["fp32", "bf16", "fp16"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+
 
 @dataclass
-class RunSection:
+class RunSection(Section):
+    KEY = "run"
+
     name: str = MISSING
     """Run identity: names the Ray Train run directory and the MLflow run. Re-running the same
     name resumes that run."""
@@ -24,25 +44,45 @@ class RunSection:
     """Worker-group restarts Ray Train attempts after a failure (each resumes from the latest
     checkpoint); -1 retries forever."""
 
+    def check(self) -> None:
+        if not self.name.strip() or "/" in self.name:
+            raise RecipeError(f"run.name: must be a non-empty name without '/', got {self.name!r}")
+        self.at_least("max_failures", -1)
+
 
 @dataclass
-class ScalingSection:
+class ScalingSection(Section):
+    KEY = "scaling"
+
     num_workers: int = 1
     """Training workers (DDP ranks): one per GPU, or CPU slots when there is no GPU."""
     use_all_gpus: bool = False
     """One worker per GPU of the Ray cluster (overrides num_workers; needs GPUs)."""
-    use_gpu: str = "auto"
-    """auto (GPU when the cluster has one) | true | false."""
+    use_gpu: Switch = "auto"
+    """auto (GPU when the cluster has one) | true | false. ``resolve`` decides auto."""
     resources_per_worker: dict[str, float] = field(default_factory=dict)
     """Ray resources each worker reserves, e.g. {CPU: 8, GPU: 1}. Empty: 1 CPU (+1 GPU)."""
-    placement_strategy: str = "PACK"
+    placement_strategy: Placement = "PACK"
     """PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group strategy)."""
     timeout_s: int = 1800
     """Process-group (NCCL/gloo) timeout in seconds."""
 
+    def check(self) -> None:
+        self.at_least("num_workers", 1)
+        self.at_least("timeout_s", 1)
+        for resource, amount in self.resources_per_worker.items():
+            if amount < 0:
+                raise RecipeError(
+                    f"scaling.resources_per_worker.{resource}: must be >= 0, got {amount}"
+                )
+        if self.use_gpu == "false" and self.resources_per_worker.get("GPU", 0) > 0:
+            raise RecipeError("scaling.resources_per_worker.GPU: set, but scaling.use_gpu is false")
+
 
 @dataclass
-class TrainSection:
+class TrainSection(Section):
+    KEY = "train"
+
     epochs: int = 1
     """Passes over the training set (ignored when max_steps is set)."""
     max_steps: int | None = None
@@ -51,7 +91,7 @@ class TrainSection:
     """Per-worker micro-batch. Global batch = batch_size × num_workers × grad_accum_steps."""
     grad_accum_steps: int = 1
     """Micro-batches accumulated per optimizer step (gradients all-reduced on the last only)."""
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     """adamw | adam | sgd."""
     lr: float = 1e-3
     """Peak learning rate."""
@@ -59,7 +99,7 @@ class TrainSection:
     """Decoupled (adamw) or L2 (adam, sgd) weight decay."""
     momentum: float = 0.9
     """sgd momentum (Nesterov)."""
-    schedule: str = "constant"
+    schedule: Schedule = "constant"
     """constant | cosine | linear (decay after warmup, to min_lr_ratio × lr)."""
     warmup_steps: int = 0
     """Linear warmup from 0 over this many optimizer steps."""
@@ -75,7 +115,7 @@ class TrainSection:
     restore_best: bool = False
     """At the end, put back the weights of the evaluation with the lowest val/loss (kept in
     memory and in checkpoints)."""
-    lr_scaling: str = "none"
+    lr_scaling: LrScaling = "none"
     """none | linear | sqrt: scale lr by (global batch / lr_reference_batch) or its square root,
     for large-batch training."""
     lr_reference_batch: int = 256
@@ -83,10 +123,22 @@ class TrainSection:
     log_every_steps: int = 20
     """Print progress and report training metrics every N optimizer steps."""
 
+    def check(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum_steps", "eval_every_epochs",
+                     "lr_reference_batch", "log_every_steps", "max_steps"):  # fmt: skip
+            self.at_least(name, 1)
+        for name in ("weight_decay", "early_stopping_patience", "warmup_steps"):
+            self.at_least(name, 0)
+        self.positive("lr")
+        self.positive("clip_grad_norm")
+        self.fraction("min_lr_ratio", closed=True)
+
 
 @dataclass
-class PrecisionSection:
-    dtype: str = "fp32"
+class PrecisionSection(Section):
+    KEY = "precision"
+
+    dtype: Dtype = "fp32"
     """fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)."""
     tf32: bool = True
     """Allow TF32 matmuls/convolutions on Ampere+ GPUs."""
@@ -98,13 +150,15 @@ class PrecisionSection:
     """Capture the whole optimizer step (forward, backward, clipping, optimizer) as one CUDA
     graph and replay it: for small, launch-bound models such as SBI flows. GPU workers (with
     several, DDP's all-reduce is captured too), no gradient accumulation, not with fp16."""
-    compile_mode: str = "default"
+    compile_mode: CompileMode = "default"
     """default | reduce-overhead (CUDA graphs: for small, launch-bound models) |
     max-autotune-no-cudagraphs."""
 
 
 @dataclass
-class CheckpointSection:
+class CheckpointSection(Section):
+    KEY = "checkpoint"
+
     every_epochs: int = 1
     """Save a checkpoint every N epochs (and at the end)."""
     every_steps: int | None = None
@@ -115,9 +169,15 @@ class CheckpointSection:
     """Resume from the run's latest checkpoint when run.name already exists; false refuses to
     touch an existing run."""
 
+    def check(self) -> None:
+        for name in ("every_epochs", "every_steps", "keep_last"):
+            self.at_least(name, 1)
+
 
 @dataclass
-class TrackingSection:
+class TrackingSection(Section):
+    KEY = "tracking"
+
     enabled: bool = True
     """Record the run in MLflow."""
     tracking_uri: str | None = None
@@ -136,14 +196,56 @@ class TrackingSection:
     profile_start_step: int = 5
     """First optimizer step of the profiling window (after warm-up)."""
 
+    def check(self) -> None:
+        self.at_least("profile_steps", 0)
+        self.at_least("profile_start_step", 0)
+        self.positive("system_metrics_interval_s")
+
+
+@dataclass
+class WorkloadSection(Section):
+    """What every workload's schema starts with: the tag that selects it. Each family
+    subclasses it (``trainforge.workloads.<family>.config``)."""
+
+    KEY = "workload"
+
+    kind: str = MISSING
+    """Workload family tag (cnn, sbi, …); selects the schema of the rest of the section."""
+
 
 @dataclass
 class Recipe:
+    """A whole recipe: validated when built, and (after ``config.resolve``) with every value
+    the driver decides filled in."""
+
     run: RunSection = field(default_factory=RunSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     train: TrainSection = field(default_factory=TrainSection)
     precision: PrecisionSection = field(default_factory=PrecisionSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
-    workload: Any = None
-    """Tagged union selected by workload.kind (cnn, …)."""
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    """Tagged union selected by workload.kind: an instance of that workload's own schema."""
+
+    def __post_init__(self) -> None:
+        check_across_sections(self)
+
+
+def check_across_sections(recipe: Recipe) -> None:
+    """Rules that span sections (a workload's own such rules are its spec's ``check``)."""
+    train, precision = recipe.train, recipe.precision
+    if precision.cuda_graphs:
+        # A graph replays one fixed step: no micro-step loop, no dynamic loss scale, no second
+        # compiler, and an optimizer whose step is capturable.
+        if train.grad_accum_steps != 1:
+            raise RecipeError("precision.cuda_graphs: needs train.grad_accum_steps=1")
+        if precision.dtype == "fp16":
+            raise RecipeError("precision.cuda_graphs: not with fp16 (loss scaling); use bf16")
+        if precision.compile:
+            raise RecipeError("precision.cuda_graphs: choose it or precision.compile, not both")
+        if train.optimizer not in ("adam", "adamw"):
+            raise RecipeError("precision.cuda_graphs: needs train.optimizer adam or adamw")
+        if recipe.scaling.use_gpu == "false":
+            raise RecipeError(
+                "precision.cuda_graphs: needs GPU workers, and scaling.use_gpu is false"
+            )

@@ -1,5 +1,5 @@
-"""The Ray cluster a run uses: joining it (or starting a local one) and checking that it can
-host the workers the recipe asks for."""
+"""The Ray cluster a run uses: joining it (or starting a local one), and where runs are stored.
+Whether it can host the recipe's workers is decided by ``trainforge.config.resolve``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge import ray_compat
-from trainforge.errors import RecipeError
+from trainforge.config.schema import RunSection
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
@@ -66,46 +66,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def worker_resources(scaling: Any, use_gpu: bool) -> dict[str, float]:
-    resources = dict(scaling.resources_per_worker)
-    resources.setdefault("CPU", 1)
-    if use_gpu:
-        resources.setdefault("GPU", 1)
-    return resources
-
-
-def check_resources(scaling: Any, available: dict[str, float], cuda_graphs: bool = False) -> bool:
-    """Raise RecipeError when the cluster cannot host the workers; return whether to use GPUs.
-    Resolves ``use_all_gpus`` into ``num_workers``."""
-    gpus = available.get("GPU", 0)
-    if scaling.use_all_gpus:
-        if gpus < 1 or scaling.use_gpu == "false":
-            raise RecipeError("scaling.use_all_gpus: true, but the Ray cluster has no GPU to use")
-        per_worker = scaling.resources_per_worker.get("GPU", 1)
-        if per_worker <= 0 or gpus < per_worker:
-            raise RecipeError(
-                f"scaling.use_all_gpus: each worker asks for {per_worker:g} GPU "
-                f"(scaling.resources_per_worker.GPU) and the Ray cluster has {gpus:g}"
-            )
-        scaling.num_workers = int(gpus // per_worker)
-    if scaling.use_gpu == "true" and gpus == 0:
-        raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
-    use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
-    if cuda_graphs and not use_gpu:
-        raise RecipeError(
-            "precision.cuda_graphs: needs GPU workers (CUDA graphs), and these would run on CPU"
-        )
-    for resource, amount in worker_resources(scaling, use_gpu).items():
-        need, have = amount * scaling.num_workers, available.get(resource, 0)
-        if need > have:
-            raise RecipeError(
-                f"scaling.num_workers: {scaling.num_workers} workers × {amount:g} {resource} "
-                f"need {need:g} {resource}, but the Ray cluster has {have:g}"
-            )
-    return use_gpu
-
-
-def storage_root(run: Any) -> str:
+def storage_root(run: RunSection) -> str:
     """Absolute storage path (Ray workers run elsewhere); URIs such as s3:// pass through."""
     if "://" in run.storage_path:
         return run.storage_path

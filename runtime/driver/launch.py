@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from trainforge import config, ray_compat
-from trainforge.driver.cluster import check_resources, connect, storage_root, worker_resources
+from trainforge.config import Recipe
+from trainforge.config.resolve import worker_resources
+from trainforge.driver.cluster import connect, storage_root
 from trainforge.errors import RecipeError
 from trainforge.tracking import driver as tracking
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
 
 
-def spool_file(cfg: DictConfig, storage: str) -> Path:
+def spool_file(cfg: Recipe, storage: str) -> Path:
     """Where tracking records wait when MLflow is unreachable: beside the checkpoints when the
     storage is a local/NFS path, else in the working directory."""
     from trainforge.tracking.spool import spool_path
@@ -32,7 +32,7 @@ def spool_file(cfg: DictConfig, storage: str) -> Path:
     return spool_path(base / cfg.run.name)
 
 
-def check_existing_run(cfg: DictConfig, storage: str) -> None:
+def check_existing_run(cfg: Recipe, storage: str) -> None:
     if "://" in storage:
         return
     run_dir = Path(storage) / cfg.run.name
@@ -53,9 +53,11 @@ class Outcome:
     mlflow_run_id: str | None = None
     backend: str = ""
     num_workers: int = 0
+    recipe: Recipe | None = None
+    """The resolved recipe the run trained (worker count, device, data paths filled in)."""
 
 
-def train(cfg: DictConfig) -> Outcome:
+def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
     import ray
     import ray.train
@@ -63,14 +65,16 @@ def train(cfg: DictConfig) -> Outcome:
 
     _Trainer = ray_compat.trainer_class()
 
-    from trainforge.workloads import check_workload_data, prepare_workload_data
+    from trainforge.workloads import check_workload_data
 
     check_workload_data(cfg.workload)
     storage = storage_root(cfg.run)
     check_existing_run(cfg, storage)
     connect()
-    use_gpu = check_resources(cfg.scaling, ray.cluster_resources(), cfg.precision.cuda_graphs)
-    prepare_workload_data(cfg.workload, cfg.run.seed, storage)
+    # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
+    # worker count, device and data paths that were decided, not "auto".
+    cfg = config.resolve(cfg, ray.cluster_resources(), storage)
+    use_gpu = cfg.scaling.use_gpu == "true"
 
     recipe = config.to_container(cfg)
     recipe_yaml = config.to_yaml(cfg)
@@ -119,12 +123,12 @@ def train(cfg: DictConfig) -> Outcome:
         if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
             status = "KILLED"
             print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
-            return Outcome(130, mlflow_run_id=handle and handle.run_id)
+            return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
         if isinstance(exc, SystemExit):
             raise
         print(f"[trainforge] training failed: {exc}", file=sys.stderr)
         print(f"[trainforge] re-run with run.name={cfg.run.name} to resume", file=sys.stderr)
-        return Outcome(1, mlflow_run_id=handle and handle.run_id)
+        return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
     finally:
         if handle is not None:
             tracking.finish_run(handle, status, checkpoint_path)
@@ -136,23 +140,23 @@ def train(cfg: DictConfig) -> Outcome:
         0,
         dict(result.metrics),
         checkpoint_path,
-        handle and handle.run_id,
+        handle.run_id if handle else None,
         backend=backend,
         num_workers=cfg.scaling.num_workers,
+        recipe=cfg,
     )
 
 
-def simulate(cfg: DictConfig) -> int:
+def simulate(cfg: Recipe) -> int:
     """`trainforge simulate`: only the data stage (SBI simulations), on the Ray cluster."""
-    from trainforge.workloads import check_workload_data, prepare_workload_data
+    from trainforge.workloads import check_workload_data, resolve_workload, spec_for
 
-    if cfg.workload.kind != "sbi":
+    if spec_for(cfg.workload.kind).prepare_data is None:
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
     check_workload_data(cfg.workload)
     storage = storage_root(cfg.run)
     connect()
-    prepare_workload_data(cfg.workload, cfg.run.seed, storage)
-    print(f"[trainforge] simulations ready: {cfg.workload.simulation.path}")
+    resolve_workload(cfg.workload, cfg.run.seed, storage)  # says where the data are
     return 0
 
 

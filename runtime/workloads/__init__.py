@@ -1,67 +1,47 @@
-"""Workload registry: ``workload.kind`` → recipe schema and implementation."""
+"""Workload registry: ``workload.kind`` → the family's ``WorkloadSpec`` (schema, checks, data
+stage, builder). A family is imported only when a recipe names it, so a CNN recipe is checked
+and trained without importing the SBI family or the ``sbi`` package."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+from trainforge.config.schema import PrecisionSection, WorkloadSection
 from trainforge.errors import RecipeError, did_you_mean
-from trainforge.workloads.base import Workload
-from trainforge.workloads.cnn.config import CNNWorkloadConfig
-from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.base import Workload, WorkloadSpec
 
-SCHEMAS: dict[str, type] = {"cnn": CNNWorkloadConfig, "sbi": SBIWorkloadConfig}
+# kind → the package that exports its SPEC. A new family is one folder and one line here.
+FAMILIES = {
+    "cnn": "trainforge.workloads.cnn",
+    "sbi": "trainforge.workloads.sbi",
+}
 
 
-def workload_schema(kind: str) -> type:
-    if kind not in SCHEMAS:
+def spec_for(kind: str) -> WorkloadSpec[Any]:
+    """The family's spec; RecipeError (with a did-you-mean) for an unknown kind."""
+    if kind not in FAMILIES:
         raise RecipeError(
-            f"workload.kind: unknown workload {kind!r}{did_you_mean(kind, SCHEMAS)}; "
-            f"choices: {', '.join(SCHEMAS)}"
+            f"workload.kind: unknown workload {kind!r}{did_you_mean(kind, FAMILIES)}; "
+            f"choices: {', '.join(FAMILIES)}"
         )
-    return SCHEMAS[kind]
+    spec = importlib.import_module(FAMILIES[kind]).SPEC
+    assert isinstance(spec, WorkloadSpec) and spec.kind == kind, FAMILIES[kind]
+    return spec
 
 
-def check_workload(cfg: Any, precision: Any) -> None:
-    """Checks of the workload section's values (names, ranges), part of recipe validation."""
-    if cfg.kind == "cnn":
-        from trainforge.workloads.cnn.workload import check
-
-        check(cfg)
-    if cfg.kind == "sbi":
-        from trainforge.workloads.sbi.workload import check as check_sbi
-
-        check_sbi(cfg, precision)
-
-
-def check_workload_data(cfg: Any) -> None:
+def check_workload_data(cfg: WorkloadSection) -> None:
     """Is the data where the recipe says? Checked by `train` before any worker starts (a
     recipe can be valid on a machine that does not hold its data)."""
-    if cfg.kind == "cnn":
-        from trainforge.workloads.cnn.datasets import check_data
-
-        check_data(cfg)
-    if cfg.kind == "sbi":
-        from trainforge.workloads.sbi.workload import check_data as check_sbi_data
-
-        check_sbi_data(cfg)
+    spec_for(cfg.kind).check_data(cfg)
 
 
-def prepare_workload_data(cfg: Any, seed: int, storage_root: str) -> None:
-    """Make data that does not exist yet (the SBI simulation stage), on the connected Ray
-    cluster, before training workers start. May fill in resolved paths in ``cfg``."""
-    if cfg.kind == "sbi":
-        from trainforge.workloads.sbi.workload import prepare_data
-
-        prepare_data(cfg, seed, storage_root)
+def resolve_workload(cfg: WorkloadSection, seed: int, storage_root: str) -> WorkloadSection:
+    """The section with its data made and located (part of ``config.resolve``, on the
+    connected Ray cluster); unchanged for a family without a data stage."""
+    prepare = spec_for(cfg.kind).prepare_data
+    return cfg if prepare is None else prepare(cfg, seed, storage_root)
 
 
-def build_workload(cfg: Any, seed: int, precision: Any) -> Workload:
-    if cfg.kind == "cnn":
-        from trainforge.workloads.cnn.workload import CNNWorkload
-
-        return CNNWorkload(cfg, seed=seed, channels_last=precision.channels_last)
-    if cfg.kind == "sbi":
-        from trainforge.workloads.sbi.workload import SBIWorkload
-
-        return SBIWorkload(cfg, seed=seed)
-    raise AssertionError(f"unregistered workload kind {cfg.kind}")
+def build_workload(cfg: WorkloadSection, seed: int, precision: PrecisionSection) -> Workload:
+    return spec_for(cfg.kind).build(cfg, seed, precision)

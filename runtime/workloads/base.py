@@ -1,51 +1,108 @@
-"""What the training loop needs from a workload family (CNN, SBI, …).
+"""What the training loop needs from a workload family (CNN, SBI, …), and how a family
+declares itself to the registry.
 
 The loop owns distribution, precision, accumulation, checkpointing and reporting; a workload
-owns only its model, its data and how to score a batch.
+owns only its model, its data and how to score a batch. A family exports one ``WorkloadSpec``:
+its recipe schema, its checks, its optional data stage and how to build its ``Workload``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
 
+from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
 from trainforge.data.types import Split
 
+# (model, run_dir, folder) -> (metrics, files): see Workload.finish
+Finish = Callable[[nn.Module, str | None, Path], tuple[dict[str, float], list[Path]]]
 
-class Workload(Protocol):
+
+class Workload(ABC):
+    """One workload instance in one worker. The optional hooks have defaults here, so the
+    loop calls them without probing."""
+
+    eval_batch_size: int | None = None
+    """Validation batch size; None: the loop's default (the training batch, at least 256)."""
+    loader_workers: int = 0
+    """DataLoader worker processes for a streamed (Dataset) training split."""
+    pin_memory: bool = False
+    """Pinned host memory for a streamed training split's batches."""
+    finish: Finish | None = None
+    """Rank 0 after training: the workload's own evaluation and export, as ``finish(model,
+    run_dir, folder) -> (metrics, files written under folder)``. None: the workload has no
+    final stage. A hook that is there or not, rather than a method returning nothing: every
+    rank must know without asking rank 0, because the loop reports (a barrier) once more
+    after it."""
+
+    @abstractmethod
     def build_model(self) -> nn.Module:
         """A fresh model (same initial weights on every rank, seeded by the loop)."""
-        ...
 
+    @abstractmethod
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         """(train, validation) splits, identical on every rank (the loop shards them)."""
-        ...
 
-    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
-        """Per-batch work on the device: augmentation for training batches, memory format."""
-        ...
-
+    @abstractmethod
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean loss of the batch (under autocast when mixed precision is on)."""
-        ...
 
+    @abstractmethod
     def eval_sums(
         self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Summable statistics of one validation batch (summed over batches and ranks)."""
-        ...
 
+    @abstractmethod
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Validation metrics from the summed statistics, e.g. val/loss and val/accuracy."""
-        ...
+
+    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
+        """Per-batch work on the device: augmentation for training batches, memory format."""
+        return inputs
 
     def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
         """PNG files made from the final validation statistics (e.g. a confusion matrix)."""
-        ...
+        return []
 
     def describe(self) -> dict[str, Any]:
         """Facts worth printing and logging once (data set sizes, parameter count…)."""
-        ...
+        return {}
+
+
+W = TypeVar("W", bound=WorkloadSection)
+
+
+def _no_check(cfg: Any, recipe: Recipe) -> None:
+    return None
+
+
+def _no_data_check(cfg: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec(Generic[W]):
+    """A workload family as the registry sees it. Functions import their heavy modules when
+    called, so validating a recipe of one family never imports another's libraries."""
+
+    kind: str
+    """The ``workload.kind`` that selects this family."""
+    schema: type[W]
+    """The ``workload`` section's dataclass (a WorkloadSection); checks its own values."""
+    build: Callable[[W, int, PrecisionSection], Workload]
+    """(section, seed, precision) → the Workload, in each training worker."""
+    check: Callable[[W, Recipe], None] = _no_check
+    """Recipe checks beyond the section's own: names in the family's registries (models,
+    tasks), rules against other sections. Raises RecipeError; never changes anything."""
+    check_data: Callable[[W], None] = _no_data_check
+    """Is the data where the recipe says, on this machine? The driver's check before Ray."""
+    prepare_data: Callable[[W, int, str], W] | None = None
+    """(section, seed, storage root) → the section with its data made and located, run by
+    ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""

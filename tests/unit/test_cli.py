@@ -22,11 +22,6 @@ DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 CIFAR10 = REPO / "recipes" / "cnn" / "cifar10_resnet18.yaml"
 
 
-def _scaling(*overrides: str):
-    """A real, validated scaling section (types as the loader makes them)."""
-    return config.load(DIGITS, list(overrides)).scaling
-
-
 def _subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
@@ -102,66 +97,6 @@ def test_version() -> None:
     assert done.stdout.strip() == f"trainforge {trainforge.__version__}"
 
 
-# --- cluster.check_resources ----------------------------------------------------------------
-
-
-def test_use_gpu_true_without_gpu() -> None:
-    with pytest.raises(RecipeError, match=r"scaling\.use_gpu"):
-        cluster.check_resources(_scaling("scaling.use_gpu=true"), {"CPU": 2})
-
-
-def test_too_few_gpus_for_the_workers() -> None:
-    scaling = _scaling("scaling.use_gpu=true", "scaling.num_workers=2")
-    with pytest.raises(RecipeError, match=r"scaling\.num_workers.*GPU"):
-        cluster.check_resources(scaling, {"CPU": 8, "GPU": 1})
-
-
-def test_too_few_cpus_for_the_workers() -> None:
-    scaling = _scaling("scaling.use_gpu=false", "scaling.num_workers=4")
-    with pytest.raises(RecipeError, match=r"scaling\.num_workers.*CPU"):
-        cluster.check_resources(scaling, {"CPU": 2})
-
-
-def test_resources_per_worker_are_multiplied_by_workers() -> None:
-    scaling = _scaling("scaling.num_workers=2", "scaling.resources_per_worker.CPU=3")
-    with pytest.raises(RecipeError, match=r"need 6 CPU.*has 5"):
-        cluster.check_resources(scaling, {"CPU": 5})
-    assert cluster.check_resources(scaling, {"CPU": 6}) is False
-
-
-def test_auto_uses_gpus_when_there_are_some() -> None:
-    scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
-    assert cluster.check_resources(scaling, {"CPU": 8, "GPU": 2}) is True
-    assert cluster.worker_resources(scaling, True) == {"CPU": 1, "GPU": 1}
-    scaling = _scaling("scaling.use_gpu=auto", "scaling.num_workers=2")
-    assert cluster.check_resources(scaling, {"CPU": 8}) is False
-    assert cluster.worker_resources(scaling, False) == {"CPU": 1}
-
-
-def test_use_all_gpus_sets_num_workers() -> None:
-    scaling = _scaling("scaling.use_all_gpus=true", "scaling.num_workers=1")
-    assert cluster.check_resources(scaling, {"CPU": 8, "GPU": 4}) is True
-    assert scaling.num_workers == 4
-
-
-def test_use_all_gpus_without_gpus() -> None:
-    scaling = _scaling("scaling.use_all_gpus=true")
-    with pytest.raises(RecipeError, match=r"scaling\.use_all_gpus"):
-        cluster.check_resources(scaling, {"CPU": 8})
-
-
-def test_use_all_gpus_with_too_few_gpus_per_worker() -> None:
-    scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=2")
-    with pytest.raises(RecipeError, match=r"scaling\."):
-        cluster.check_resources(scaling, {"CPU": 8, "GPU": 1})
-
-
-def test_use_all_gpus_with_zero_gpus_per_worker() -> None:
-    scaling = _scaling("scaling.use_all_gpus=true", "scaling.resources_per_worker.GPU=0")
-    with pytest.raises(RecipeError, match=r"scaling\."):
-        cluster.check_resources(scaling, {"CPU": 8, "GPU": 4})
-
-
 # --- launch.check_existing_run -------------------------------------------------------------
 
 
@@ -213,16 +148,6 @@ def test_simulate_refuses_a_recipe_without_a_simulation_stage(
 ) -> None:
     assert cli.main(["simulate", str(DIGITS)]) == 2
     assert "workload.kind: cnn has no simulation stage" in capsys.readouterr().err
-
-
-def test_cuda_graphs_need_gpu_workers() -> None:
-    cfg = config.load(
-        REPO / "recipes" / "sbi" / "two_moons_debug.yaml", ["precision.cuda_graphs=true"]
-    )
-    with pytest.raises(RecipeError, match="cuda_graphs: needs GPU workers"):
-        cluster.check_resources(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
-    cfg.scaling.num_workers, cfg.scaling.use_gpu = 2, "true"  # DDP steps are captured too
-    assert cluster.check_resources(cfg.scaling, {"CPU": 8, "GPU": 2}, True) is True
 
 
 # --- shipped recipes by name, optional packages ----------------------------------------------

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainforge.config.schema import Switch, WorkloadSection
+from trainforge.errors import RecipeError
+
 
 @dataclass
-class CNNWorkloadConfig:
+class CNNWorkloadConfig(WorkloadSection):
     kind: str = "cnn"
     """Workload family tag; selects this schema."""
     model: str = "simple_cnn"
@@ -30,7 +33,7 @@ class CNNWorkloadConfig:
     """digits: fraction held out as the test split (stratified, seeded)."""
     augment: bool = False
     """Random crop (padding 4) and horizontal flip on training batches."""
-    data_on_device: str = "auto"
+    data_on_device: Switch = "auto"
     """auto | true | false: keep tensor data sets on the accelerator and augment there."""
     loader_workers: int = 4
     """imagefolder: DataLoader worker processes per training worker."""
@@ -38,3 +41,16 @@ class CNNWorkloadConfig:
     """imagefolder: pinned host memory for faster host-to-GPU copies."""
     label_smoothing: float = 0.0
     """Cross-entropy label smoothing."""
+
+    def check(self) -> None:
+        # Model and data set names are checked by the spec (their registries live with the
+        # code); sizes a data set cannot have are checked by its loader (``datasets.py``).
+        self.at_least("num_classes", 2)
+        self.fraction("val_fraction")
+        self.at_least("loader_workers", 0)
+        for name in ("image_size", "synthetic_train_size", "synthetic_val_size"):
+            self.at_least(name, 1)
+        if not 0 <= self.label_smoothing < 1:
+            raise RecipeError(
+                f"workload.label_smoothing: must be in [0, 1), got {self.label_smoothing}"
+            )

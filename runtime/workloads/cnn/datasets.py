@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
-from trainforge.errors import RecipeError
+from trainforge.errors import RecipeError, did_you_mean
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 
 KNOWN_DATASETS = ("digits", "synthetic", "cifar10", "imagefolder")
@@ -67,7 +67,7 @@ class CNNData:
 
 def check_data(cfg: CNNWorkloadConfig) -> None:
     """Cheap driver-side checks (names and paths, no image decoding) before any worker starts."""
-    _check_dataset_name(cfg.dataset)
+    check_dataset_name(cfg.dataset)
     if cfg.dataset == "cifar10":
         root = _require_data_root(cfg)
         if not _cifar10_folder(root).is_dir():
@@ -93,7 +93,7 @@ def load_data(cfg: CNNWorkloadConfig, seed: int, device: torch.device | None = N
     ``seed`` fixes the digits split and the synthetic data. ``device`` is only used by the
     synthetic data set, which is generated there directly; everything else comes back on CPU.
     """
-    _check_dataset_name(cfg.dataset)
+    check_dataset_name(cfg.dataset)
     if cfg.dataset == "digits":
         return _load_digits(cfg, seed)
     if cfg.dataset == "synthetic":
@@ -131,11 +131,11 @@ def augment_batch(images: torch.Tensor, padding: int = 4) -> torch.Tensor:
 # --------------------------------------------------------------------------- shared checks
 
 
-def _check_dataset_name(name: str) -> None:
+def check_dataset_name(name: str) -> None:
     if name not in KNOWN_DATASETS:
         raise RecipeError(
-            f"workload.dataset={name!r} is not a known data set; "
-            f"choose one of: {', '.join(KNOWN_DATASETS)}"
+            f"workload.dataset: {name!r} is not a known data set"
+            f"{did_you_mean(name, KNOWN_DATASETS)}; choose one of: {', '.join(KNOWN_DATASETS)}"
         )
 
 
@@ -174,8 +174,6 @@ def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
     from sklearn.model_selection import train_test_split
 
     _check_num_classes(cfg, 10, "the digits data set")
-    if not 0.0 < cfg.val_fraction < 1.0:
-        raise RecipeError(f"workload.val_fraction={cfg.val_fraction} must lie strictly in (0, 1)")
     digits = load_digits()
     labels = digits.target.astype(np.int64)
     # The 8x8 pixels hold counts 0..16.
@@ -210,15 +208,6 @@ def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
 
 
 def _load_synthetic(cfg: CNNWorkloadConfig, seed: int, device: torch.device | None) -> CNNData:
-    for key, value in (
-        ("synthetic_train_size", cfg.synthetic_train_size),
-        ("synthetic_val_size", cfg.synthetic_val_size),
-        ("image_size", cfg.image_size),
-    ):
-        if value < 1:
-            raise RecipeError(f"workload.{key}={value} must be at least 1")
-    if cfg.num_classes < 2:
-        raise RecipeError(f"workload.num_classes={cfg.num_classes} must be at least 2")
     device = torch.device("cpu") if device is None else torch.device(device)
     # A generator of the target device's type lets CUDA fill the tensors in place instead of
     # building hundreds of MB on the host and copying them over. Its stream differs from the
@@ -384,8 +373,6 @@ class ImageFolderDataset(Dataset):
 
 def _load_imagefolder(cfg: CNNWorkloadConfig) -> CNNData:
     root = _require_data_root(cfg)
-    if cfg.image_size < 1:
-        raise RecipeError(f"workload.image_size={cfg.image_size} must be at least 1")
     classes = _scan_classes(_split_dir(root, "train"))
     _check_same_classes(root, classes, _scan_classes(_split_dir(root, "val")))
     _check_num_classes(cfg, len(classes), f"imagefolder tree {root}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
 from typing import Any
 
@@ -9,13 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Split, TensorData
-from trainforge.errors import RecipeError, did_you_mean
-from trainforge.plots import confusion_matrix
+from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
-    KNOWN_DATASETS,
     TensorSplit,
     augment_batch,
+    check_data,
+    check_dataset_name,
     load_data,
 )
 from trainforge.workloads.cnn.models import build_model, check_model_name
@@ -24,32 +27,21 @@ from trainforge.workloads.cnn.models import build_model, check_model_name
 DEVICE_MEMORY_FRACTION = 0.4
 
 
-def check(cfg: Any) -> None:
-    if cfg.data_on_device not in ("auto", "true", "false"):
-        raise RecipeError(
-            f"workload.data_on_device: {cfg.data_on_device!r} is not one of auto, true, false"
-        )
-    if cfg.num_classes < 2:
-        raise RecipeError(f"workload.num_classes: must be >= 2, got {cfg.num_classes}")
-    if not 0 < cfg.val_fraction < 1:
-        raise RecipeError(f"workload.val_fraction: must be in (0, 1), got {cfg.val_fraction}")
-    if cfg.loader_workers < 0:
-        raise RecipeError(f"workload.loader_workers: must be >= 0, got {cfg.loader_workers}")
+def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
+    """Names checked against the family's registries (the section checks its own values)."""
     check_model_name(cfg.model)
-    if cfg.dataset not in KNOWN_DATASETS:
-        hint = did_you_mean(cfg.dataset, KNOWN_DATASETS)
-        raise RecipeError(
-            f"workload.dataset: {cfg.dataset!r} is not a known data set{hint}; "
-            f"choose one of: {', '.join(KNOWN_DATASETS)}"
-        )
+    check_dataset_name(cfg.dataset)
 
 
-class CNNWorkload:
-    def __init__(self, cfg: Any, seed: int, channels_last: bool = False) -> None:
+class CNNWorkload(Workload):
+    def __init__(self, cfg: CNNWorkloadConfig, seed: int, channels_last: bool = False) -> None:
         self.cfg = cfg
         self.seed = seed
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.info: dict[str, Any] = {}
+        # Used only when the training split is a Dataset (imagefolder) streamed by a DataLoader.
+        self.loader_workers = cfg.loader_workers
+        self.pin_memory = cfg.pin_memory
 
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         on_device = self.cfg.data_on_device != "false"
@@ -58,10 +50,11 @@ class CNNWorkload:
         self.image_size = data.image_size
         train = self._place(data.train, device)
         val = self._place(data.val, device)
+        assert isinstance(train, Sized) and isinstance(val, Sized)  # tensors or image folders
         self.info = {"train_samples": len(train), "val_samples": len(val)}
         return train, val
 
-    def _place(self, split: Any, device: torch.device) -> Split:
+    def _place(self, split: TensorSplit | Split, device: torch.device) -> Split:
         if not isinstance(split, TensorSplit):
             return split  # a Dataset: streamed through a DataLoader
         data = TensorData(split.images, split.labels)
@@ -110,9 +103,20 @@ class CNNWorkload:
     def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
         if "confusion" not in sums:
             return []
+        from trainforge.plots import confusion_matrix  # matplotlib: only at the end, on rank 0
+
         path = folder / "confusion_matrix.png"
         confusion_matrix(sums["confusion"].numpy(), path)
         return [path]
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.cfg.model, "dataset": self.cfg.dataset, **self.info}
+
+
+def build(cfg: CNNWorkloadConfig, seed: int, precision: PrecisionSection) -> CNNWorkload:
+    return CNNWorkload(cfg, seed=seed, channels_last=precision.channels_last)
+
+
+SPEC = WorkloadSpec(
+    kind="cnn", schema=CNNWorkloadConfig, build=build, check=check, check_data=check_data
+)

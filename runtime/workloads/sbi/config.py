@@ -8,16 +8,27 @@ import path), how many simulations, which density estimator to train as the neur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from trainforge.config.rules import Section
+from trainforge.config.schema import Switch, WorkloadSection
+from trainforge.errors import RecipeError
+
+SimulationDevice = Literal["auto", "cpu", "cuda"]
+ZScore = Literal["independent", "structured", "none"]
+Embedding = Literal["none", "fully_connected", "cnn", "permutation_invariant"]
 
 
 @dataclass
-class SimulationSection:
+class SimulationSection(Section):
+    KEY = "workload.simulation"
+
     num_simulations: int = 10_000
     """Number of (θ, x) pairs to simulate (before dropping invalid ones)."""
     chunk_size: int = 100_000
     """Simulations per chunk: one seed and one file per chunk; an interrupted simulation resumes
     from its finished chunks."""
-    device: str = "auto"
+    device: SimulationDevice = "auto"
     """auto | cpu | cuda. Where torch simulators run: auto takes a GPU when the Ray cluster has
     one and the simulator is vectorised torch code (built-in tasks, or vectorized: true)."""
     cache_dir: str | None = None
@@ -31,9 +42,16 @@ class SimulationSection:
     cpus_per_chunk: float = 1.0
     """Ray CPUs each CPU simulation chunk reserves."""
 
+    def check(self) -> None:
+        self.at_least("num_simulations", 2)
+        self.at_least("chunk_size", 1)
+        self.positive("cpus_per_chunk")
+
 
 @dataclass
-class EstimatorSection:
+class EstimatorSection(Section):
+    KEY = "workload.estimator"
+
     model: str = "maf"
     """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
     zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf."""
@@ -45,12 +63,12 @@ class EstimatorSection:
     """Spline bins (nsf)."""
     num_components: int = 10
     """Mixture components (mdn)."""
-    z_score_theta: str = "independent"
+    z_score_theta: ZScore = "independent"
     """independent | structured | none: z-score θ inside the network (statistics of the whole
     training set, identical on every rank)."""
-    z_score_x: str = "independent"
+    z_score_x: ZScore = "independent"
     """independent | structured | none: z-score x inside the network."""
-    embedding: str = "none"
+    embedding: Embedding = "none"
     """Embedding net for x: none | fully_connected | cnn | permutation_invariant."""
     embedding_features: int = 20
     """Output features of the embedding net."""
@@ -60,9 +78,17 @@ class EstimatorSection:
     """cnn: shape of one x as [height, width] or [channels, height, width] (x is stored flat);
     permutation_invariant: [set_size, features_per_element]."""
 
+    def check(self) -> None:
+        # Builder names and embedding shapes: the estimator module's own rules, in one place.
+        from trainforge.workloads.sbi import estimator
+
+        estimator.check(self)
+
 
 @dataclass
-class EvaluationSection:
+class EvaluationSection(Section):
+    KEY = "workload.evaluation"
+
     observations: list[int] = field(default_factory=lambda: [1])
     """Task observations (1..10) to sample the posterior at after training (built-in tasks)."""
     num_samples: int = 10_000
@@ -77,9 +103,22 @@ class EvaluationSection:
     pair_plot: bool = True
     """Posterior pair plot (with the reference when C2ST runs) for the first observation."""
 
+    def check(self) -> None:
+        from trainforge.workloads.sbi.tasks.base import NUM_OBSERVATIONS
+
+        bad = [n for n in self.observations if not 1 <= n <= NUM_OBSERVATIONS]
+        if bad:
+            raise RecipeError(
+                f"workload.evaluation.observations: {bad} out of range; tasks have observations "
+                f"1..{NUM_OBSERVATIONS}"
+            )
+        self.at_least("num_samples", 2)
+        self.at_least("sbc_samples", 2)
+        self.at_least("sbc_runs", 0)
+
 
 @dataclass
-class SBIWorkloadConfig:
+class SBIWorkloadConfig(WorkloadSection):
     kind: str = "sbi"
     """Workload family tag; selects this schema."""
     task: str = "two_moons"
@@ -101,10 +140,10 @@ class SBIWorkloadConfig:
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
     val_fraction: float = 0.1
     """Fraction of the simulations held out for validation and early stopping (sbi: 0.1)."""
-    data_on_device: str = "auto"
+    data_on_device: Switch = "auto"
     """auto | true | false: keep the simulations on the GPU (auto: when they take less than
     40% of its free memory; otherwise batches are gathered in pinned host memory)."""
-    stream_from_disk: str = "auto"
+    stream_from_disk: Switch = "auto"
     """auto | true | false: read the simulations from disk a window of chunks at a time while
     training, instead of loading them all (auto: when they, times the workers on a machine,
     would take more than a quarter of its available memory)."""
@@ -112,3 +151,8 @@ class SBIWorkloadConfig:
     """Streaming: simulations held in memory (and on the GPU) at once; batches are shuffled
     within a window of randomly ordered chunks."""
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+
+    def check(self) -> None:
+        # The task name is checked by the spec (the task registry imports the tasks' code).
+        self.fraction("val_fraction")
+        self.at_least("stream_window_rows", 1)

@@ -60,7 +60,7 @@ class BuildRecord:
     @classmethod
     def from_config(cls, estimator_cfg: Any, dim_theta: int, dim_x: int) -> BuildRecord:
         names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x"}
-        values = {name: estimator_cfg[name] for name in names}
+        values = {name: getattr(estimator_cfg, name) for name in names}
         values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
         return cls(dim_theta=dim_theta, dim_x=dim_x, **values)
 
@@ -81,14 +81,15 @@ def check(estimator_cfg: Any) -> None:
             + ", ".join(EMBEDDINGS)
         )
     for key in ("z_score_theta", "z_score_x"):
-        if estimator_cfg[key] not in Z_SCORES:
+        if getattr(estimator_cfg, key) not in Z_SCORES:
             raise RecipeError(
-                f"workload.estimator.{key}: {estimator_cfg[key]!r} is not one of "
+                f"workload.estimator.{key}: {getattr(estimator_cfg, key)!r} is not one of "
                 + ", ".join(Z_SCORES)
             )
     for key in ("hidden_features", "num_transforms", "num_bins", "num_components"):
-        if estimator_cfg[key] < 1:
-            raise RecipeError(f"workload.estimator.{key}: must be >= 1, got {estimator_cfg[key]}")
+        value = getattr(estimator_cfg, key)
+        if value < 1:
+            raise RecipeError(f"workload.estimator.{key}: must be >= 1, got {value}")
     shape = list(estimator_cfg.embedding_input_shape)
     if estimator_cfg.embedding == "cnn" and len(shape) not in (1, 2, 3):
         raise RecipeError(

@@ -146,8 +146,8 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     )
     resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": cfg.simulation.cpus_per_chunk}
     remote = ray.remote(**resources)(simulate_chunk)
-    cfg_plain = _plain(cfg)
-    pending = {remote.remote(cfg_plain, seed, i, n, device): i for i, n in todo}
+    # The section is a plain dataclass: Ray pickles it as it is.
+    pending = {remote.remote(cfg, seed, i, n, device): i for i, n in todo}
     started, last_print = time.monotonic(), 0.0
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
@@ -241,10 +241,3 @@ def _save_atomic(result: dict[str, Any], path: Path) -> None:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     with replacing(path) as temporary:
         temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def _plain(cfg: Any) -> Any:
-    """The workload section as a plain dict-backed config (cheap to ship to Ray tasks)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

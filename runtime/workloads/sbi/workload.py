@@ -13,6 +13,7 @@ their steps are bound by kernel launches, not arithmetic, and 16-bit math would 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainforge import log
+from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Split, TensorData
 from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import simulate, sources, stream
-from trainforge.workloads.sbi.tasks import NUM_OBSERVATIONS
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
 
 # Keep the simulations on the GPU only when they leave most of its memory to training.
 DEVICE_MEMORY_FRACTION = 0.4
@@ -34,8 +38,9 @@ DEVICE_MEMORY_FRACTION = 0.4
 HOST_COPIES = 4
 
 
-def check(cfg: Any, precision: Any) -> None:
-    """Recipe values only; user code is imported by ``check_data``."""
+def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
+    """The task name and rules against other sections (the section checks its own values);
+    user code is imported by ``check_data``."""
     if cfg.task not in sources.KNOWN_TASKS:
         hint = did_you_mean(cfg.task, sources.KNOWN_TASKS)
         raise RecipeError(
@@ -47,56 +52,17 @@ def check(cfg: Any, precision: Any) -> None:
             f"workload.prior/simulator: only used with task: {sources.CUSTOM} "
             f"(task is {cfg.task!r})"
         )
-    if precision.dtype != "fp32":
+    dtype = recipe.precision.dtype
+    if dtype != "fp32":
         raise RecipeError(
-            f"precision.dtype: {precision.dtype} is not supported for workload.kind sbi; use fp32 "
+            f"precision.dtype: {dtype} is not supported for workload.kind sbi; use fp32 "
             "(flow log-determinants and the NPE loss need it; see the sbi workload docs)"
         )
-    sim = cfg.simulation
-    if sim.num_simulations < 2:
-        raise RecipeError(
-            f"workload.simulation.num_simulations: must be >= 2, got {sim.num_simulations}"
-        )
-    if sim.chunk_size < 1:
-        raise RecipeError(f"workload.simulation.chunk_size: must be >= 1, got {sim.chunk_size}")
-    if sim.device not in ("auto", "cpu", "cuda"):
-        raise RecipeError(
-            f"workload.simulation.device: {sim.device!r} is not one of auto, cpu, cuda"
-        )
-    if sim.cpus_per_chunk <= 0:
-        raise RecipeError(
-            f"workload.simulation.cpus_per_chunk: must be > 0, got {sim.cpus_per_chunk}"
-        )
-    if not 0 < cfg.val_fraction < 1:
-        raise RecipeError(f"workload.val_fraction: must be in (0, 1), got {cfg.val_fraction}")
-    for key in ("data_on_device", "stream_from_disk"):
-        cfg[key] = str(cfg[key]).lower()  # YAML reads `true` as a bool; the schema keeps text
-        if cfg[key] not in ("auto", "true", "false"):
-            raise RecipeError(f"workload.{key}: {cfg[key]!r} is not one of auto, true, false")
-    if cfg.stream_window_rows < 1:
-        raise RecipeError(
-            f"workload.stream_window_rows: must be >= 1, got {cfg.stream_window_rows}"
-        )
-    estimators.check(cfg.estimator)
-    evaluation = cfg.evaluation
-    bad = [n for n in evaluation.observations if not 1 <= n <= NUM_OBSERVATIONS]
-    if bad:
-        raise RecipeError(
-            f"workload.evaluation.observations: {bad} out of range; tasks have observations "
-            f"1..{NUM_OBSERVATIONS}"
-        )
-    for key in ("num_samples", "sbc_samples"):
-        if evaluation[key] < 2:
-            raise RecipeError(f"workload.evaluation.{key}: must be >= 2, got {evaluation[key]}")
-    if evaluation.sbc_runs < 0:
-        raise RecipeError(f"workload.evaluation.sbc_runs: must be >= 0, got {evaluation.sbc_runs}")
 
 
-def check_data(cfg: Any) -> None:
+def check_data(cfg: SBIWorkloadConfig) -> None:
     """Import and probe a user's prior and simulator; check a given simulation folder."""
     source = sources.resolve(cfg)
-    if cfg.task == sources.CUSTOM and cfg.code_dir is None:
-        cfg.code_dir = sources.code_dir_of(cfg.simulator)
     if cfg.simulation.path is not None:
         folder = Path(cfg.simulation.path)
         if not (folder / simulate.MANIFEST).is_file():
@@ -116,12 +82,20 @@ def check_data(cfg: Any) -> None:
     )
 
 
-def prepare_data(cfg: Any, seed: int, storage_root: str) -> None:
-    """The simulation stage, unless the recipe points at finished simulations; sets
-    ``simulation.path`` for the workers and refuses NaN/inf simulations unless dropped."""
-    if cfg.simulation.path is None:
-        cfg.simulation.path = str(simulate.run(cfg, seed, storage_root))
-    simulate.check_invalid(Path(cfg.simulation.path), cfg.simulation.drop_invalid)
+def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
+    """The simulation stage, unless the recipe points at finished simulations. Returns the
+    section with ``code_dir`` (a custom task: where its prior and simulator were imported
+    from, for Ray tasks and workers on other machines) and ``simulation.path`` filled in;
+    refuses NaN/inf simulations unless the recipe drops them."""
+    if cfg.task == sources.CUSTOM and cfg.code_dir is None and cfg.simulator is not None:
+        sources.resolve(cfg)  # imports the user's modules, so their folder is known
+        cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
+    path = cfg.simulation.path
+    if path is None:
+        path = str(simulate.run(cfg, seed, storage_root))
+    simulate.check_invalid(Path(path), cfg.simulation.drop_invalid)
+    log.say(f"simulations ready: {path}")
+    return dataclasses.replace(cfg, simulation=dataclasses.replace(cfg.simulation, path=path))
 
 
 def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) -> tuple:
@@ -133,11 +107,11 @@ def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) 
     return (theta[train], x[train]), (theta[val], x[val])
 
 
-class SBIWorkload:
+class SBIWorkload(Workload):
     # Validation is forward-only through a small network: big batches, few launches per epoch.
     eval_batch_size = 16384
 
-    def __init__(self, cfg: Any, seed: int) -> None:
+    def __init__(self, cfg: SBIWorkloadConfig, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
         self.info: dict[str, Any] = {}
@@ -219,9 +193,6 @@ class SBIWorkload:
         self.info["parameters"] = sum(p.numel() for p in model.parameters())
         return model
 
-    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
-        return inputs
-
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return model(inputs, targets).mean()
 
@@ -234,9 +205,6 @@ class SBIWorkload:
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         return {"val/loss": sums["loss_sum"].item() / max(sums["count"].item(), 1.0)}
 
-    def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
-        return []  # the SBI figures come from `finish`
-
     def finish(
         self, model: nn.Module, run_dir: str | None, folder: Path
     ) -> tuple[dict[str, float], list[Path]]:
@@ -245,6 +213,7 @@ class SBIWorkload:
 
         from trainforge.workloads.sbi import evaluate, export
 
+        assert isinstance(model, estimators.NPELoss)
         estimator = copy.deepcopy(model.estimator).cpu().eval()
         spec = export.prior_spec(self.cfg)
         exported = folder / "posterior.pt"
@@ -259,6 +228,20 @@ class SBIWorkload:
     def describe(self) -> dict[str, Any]:
         source = self.cfg.task if self.cfg.task != "custom" else self.cfg.simulator
         return {"task": source, "estimator": self.cfg.estimator.model, **self.info}
+
+
+def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:
+    return SBIWorkload(cfg, seed=seed)  # fp32 only (see the module docstring): no precision
+
+
+SPEC = WorkloadSpec(
+    kind="sbi",
+    schema=SBIWorkloadConfig,
+    build=build,
+    check=check,
+    check_data=check_data,
+    prepare_data=prepare_data,
+)
 
 
 def _row_bytes(manifest: dict[str, Any]) -> int:

@@ -1,0 +1,96 @@
+"""trainforge.workloads: the registry of workload specs, and the base class whose hooks the
+training loop calls without probing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainforge import config
+from trainforge.data.types import Split, TensorData
+from trainforge.errors import RecipeError
+from trainforge.workloads import FAMILIES, build_workload, resolve_workload, spec_for
+from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
+from trainforge.workloads.cnn.workload import CNNWorkload
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.workload import SBIWorkload
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+SBI_DEBUG = REPO / "recipes" / "sbi" / "two_moons_debug.yaml"
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_every_family_exports_one_spec_of_its_kind(kind: str) -> None:
+    spec = spec_for(kind)
+    assert isinstance(spec, WorkloadSpec) and spec.kind == kind
+    assert spec.schema().kind == kind  # the schema's default tag selects it
+
+
+def test_unknown_kind_suggests_a_known_one() -> None:
+    with pytest.raises(RecipeError, match=r"workload\.kind: unknown workload 'sbj'.*'sbi'"):
+        spec_for("sbj")
+
+
+def test_only_sbi_has_a_data_stage() -> None:
+    assert spec_for("cnn").prepare_data is None
+    assert spec_for("sbi").prepare_data is not None
+    cnn = config.load(DIGITS).workload
+    assert resolve_workload(cnn, seed=0, storage_root="/nowhere") is cnn
+
+
+class Minimal(Workload):
+    """Only the required methods: every optional hook comes from the base class."""
+
+    def build_model(self) -> nn.Module:
+        return nn.Linear(2, 1)
+
+    def datasets(self, device: torch.device) -> tuple[Split, Split]:
+        data = TensorData(torch.zeros(4, 2), torch.zeros(4, 1))
+        return data, data
+
+    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (model(inputs) - targets).pow(2).mean()
+
+    def eval_sums(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        return {"loss_sum": self.loss(model, inputs, targets) * len(inputs)}
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {"val/loss": float(sums["loss_sum"])}
+
+
+def test_optional_hooks_have_defaults(tmp_path: Path) -> None:
+    workload = Minimal()
+    assert workload.eval_batch_size is None
+    assert (workload.loader_workers, workload.pin_memory, workload.finish) == (0, False, None)
+    batch = torch.ones(3, 2)
+    assert workload.prepare_batch(batch, train=True) is batch
+    assert workload.write_figures({}, tmp_path) == []
+    assert workload.describe() == {}
+
+
+def test_a_workload_must_define_the_required_methods() -> None:
+    class Incomplete(Workload):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()  # type: ignore[abstract]
+
+
+def test_build_workload_picks_the_family_and_fills_the_hooks() -> None:
+    cfg = config.load(DIGITS, ["workload.loader_workers=3", "workload.pin_memory=false"])
+    workload = build_workload(cfg.workload, seed=0, precision=cfg.precision)
+    assert isinstance(workload, CNNWorkload) and isinstance(cfg.workload, CNNWorkloadConfig)
+    assert (workload.loader_workers, workload.pin_memory, workload.finish) == (3, False, None)
+
+    cfg = config.load(SBI_DEBUG)
+    workload = build_workload(cfg.workload, seed=0, precision=cfg.precision)
+    assert isinstance(workload, SBIWorkload) and isinstance(cfg.workload, SBIWorkloadConfig)
+    assert workload.finish is not None and workload.eval_batch_size == 16384
+    assert workload.loader_workers == 0
