@@ -79,11 +79,11 @@ class Workload(ABC):
 W = TypeVar("W", bound=WorkloadSection)
 
 
-def _no_check(cfg: Any, recipe: Recipe) -> None:
+def _no_check(cfg: WorkloadSection, recipe: Recipe) -> None:
     return None
 
 
-def _no_data_check(cfg: Any) -> None:
+def _no_data_check(cfg: WorkloadSection) -> None:
     return None
 
 

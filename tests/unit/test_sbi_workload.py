@@ -4,15 +4,16 @@ user simulators by import path, early stopping and LR scaling."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from trainforge import config
+from trainforge.config.schema import TrainSection
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
 from trainforge.errors import RecipeError
@@ -76,20 +77,18 @@ def test_one_recipe_per_budget_takes_any_task_and_names_the_run_after_it(budget:
 
 
 def test_lr_scaling() -> None:
-    train = OmegaConf.create({"lr": 1e-3, "lr_reference_batch": 256, "lr_scaling": "linear"})
+    train = TrainSection(lr=1e-3, lr_reference_batch=256, lr_scaling="linear")
     assert config.scaled_lr(train, 1024) == pytest.approx(4e-3)
-    train.lr_scaling = "sqrt"
+    train = dataclasses.replace(train, lr_scaling="sqrt")
     assert config.scaled_lr(train, 1024) == pytest.approx(2e-3)
-    train.lr_scaling = "none"
+    train = dataclasses.replace(train, lr_scaling="none")
     assert config.scaled_lr(train, 1024) == pytest.approx(1e-3)
 
 
 @pytest.mark.parametrize("model", ["maf", "nsf", "mdn", "zuko_maf"])
 def test_an_estimator_is_rebuilt_from_its_record_and_weights(model: str) -> None:
     theta, x = _data()
-    cfg = OmegaConf.structured(EstimatorSection)
-    cfg.model = model
-    record = estimators.BuildRecord.from_config(cfg, 2, 2)
+    record = estimators.BuildRecord.from_config(EstimatorSection(model=model), 2, 2)
     built = estimators.build(record, theta * 3 + 1, x - 2)  # z-scoring from these numbers
     rebuilt = estimators.rebuild(record, built.state_dict())
     loss = estimators.NPELoss(built.eval())
@@ -100,7 +99,7 @@ def test_an_estimator_is_rebuilt_from_its_record_and_weights(model: str) -> None
 
 def test_z_scoring_comes_from_the_data_given_to_the_builder() -> None:
     theta, x = _data()
-    record = estimators.BuildRecord.from_config(OmegaConf.structured(EstimatorSection), 2, 2)
+    record = estimators.BuildRecord.from_config(EstimatorSection(), 2, 2)
     torch.manual_seed(0)
     a = estimators.build(record, theta, x)
     torch.manual_seed(0)
@@ -115,8 +114,7 @@ def test_z_scoring_comes_from_the_data_given_to_the_builder() -> None:
     [("fully_connected", [], 6), ("cnn", [16, 16], 256), ("permutation_invariant", [5, 3], 15)],
 )
 def test_embedding_nets_build_and_train(embedding: str, shape: list[int], dim_x: int) -> None:
-    cfg = OmegaConf.structured(EstimatorSection)
-    cfg.embedding, cfg.embedding_input_shape = embedding, shape
+    cfg = EstimatorSection(embedding=embedding, embedding_input_shape=shape)  # type: ignore[arg-type]
     estimators.check(cfg)
     record = estimators.BuildRecord.from_config(cfg, 2, dim_x)
     theta, x = torch.randn(64, 2), torch.randn(64, dim_x)
@@ -129,8 +127,7 @@ def test_embedding_nets_build_and_train(embedding: str, shape: list[int], dim_x:
 
 
 def test_embedding_shape_must_match_x() -> None:
-    cfg = OmegaConf.structured(EstimatorSection)
-    cfg.embedding, cfg.embedding_input_shape = "cnn", [8, 8]
+    cfg = EstimatorSection(embedding="cnn", embedding_input_shape=[8, 8])
     with pytest.raises(RecipeError, match="holds 64 values, but x has 10"):
         estimators.embedding_net(estimators.BuildRecord.from_config(cfg, 2, 10))
     with pytest.raises(RecipeError, match="embedding_input_shape: CNN output size is zero"):
@@ -141,7 +138,7 @@ def test_export_loads_as_an_sbi_direct_posterior(tmp_path: Path) -> None:
     from sbi.inference import DirectPosterior
 
     theta, x = _data()
-    record = estimators.BuildRecord.from_config(OmegaConf.structured(EstimatorSection), 2, 2)
+    record = estimators.BuildRecord.from_config(EstimatorSection(), 2, 2)
     estimator = estimators.build(record, theta, x).eval()
     path = tmp_path / "posterior.pt"
     export.save_posterior(path, estimator, record, {"task": "two_moons"})
@@ -243,10 +240,10 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     sys.modules.pop(name, None)
 
 
-def _custom(module: str, simulator: str, prior: str = "prior") -> object:
-    cfg = OmegaConf.structured(SBIWorkloadConfig)
-    cfg.task, cfg.prior, cfg.simulator = "custom", f"{module}:{prior}", f"{module}:{simulator}"
-    return cfg
+def _custom(module: str, simulator: str, prior: str = "prior") -> SBIWorkloadConfig:
+    return SBIWorkloadConfig(
+        task="custom", prior=f"{module}:{prior}", simulator=f"{module}:{simulator}"
+    )
 
 
 def test_a_user_simulator_resolves(user_module: str) -> None:

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from trainforge.errors import RecipeError
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import TASKS, get_task
 from trainforge.workloads.sbi.tasks.base import Task
 
@@ -145,7 +146,7 @@ def check_simulator_output(x: Any, rows: int, dim_x: int | None) -> Tensor:
     return x.to(torch.float32)
 
 
-def resolve(cfg: Any) -> SimulationSource:
+def resolve(cfg: SBIWorkloadConfig) -> SimulationSource:
     """The recipe's ``workload`` section → its SimulationSource (imports user code)."""
     if cfg.task != CUSTOM:
         task = get_task(cfg.task)
