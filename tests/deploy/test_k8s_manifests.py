@@ -317,7 +317,7 @@ def test_rayjob_entrypoint_is_a_valid_recipe(name: str, doc: dict) -> None:
     assert doc["spec"]["jobId"] == cfg.run.name
     # data (CNN data sets) and simulation caches (SBI) live on the shared volume too
     for key in ("workload.data_root", "workload.simulation.cache_dir"):
-        value = OmegaConf.select(cfg, key, default=None)
+        value = OmegaConf.select(OmegaConf.create(config.to_container(cfg)), key, default=None)
         if value is not None:
             assert value.startswith(f"{SHARED_MOUNT}/"), key
 
