@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainforge.distributed import WorkerContext
 from trainforge.precision import Precision
 from trainforge.worker.step import optimizer_step
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.workload import CNNWorkload
 
 
@@ -22,11 +23,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-class _Cfg:
-    augment = False
-    label_smoothing = 0.0
 
 
 def _worker(rank: int, port: int, results: dict) -> None:
@@ -45,7 +41,7 @@ def _worker(rank: int, port: int, results: dict) -> None:
             return allreduce_hook(state, bucket)
 
         model.register_comm_hook(dist.group.WORLD, counting_hook)
-        workload = CNNWorkload(_Cfg(), seed=0)
+        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)  # no augmentation or smoothing
         precision = Precision("fp32", torch.device("cpu"))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(rank)
