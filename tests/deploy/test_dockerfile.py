@@ -94,14 +94,14 @@ def dockerfile_problems(text: str) -> list[str]:
 
     copies = [shlex.split(args) for keyword, args in steps if keyword == "COPY"]
     copied = {src.rstrip("/") for words in copies for src in words[:-1] if not src.startswith("--")}
-    for needed in ("pyproject.toml", "README.md", "runtime", "recipes"):
+    for needed in ("pyproject.toml", "README.md", "runtime", "recipes", "deploy/runtime_env.yaml"):
         if needed not in copied:
             problems.append(f"{needed} is not copied")
         elif not (ROOT / needed).exists():
             problems.append(f"{needed} is copied but missing from the repository")
 
     installs = [i for keyword, args in steps if keyword == "RUN" for i in _pip_installs(args)]
-    project = [i for i in installs if "." in i or any(a.startswith(".[") for a in i)]
+    project = [i for i in installs if any(a == "." or a.startswith((".[", "./")) for a in i)]
     if not project:
         problems.append("the project is not installed from pyproject (pip install .)")
     for install in installs:
@@ -156,8 +156,17 @@ BROKEN = [
         ("COPY --chown=1000:1000 pyproject.toml README.md ./", "COPY README.md ./"),
         "pyproject.toml is not copied",
     ),
-    ("requirements", (' . "ray[default]', ' torch "ray[default]'), "not installed from pyproject"),
-    ("pip cache", ("install --no-cache-dir .", "install ."), "keeps pip's cache"),
+    (
+        "requirements",
+        (' "./[sbi]" "ray[default]', ' torch "ray[default]'),
+        "not installed from pyproject",
+    ),
+    ("pip cache", ('install --no-cache-dir "./[sbi]"', 'install "./[sbi]"'), "keeps pip's cache"),
+    (
+        "no runtime env",
+        ("COPY --chown=1000:1000 deploy/runtime_env.yaml ./deploy/runtime_env.yaml", ""),
+        "deploy/runtime_env.yaml is not copied",
+    ),
     ("ray range", ('"ray[default]>=2.60,<2.61"', '"ray[default]>=2.50"'), "ray version range"),
 ]
 
@@ -179,8 +188,9 @@ def test_dockerignore_keeps_data_runs_and_caches_out() -> None:
     for pattern in MUST_IGNORE:
         assert pattern in patterns
     assert not any(p.startswith("!") for p in patterns)
-    for needed in ("pyproject.toml", "README.md", "runtime", "recipes"):
+    for needed in ("pyproject.toml", "README.md", "runtime", "recipes", "deploy/runtime_env.yaml"):
         assert needed not in patterns and f"{needed}/" not in patterns
+    assert "deploy" not in patterns  # the runtime env is package data: pyproject maps deploy/
 
 
 HADOLINT = shutil.which("hadolint")
