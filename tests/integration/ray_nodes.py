@@ -5,6 +5,7 @@ nodes on this one machine, each a `--block` process stopped by the test (never a
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,7 +21,10 @@ class RayNodes:
         self.processes: list[subprocess.Popen] = []
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
+        # Ray >= 2.60 heads use token auth; each cluster here gets a token of its own, so it
+        # neither needs nor touches ~/.ray/auth_token (a head refuses to start without a token).
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "OMP_NUM_THREADS": "1",
+                    "RAY_AUTH_TOKEN": secrets.token_hex(32),
                     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2"}  # fmt: skip
         self.env.pop("RAY_ADDRESS", None)
 

@@ -7,7 +7,6 @@ shipped recipe by name from an installed wheel and a project elsewhere)."""
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -25,11 +24,7 @@ DIGITS = "recipes/cnn/digits_simple_cnn.yaml"  # a file inside the project, rela
 
 
 def _nodes(tmp_path: Path, *head_args: str) -> RayNodes:
-    nodes = RayNodes(tmp_path)
-    # a token of its own: `ray start --head` with RAY_AUTH_MODE=token refuses to start without
-    # one, and ~/.ray/auth_token exists only where some head made it before
-    nodes.env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    return nodes.start_head(*head_args)
+    return RayNodes(tmp_path).start_head(*head_args)
 
 
 def _submit(

@@ -11,7 +11,6 @@ so the checkout's editable-install finder (a .pth here) does not leak into the v
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -122,8 +121,6 @@ def test_installed_wheel_validates_and_submits_a_shipped_recipe(tmp_path: Path) 
     nodes = RayNodes(tmp_path)
     env = nodes.env  # RAY_AUTH_MODE=token: what every client of the head needs
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
-    # a token of its own: neither needs nor touches ~/.ray/auth_token
-    env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     env.pop("PYTHONPATH", None)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
