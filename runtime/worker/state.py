@@ -24,6 +24,7 @@ from torch import nn
 
 from trainforge import checkpoint
 from trainforge.checkpoint import Position, Reporter
+from trainforge.config.schema import CheckpointSection
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
 from trainforge.precision import Precision
@@ -78,7 +79,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        section: Any,
+        section: CheckpointSection,
         ctx: WorkerContext,
         recipe_yaml: str,
         reporter: Reporter,

@@ -25,7 +25,9 @@ from torch import nn
 
 from trainforge import config, distributed
 from trainforge.checkpoint import RayReporter, Reporter
+from trainforge.config.schema import PrecisionSection, Recipe, TrainSection
 from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch
+from trainforge.data.types import Split
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
 from trainforge.optim import build_optimizer, build_schedule
@@ -89,7 +91,7 @@ class Plan:
     epochs: int
 
     @classmethod
-    def of(cls, train_cfg: Any, train_samples: int, ctx: WorkerContext) -> Plan:
+    def of(cls, train_cfg: TrainSection, train_samples: int, ctx: WorkerContext) -> Plan:
         global_batch = train_cfg.batch_size * ctx.world_size * train_cfg.grad_accum_steps
         micro_per_epoch = micro_batches_per_epoch(train_samples, ctx, train_cfg.batch_size)
         steps_per_epoch = micro_per_epoch // train_cfg.grad_accum_steps
@@ -110,7 +112,7 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Recipe,
         ctx: WorkerContext,
         tracker: WorkerTracker,
         resume_from: dict[str, Any] | None,
@@ -127,8 +129,8 @@ class Trainer:
             ctx,
             cfg.train.batch_size,
             seed=cfg.run.seed,
-            loader_workers=getattr(cfg.workload, "loader_workers", 0),
-            pin_memory=getattr(cfg.workload, "pin_memory", False),
+            loader_workers=self.workload.loader_workers,
+            pin_memory=self.workload.pin_memory,
         )
         self.train_model = wrap(self.state.model, cfg.precision, ctx)
         tracker.start()
@@ -252,7 +254,7 @@ class Trainer:
 
     def workload_finish(self, run_dir: str | None) -> bool:
         """The workload's own final evaluation and export, on rank 0; False when it has none."""
-        finish = getattr(self.workload, "finish", None)
+        finish = self.workload.finish
         if finish is None:
             return False
         if self.ctx.is_main:
@@ -274,7 +276,7 @@ class Trainer:
         self.tracker.close()
 
 
-def build_state(cfg: Any, workload: Workload, plan: Plan, ctx: WorkerContext) -> TrainState:
+def build_state(cfg: Recipe, workload: Workload, plan: Plan, ctx: WorkerContext) -> TrainState:
     """A fresh train state: the model, optimizer, LR schedule, precision and early stopping."""
     torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
     model = workload.build_model().to(ctx.device)
@@ -291,7 +293,7 @@ def build_state(cfg: Any, workload: Workload, plan: Plan, ctx: WorkerContext) ->
     )
 
 
-def wrap(model: nn.Module, precision_cfg: Any, ctx: WorkerContext) -> nn.Module:
+def wrap(model: nn.Module, precision_cfg: PrecisionSection, ctx: WorkerContext) -> nn.Module:
     """The module the steps run: DDP over several ranks, compiled when asked."""
     train_model = distributed.wrap(model, ctx, precision_cfg.cuda_graphs)
     if precision_cfg.compile:
@@ -304,7 +306,7 @@ def log_final_artifacts(
     tracker: WorkerTracker,
     workload: Workload,
     model: nn.Module,
-    val_split: Any,
+    val_split: Split,
     eval_sums: dict[str, torch.Tensor],
     profiler: StepProfiler,
 ) -> None:
@@ -322,17 +324,17 @@ def log_final_artifacts(
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    split: Any,
+    split: Split,
     workload: Workload,
     precision: Precision,
     ctx: WorkerContext,
-    train_cfg: Any,
+    train_cfg: TrainSection,
 ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Validation metrics over the whole split (each sample once across ranks), and the summed
     statistics they came from."""
     model.eval()
     sums: dict[str, torch.Tensor | float] = {}
-    batch_size = getattr(workload, "eval_batch_size", None) or max(train_cfg.batch_size, 256)
+    batch_size = workload.eval_batch_size or max(train_cfg.batch_size, 256)
     for inputs, targets in eval_batches(split, ctx, batch_size=batch_size):
         with precision.autocast():
             batch = workload.eval_sums(model, workload.prepare_batch(inputs, train=False), targets)
@@ -359,7 +361,7 @@ def train_metrics(
     return metrics
 
 
-def setup_backends(precision_cfg: Any, ctx: WorkerContext) -> None:
+def setup_backends(precision_cfg: PrecisionSection, ctx: WorkerContext) -> None:
     torch.backends.cuda.matmul.allow_tf32 = precision_cfg.tf32
     torch.backends.cudnn.allow_tf32 = precision_cfg.tf32
     if ctx.device.type == "cuda":
