@@ -68,14 +68,19 @@ def wrap(
     if ctx.world_size == 1:
         return model
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    options = {"device_ids": device_ids, "gradient_as_bucket_view": gradient_as_bucket_view}
-    if not (cuda_graphs and ctx.device.type == "cuda"):
+
+    def ddp() -> DistributedDataParallel:
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        return DistributedDataParallel(model, **options)
+        return DistributedDataParallel(
+            model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view
+        )
+
+    if not (cuda_graphs and ctx.device.type == "cuda"):
+        return ddp()
     side = torch.cuda.Stream(ctx.device)
     side.wait_stream(torch.cuda.current_stream(ctx.device))
     with torch.cuda.stream(side):
-        wrapped = DistributedDataParallel(model, **options)
+        wrapped = ddp()
     torch.cuda.current_stream(ctx.device).wait_stream(side)
     return wrapped
 

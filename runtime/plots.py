@@ -49,7 +49,9 @@ def confusion_matrix(counts: np.ndarray, path: Path) -> None:
         for i in range(classes):
             for j in range(classes):
                 color = "white" if counts[i, j] > threshold else "black"
-                ax.text(j, i, int(counts[i, j]), ha="center", va="center", color=color, fontsize=7)
+                ax.text(
+                    j, i, str(int(counts[i, j])), ha="center", va="center", color=color, fontsize=7
+                )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -38,7 +38,7 @@ def trainer_class() -> type:
         interrupted = False
 
         def _register_sigint_handler(self, controller: Any) -> None:
-            super()._register_sigint_handler(controller)
+            super()._register_sigint_handler(controller)  # type: ignore[misc]  # private
             ray_handler = signal.getsignal(signal.SIGINT)
 
             def on_sigint(signum: int, frame: Any) -> None:

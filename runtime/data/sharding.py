@@ -33,7 +33,11 @@ class ShardSampler(DistributedSampler):
 
     def __init__(self, length: int, ctx: WorkerContext, seed: int, shuffle: bool = True) -> None:
         super().__init__(
-            range(length), num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed
+            range(length),  # type: ignore[arg-type]  # only its length is used
+            num_replicas=ctx.world_size,
+            rank=ctx.rank,
+            shuffle=shuffle,
+            seed=seed,
         )
         self.skip = 0
 

@@ -104,7 +104,8 @@ def train(cfg: Recipe) -> Outcome:
             resources_per_worker=worker_resources(cfg.scaling, use_gpu),
             placement_strategy=cfg.scaling.placement_strategy,
         ),
-        run_config=ray.train.RunConfig(
+        # Ray Train V2's RunConfig takes logging_config; Ray's annotations name the V1 class.
+        run_config=ray.train.RunConfig(  # type: ignore[call-arg]
             name=cfg.run.name,
             storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),

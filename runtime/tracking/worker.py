@@ -42,7 +42,8 @@ class Sender(threading.Thread):
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=handle.tracking_uri)
-        self.run_id = handle.run_id
+        assert handle.run_id is not None, "a sender is made only for a run the server has"
+        self.run_id: str = handle.run_id
         self.uri = handle.tracking_uri
         self.batches: queue.Queue[list[MetricRow] | None] = queue.Queue()
         self.unsent: list[list[MetricRow]] = []
@@ -134,11 +135,11 @@ class WorkerTracker:
         if self.ctx.device.type == "cuda":
             tags["gpu"] = torch.cuda.get_device_name(self.ctx.device)
         if self.online:
-            self.sender = Sender(self.handle)
-            self.sender.start()
+            sender = self.sender = Sender(self.handle)
+            sender.start()
             try:
                 for key, value in tags.items():
-                    self.sender.client.set_tag(self.handle.run_id, key, value)
+                    sender.client.set_tag(sender.run_id, key, value)
             except Exception as exc:
                 warn(f"could not tag the MLflow run ({exc}); training goes on")
                 self._spool().write("tags", tags=tags)
@@ -190,9 +191,9 @@ class WorkerTracker:
         if not self.logs_metrics:
             return
         for path in files:
-            if self.online:
+            if self.online and self.sender is not None:
                 try:
-                    self.sender.client.log_artifact(self.handle.run_id, str(path), artifact_path)
+                    self.sender.client.log_artifact(self.sender.run_id, str(path), artifact_path)
                     continue
                 except Exception as exc:
                     warn(f"could not upload {path.name} to MLflow ({exc}); spooled")
@@ -213,7 +214,7 @@ class WorkerTracker:
         if not (self.online and self.section.log_model):
             return
         try:
-            _log_mlflow_model(self.handle, model, example)
+            _log_mlflow_model(self._handle(), model, example)
         except Exception as exc:
             warn(f"mlflow.pytorch.log_model failed ({exc}); the state dict is logged")
 
@@ -224,7 +225,7 @@ class WorkerTracker:
                 self._spool().write("metrics", metrics=rows)
                 warn(
                     f"{len(rows)} metric values could not be sent; kept in "
-                    f"{self.handle.spool_path} for `trainforge tracking-sync`",
+                    f"{self._handle().spool_path} for `trainforge tracking-sync`",
                     key="unsent",
                 )
         if self.system_monitor is not None:
@@ -234,21 +235,25 @@ class WorkerTracker:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+            handle = self._handle()
             self.system_monitor = SystemMetricsMonitor(
-                self.handle.run_id,
+                handle.run_id,
                 sampling_interval=self.section.system_metrics_interval_s,
-                resume_logging=self.handle.resumed,
+                resume_logging=handle.resumed,
                 node_id=f"node_{self.ctx.node_rank}",
-                tracking_uri=self.handle.tracking_uri,
+                tracking_uri=handle.tracking_uri,
             )
             self.system_monitor.start()
         except Exception as exc:  # psutil missing, NVML absent…: training goes on
             warn(f"system metrics are off on node {self.ctx.node_rank}: {exc}")
             self.system_monitor = None
 
+    def _handle(self) -> RunHandle:
+        assert self.handle is not None, "only called where tracking is on"
+        return self.handle
+
     def _spool(self) -> Spool:
-        assert self.handle is not None
-        return Spool.of(self.handle)
+        return Spool.of(self._handle())
 
     def _spool_dir(self) -> Path:
         assert self.handle is not None

@@ -195,8 +195,8 @@ def pair_plot(
         raise ValueError("pair_plot needs at least one sample set")
     sets: dict[str, np.ndarray] = {}
     dim: int | None = None
-    for name, values in samples.items():
-        sets[name] = _finite_rows(values, name, dim)
+    for name, given in samples.items():
+        sets[name] = _finite_rows(given, name, dim)
         dim = sets[name].shape[1]
     assert dim is not None
     names = _dim_labels(labels, dim)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -182,6 +182,12 @@ def rebuild(record: BuildRecord, state_dict: dict[str, Tensor]) -> nn.Module:
     return estimator
 
 
+class DensityEstimator(Protocol):
+    """What NPELoss needs of sbi's ConditionalDensityEstimator (sbi imported only when built)."""
+
+    def loss(self, input: Tensor, condition: Tensor) -> Tensor: ...
+
+
 class NPELoss(nn.Module):
     """DDP-wrappable estimator: ``forward(θ, x)`` is sbi's per-sample NPE loss, −log q(θ | x)."""
 
@@ -190,4 +196,5 @@ class NPELoss(nn.Module):
         self.estimator = estimator
 
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
-        return self.estimator.loss(theta, condition=x)
+        estimator = cast(DensityEstimator, self.estimator)
+        return estimator.loss(theta, condition=x)

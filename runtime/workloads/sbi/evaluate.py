@@ -44,6 +44,7 @@ def run(
     task = source.task
     observations = list(cfg.observations) if task is not None else []
     for rank, number in enumerate(observations):
+        assert task is not None  # observations exist only for benchmark tasks
         theta_true, x_obs = task.observation(number)
         torch.manual_seed(seed + number)
         samples = posterior.sample((cfg.num_samples,), x=x_obs, show_progress_bars=False)
