@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from trainforge import __version__
+from trainforge import __version__, log
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, describe, find_recipe, shipped_recipes
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             return launch.simulate(cfg)
         return launch.train(cfg).exit_code
     except RecipeError as exc:
-        print(f"trainforge: error: {exc}", file=sys.stderr)
+        log.refuse(str(exc))
         return 2
 
 
@@ -125,10 +125,10 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
     try:
         counts = replay(path, tracking_uri)
     except Exception as exc:
-        print(f"trainforge: MLflow still unreachable, {path} kept: {exc}", file=sys.stderr)
+        log.error(f"MLflow still unreachable, {path} kept: {exc}")
         return 1
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
-    print(f"[trainforge] synced {path}: {summary}")
+    log.say(f"synced {path}: {summary}")
     return 0
 
 
@@ -139,9 +139,9 @@ def _ui(tracking_uri: str | None, port: int) -> int:
 
     uri = resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
-        print(f"[trainforge] that store is served already: open {uri}")
+        log.say(f"that store is served already: open {uri}")
         return 0
-    print(f"[trainforge] MLflow UI for {uri} at http://127.0.0.1:{port}")
+    log.say(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
     command = [
         "mlflow",
         "ui",

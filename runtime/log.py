@@ -29,6 +29,13 @@ def warn(message: str, key: str | None = None) -> None:
     sys.stderr.flush()
 
 
+def refuse(message: str) -> None:
+    """What the user asked for cannot be done (a RecipeError): one line in the style of a
+    command-line tool's usage errors, before anything started."""
+    sys.stderr.write(f"trainforge: error: {message}\n")
+    sys.stderr.flush()
+
+
 def error(message: str) -> None:
     """A line about why the command failed, on stderr."""
     sys.stderr.write(f"{PREFIX} {message}\n")

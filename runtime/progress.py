@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from datetime import timedelta
 from typing import Any
 
 import torch
 
+from trainforge import log
 from trainforge.checkpoint import Position
 from trainforge.distributed import WorkerContext
 
@@ -89,11 +89,4 @@ class Progress:
 
     def _print(self, text: str) -> None:
         if self.ctx.is_main:
-            say(text)
-
-
-def say(text: str) -> None:
-    """One ``[trainforge]`` line from a worker. Not print(): Ray Train patches print in workers
-    and the line would appear twice."""
-    sys.stdout.write(f"[trainforge] {text}\n")
-    sys.stdout.flush()
+            log.say(text)

@@ -8,12 +8,11 @@ starts, and raises RecipeError.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, ray_compat
+from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver.cluster import connect, storage_root
@@ -23,19 +22,20 @@ from trainforge.tracking import driver as tracking
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
 
 
-def spool_file(cfg: Recipe, storage: str) -> Path:
+def spool_file(cfg: Recipe, storage_path: str) -> Path:
     """Where tracking records wait when MLflow is unreachable: beside the checkpoints when the
     storage is a local/NFS path, else in the working directory."""
     from trainforge.tracking.spool import spool_path
 
-    base = Path("trainforge-spool").resolve() if "://" in storage else Path(storage)
+    base = storage.local_folder(storage_path) or Path("trainforge-spool").resolve()
     return spool_path(base / cfg.run.name)
 
 
-def check_existing_run(cfg: Recipe, storage: str) -> None:
-    if "://" in storage:
+def check_existing_run(cfg: Recipe, storage_path: str) -> None:
+    folder = storage.local_folder(storage_path)
+    if folder is None:
         return
-    run_dir = Path(storage) / cfg.run.name
+    run_dir = folder / cfg.run.name
     if run_dir.exists() and not cfg.checkpoint.resume:
         raise RecipeError(
             f"run.name: a run named {cfg.run.name!r} exists at {run_dir} and checkpoint.resume is "
@@ -68,28 +68,28 @@ def train(cfg: Recipe) -> Outcome:
     from trainforge.workloads import check_workload_data
 
     check_workload_data(cfg.workload)
-    storage = storage_root(cfg.run)
-    check_existing_run(cfg, storage)
+    root = storage_root(cfg.run)
+    check_existing_run(cfg, root)
     connect()
     # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
     # worker count, device and data paths that were decided, not "auto".
-    cfg = config.resolve(cfg, ray.cluster_resources(), storage)
+    cfg = config.resolve(cfg, ray.cluster_resources(), root)
     use_gpu = cfg.scaling.use_gpu == "true"
 
     recipe = config.to_container(cfg)
     recipe_yaml = config.to_yaml(cfg)
-    payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{storage}/{cfg.run.name}"}
+    payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{root}/{cfg.run.name}"}
     if os.environ.get(FAIL_AFTER_EPOCH_ENV):
         payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
     handle = None
     if cfg.tracking.enabled:
         handle = tracking.start_run(
-            cfg.tracking, cfg.run.name, recipe, recipe_yaml, str(spool_file(cfg, storage))
+            cfg.tracking, cfg.run.name, recipe, recipe_yaml, str(spool_file(cfg, root))
         )
         payload["mlflow"] = handle.for_workers()
         if handle.run_id is not None:
             state = "reopened" if handle.resumed else "created"
-            print(f"[trainforge] MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
+            log.say(f"MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
 
     ray_compat.poll_controller_fast()
     trainer = _Trainer(
@@ -107,7 +107,7 @@ def train(cfg: Recipe) -> Outcome:
         # Ray Train V2's RunConfig takes logging_config; Ray's annotations name the V1 class.
         run_config=ray.train.RunConfig(  # type: ignore[call-arg]
             name=cfg.run.name,
-            storage_path=storage,
+            storage_path=root,
             failure_config=ray.train.FailureConfig(max_failures=cfg.run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             # Ray Train logs every report at INFO; our own progress lines say what matters.
@@ -123,20 +123,20 @@ def train(cfg: Recipe) -> Outcome:
     except (KeyboardInterrupt, SystemExit, ray.train.TrainingFailedError) as exc:
         if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
             status = "KILLED"
-            print("[trainforge] interrupted; the run resumes from its last checkpoint when re-run")
+            log.say("interrupted; the run resumes from its last checkpoint when re-run")
             return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
         if isinstance(exc, SystemExit):
             raise
-        print(f"[trainforge] training failed: {exc}", file=sys.stderr)
-        print(f"[trainforge] re-run with run.name={cfg.run.name} to resume", file=sys.stderr)
+        log.error(f"training failed: {exc}")
+        log.error(f"re-run with run.name={cfg.run.name} to resume")
         return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
     finally:
         if handle is not None:
             tracking.finish_run(handle, status, checkpoint_path)
 
-    print(f"[trainforge] run {cfg.run.name!r} finished: {_format(result.metrics)}")
+    log.say(f"run {cfg.run.name!r} finished: {_format(result.metrics)}")
     if checkpoint_path:
-        print(f"[trainforge] latest checkpoint: {checkpoint_path}")
+        log.say(f"latest checkpoint: {checkpoint_path}")
     return Outcome(
         0,
         dict(result.metrics),
@@ -155,9 +155,9 @@ def simulate(cfg: Recipe) -> int:
     if spec_for(cfg.workload.kind).prepare_data is None:
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
     check_workload_data(cfg.workload)
-    storage = storage_root(cfg.run)
+    root = storage_root(cfg.run)
     connect()
-    resolve_workload(cfg.workload, cfg.run.seed, storage)  # says where the data are
+    resolve_workload(cfg.workload, cfg.run.seed, root)  # says where the data are
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
-from trainforge import config
+from trainforge import config, log
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, find_recipe
 from trainforge.tracking.driver import GIT_COMMIT_ENV, git_commit
@@ -106,8 +106,8 @@ def submit(
     args = command(recipe_arg, overrides, address, runtime_env, cfg.run.name, wait)
     # say which folder is uploaded: it is the current directory, whatever it holds
     shipped = f"--working-dir {shlex.quote(str(project))}" if ship else "(no working_dir)"
-    print(
-        f"[trainforge] ray job submit --submission-id {shlex.quote(cfg.run.name)} {shipped} … -- "
+    log.say(
+        f"ray job submit --submission-id {shlex.quote(cfg.run.name)} {shipped} … -- "
         + shlex.join(args[args.index("--") + 1 :])
     )
     return subprocess.call(args, env=env)
@@ -166,4 +166,4 @@ def _clear_finished_job(submission_id: str, address: str | None, env: dict[str, 
         raise RecipeError(f"run.name: job {submission_id!r} is {state} on the cluster already")
     if state in TERMINAL:
         JobSubmissionClient(address).delete_job(submission_id)
-        print(f"[trainforge] resubmitting {submission_id!r} (previous job {state}); it resumes")
+        log.say(f"resubmitting {submission_id!r} (previous job {state}); it resumes")
