@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainforge import ray_compat
+from trainforge import ray_compat, storage
 
 STATE_FILE = "state.pt"
 RECIPE_FILE = "recipe.yaml"
@@ -121,8 +121,9 @@ def latest(reporter: Reporter, run_dir: str | None = None) -> dict[str, Any] | N
     registered = reporter.registered()
     if registered is not None:
         candidates.append(registered)
-    if run_dir is not None and "://" not in run_dir:
-        on_disk = newest_in(Path(run_dir))
+    run_folder = storage.local_folder(run_dir)
+    if run_folder is not None:
+        on_disk = newest_in(run_folder)
         if on_disk is not None:
             candidates.append(on_disk)
     return max(candidates, key=lambda state: state["global_step"], default=None)

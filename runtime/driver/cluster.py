@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
-from trainforge import ray_compat
+from trainforge import ray_compat, storage
 from trainforge.config.schema import RunSection
 
 
@@ -68,6 +67,4 @@ def _free_port() -> int:
 
 def storage_root(run: RunSection) -> str:
     """Absolute storage path (Ray workers run elsewhere); URIs such as s3:// pass through."""
-    if "://" in run.storage_path:
-        return run.storage_path
-    return str(Path(run.storage_path).expanduser().resolve())
+    return storage.absolute(run.storage_path)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainforge import log
+from trainforge import log, storage
 from trainforge.atomic import replacing
 from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import sources
@@ -52,7 +52,7 @@ class Plan:
 def cache_root(cfg: Any, storage_root: str) -> Path:
     if cfg.simulation.cache_dir:
         return Path(cfg.simulation.cache_dir).expanduser().resolve()
-    if "://" in storage_root:
+    if storage.is_uri(storage_root):
         raise RecipeError(
             "workload.simulation.cache_dir: run.storage_path is a URI; set cache_dir to a shared "
             "file system path for the simulations"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainforge import log
+from trainforge import log, storage
 from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Split, TensorData
 from trainforge.errors import RecipeError, did_you_mean
@@ -218,8 +218,9 @@ class SBIWorkload(Workload):
         spec = export.prior_spec(self.cfg)
         exported = folder / "posterior.pt"
         export.save_posterior(exported, estimator, self.record(), spec)
-        if run_dir is not None and "://" not in run_dir:
-            export.save_posterior(Path(run_dir) / "posterior.pt", estimator, self.record(), spec)
+        run_folder = storage.local_folder(run_dir)
+        if run_folder is not None:
+            export.save_posterior(run_folder / "posterior.pt", estimator, self.record(), spec)
         metrics, files = evaluate.run(
             estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder
         )
