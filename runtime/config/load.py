@@ -33,6 +33,7 @@ from omegaconf.errors import (
 from trainforge.config.rules import literal_fields
 from trainforge.config.schema import Recipe, TrainSection
 from trainforge.errors import RecipeError, not_one_of
+from trainforge.log import first_line
 
 
 def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -43,7 +44,7 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         user = OmegaConf.load(path)
     except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as exc:
-        raise RecipeError(f"cannot read recipe {path}: {_first_line(exc)}") from None
+        raise RecipeError(f"cannot read recipe {path}: {first_line(exc)}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"recipe {path} must be a mapping of sections, not a list")
     merged = OmegaConf.merge(user, _parse_overrides(overrides))
@@ -116,7 +117,7 @@ def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except (OmegaConfBaseException, ValueError) as exc:
-        raise RecipeError(f"cannot parse overrides: {_first_line(exc)}") from None
+        raise RecipeError(f"cannot parse overrides: {first_line(exc)}") from None
 
 
 def _workload_kind(workload_user: Any) -> str:
@@ -182,8 +183,8 @@ class _key_errors:
             expected = _expected_type(exc)
             raise RecipeError(f"{key}: wrong type, got {value!r}{expected}") from None
         if isinstance(exc, GrammarParseError | InterpolationResolutionError):
-            raise RecipeError(f"{key}: {_first_line(exc)}") from None
-        raise RecipeError(f"{key or 'recipe'}: {_first_line(exc)}") from None
+            raise RecipeError(f"{key}: {first_line(exc)}") from None
+        raise RecipeError(f"{key or 'recipe'}: {first_line(exc)}") from None
 
     def _did_you_mean(self, key: str) -> str:
         if self.schema is None:
@@ -248,9 +249,4 @@ def _check_missing(cfg: DictConfig, prefix: str = "") -> None:
     except MissingMandatoryValue as exc:
         raise RecipeError(f"{getattr(exc, 'full_key', 'recipe')}: missing required value") from None
     except InterpolationResolutionError as exc:
-        raise RecipeError(f"{getattr(exc, 'full_key', 'recipe')}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        raise RecipeError(f"{getattr(exc, 'full_key', 'recipe')}: {first_line(exc)}") from None
