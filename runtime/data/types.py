@@ -27,3 +27,19 @@ class TensorData:
 Split = TensorData | ChunkedData | Dataset
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+# Keep a data set on the GPU only when it leaves most of the memory to training.
+DEVICE_MEMORY_FRACTION = 0.4
+
+
+def keep_on_device(setting: str, nbytes: int, device: torch.device) -> bool:
+    """Whether tensors of ``nbytes`` should live on ``device`` (then batches are gathered there,
+    with no host-to-device copy per step), by a recipe's ``data_on_device`` setting:
+    ``true``, ``false``, or ``auto`` (when they take less than 40% of the GPU's free memory).
+    Never on a CPU device: there is nothing to move."""
+    if device.type != "cuda" or setting == "false":
+        return False
+    if setting == "true":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes < DEVICE_MEMORY_FRACTION * free

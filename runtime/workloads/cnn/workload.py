@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainforge.config.schema import PrecisionSection, Recipe
-from trainforge.data.types import Split, TensorData
+from trainforge.data.types import Split, TensorData, keep_on_device
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
@@ -22,9 +22,6 @@ from trainforge.workloads.cnn.datasets import (
     load_data,
 )
 from trainforge.workloads.cnn.models import build_model, check_model_name
-
-# Keep a data set on the GPU only when it leaves most of the memory to training.
-DEVICE_MEMORY_FRACTION = 0.4
 
 
 def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
@@ -58,11 +55,8 @@ class CNNWorkload(Workload):
         if not isinstance(split, TensorSplit):
             return split  # a Dataset: streamed through a DataLoader
         data = TensorData(split.images, split.labels)
-        if self.cfg.data_on_device == "false" or device.type != "cuda":
-            return data
         nbytes = data.inputs.nbytes + data.targets.nbytes
-        free, _ = torch.cuda.mem_get_info(device)
-        if self.cfg.data_on_device == "true" or nbytes < DEVICE_MEMORY_FRACTION * free:
+        if keep_on_device(self.cfg.data_on_device, nbytes, device):
             return TensorData(data.inputs.to(device), data.targets.to(device))
         return data
 

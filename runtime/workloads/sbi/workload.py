@@ -23,15 +23,13 @@ from torch import nn
 
 from trainforge import log, storage
 from trainforge.config.schema import PrecisionSection, Recipe
-from trainforge.data.types import Split, TensorData
+from trainforge.data.types import Split, TensorData, keep_on_device
 from trainforge.errors import RecipeError, did_you_mean
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import simulate, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 
-# Keep the simulations on the GPU only when they leave most of its memory to training.
-DEVICE_MEMORY_FRACTION = 0.4
 # Loading peaks at ~3.4 times the simulations' size (chunks, concatenation, split; measured in
 # bench/sbi_stream_memory.py): stream from disk when 4 times it, for every worker on the
 # machine, exceeds the available memory.
@@ -128,7 +126,7 @@ class SBIWorkload(Workload):
         )
         self.train_theta, self.train_x = train_theta, train_x  # z-scoring statistics
         self.dim_theta, self.dim_x = theta.shape[1], x.shape[1]
-        on_device = device.type == "cuda" and self._fits(theta, x, device)
+        on_device = self._fits(theta, x, device)
         place = (lambda t: t.to(device)) if on_device else (lambda t: t)
         if device.type == "cuda" and not on_device:
             place = lambda t: t.pin_memory()  # noqa: E731 - batches gathered on the host
@@ -174,15 +172,12 @@ class SBIWorkload(Workload):
         if scan.val is None:
             return train, stream.chunked(job, job.val_rows, window)
         val_theta, val_x = scan.val
-        if device.type == "cuda" and self._fits(val_theta, val_x, device):
+        if self._fits(val_theta, val_x, device):
             val_theta, val_x = val_theta.to(device), val_x.to(device)
         return train, TensorData(val_theta, val_x)
 
     def _fits(self, theta: torch.Tensor, x: torch.Tensor, device: torch.device) -> bool:
-        if self.cfg.data_on_device != "auto":
-            return self.cfg.data_on_device == "true"
-        free, _ = torch.cuda.mem_get_info(device)
-        return theta.nbytes + x.nbytes < DEVICE_MEMORY_FRACTION * free
+        return keep_on_device(self.cfg.data_on_device, theta.nbytes + x.nbytes, device)
 
     def record(self) -> estimators.BuildRecord:
         return estimators.BuildRecord.from_config(self.cfg.estimator, self.dim_theta, self.dim_x)
