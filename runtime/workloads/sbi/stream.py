@@ -1,6 +1,6 @@
 """Simulations read from disk while training, for simulation sets larger than host memory.
 
-- **Split.** sbi's rule over the same rows as in memory (``workload.split``): the same seeded
+- **Split.** sbi's rule over the same rows as in memory (``split.split_order``): the same seeded
   permutation of the valid rows, mapped to (chunk, row) from the chunk sizes, so a recipe
   trains and validates on the same simulations whether it streams or not.
 - **z-scoring.** One pass over the training rows gives the exact mean and variance (merged
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from trainforge.data.chunked import ChunkedData
 from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi.split import split_order
 
 
 @dataclass
@@ -50,11 +51,9 @@ def plan(folder: Path, val_fraction: float, seed: int, drop_invalid: bool) -> St
         valid_rows = valid.nonzero().squeeze(1)
     else:
         valid_rows = torch.arange(total)
-    n = len(valid_rows)
-    num_val = max(1, int(val_fraction * n))
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))  # as `split`
-    train = valid_rows[order[: n - num_val]].sort().values
-    val = valid_rows[order[n - num_val :]].sort().values
+    train_order, val_order = split_order(len(valid_rows), val_fraction, seed)
+    train = valid_rows[train_order].sort().values
+    val = valid_rows[val_order].sort().values
     return StreamPlan(files, _per_chunk(train, sizes), _per_chunk(val, sizes))
 
 

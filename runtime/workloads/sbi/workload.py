@@ -29,6 +29,7 @@ from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import simulate, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.split import split_order
 
 # Loading peaks at ~3.4 times the simulations' size (chunks, concatenation, split; measured in
 # bench/sbi_stream_memory.py): stream from disk when 4 times it, for every worker on the
@@ -97,11 +98,8 @@ def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWor
 
 
 def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) -> tuple:
-    """sbi's rule: a seeded permutation; its last ``int(val_fraction·n)`` rows validate."""
-    n = len(theta)
-    num_val = max(1, int(val_fraction * n))
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    train, val = order[: n - num_val], order[n - num_val :]
+    """sbi's rule (``split.split_order``) applied to simulations in memory."""
+    train, val = split_order(len(theta), val_fraction, seed)
     return (theta[train], x[train]), (theta[val], x[val])
 
 
