@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,7 +46,7 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
     from trainforge.optim import build_optimizer
     from trainforge.precision import Precision
     from trainforge.worker.step import GraphedStep, optimizer_step
-    from trainforge.workloads.sbi.config import SBIWorkloadConfig
+    from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
     from trainforge.workloads.sbi.tasks import get_task
     from trainforge.workloads.sbi.workload import SBIWorkload
 
@@ -57,8 +56,8 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
     generator = torch.Generator(device).manual_seed(rank)
     theta = task.prior_sample(ROWS, generator)
     x = task.simulate(theta, generator)
-    cfg = OmegaConf.structured(SBIWorkloadConfig)  # the recipe's estimator: MAF, hidden 128
-    cfg.estimator.hidden_features = 128
+    # the recipe's estimator: MAF, hidden 128
+    cfg = SBIWorkloadConfig(estimator=EstimatorSection(hidden_features=128))
     workload = SBIWorkload(cfg, seed=0)
     workload.train_theta, workload.train_x = theta[:100_000].cpu(), x[:100_000].cpu()
     workload.dim_theta, workload.dim_x = 2, 2

@@ -54,7 +54,8 @@ def trainforge_run(name: str, storage: Path, overrides: list[str]) -> dict[str, 
 
     cfg, outcome, result = train_recipe(PARITY, name, storage, [*QUIET, *overrides])
     result["overrides"] = overrides
-    result["simulations"] = cfg.workload.simulation.path
+    resolved = outcome.recipe or cfg  # the driver fills in where the simulations are
+    result["simulations"] = resolved.workload.simulation.path
     result["run_dir"] = str(storage / name)
     if outcome.mlflow_run_id:
         client = MlflowClient()

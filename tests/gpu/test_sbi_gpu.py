@@ -20,7 +20,7 @@ from trainforge.optim import build_optimizer
 from trainforge.precision import Precision
 from trainforge.worker.step import GraphedStep, optimizer_step
 from trainforge.workloads.sbi import load_posterior
-from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import get_task
 from trainforge.workloads.sbi.workload import SBIWorkload
 
@@ -38,8 +38,7 @@ def two_moons_steps(
     generator = torch.Generator().manual_seed(0)
     theta = task.prior_sample(4096 + batches_from, generator)
     x = task.simulate(theta, generator)
-    cfg = OmegaConf.structured(SBIWorkloadConfig)
-    workload = SBIWorkload(cfg, seed=0)
+    workload = SBIWorkload(SBIWorkloadConfig(), seed=0)
     workload.train_theta, workload.train_x = theta[:4096], x[:4096]
     workload.dim_theta, workload.dim_x = 2, 2
     batches = [
@@ -168,9 +167,7 @@ def test_a_step_that_cannot_be_captured_falls_back_to_eager() -> None:
     not it captures, training must go on with the weights the warm-up found untouched."""
     device = torch.device("cuda", 0)
     theta, x = torch.randn(512, 2), torch.randn(512, 2)
-    cfg = OmegaConf.structured(SBIWorkloadConfig)
-    cfg.estimator.model = "nsf"
-    workload = SBIWorkload(cfg, seed=0)
+    workload = SBIWorkload(SBIWorkloadConfig(estimator=EstimatorSection(model="nsf")), seed=0)
     workload.train_theta, workload.train_x, workload.dim_theta, workload.dim_x = theta, x, 2, 2
     train = OmegaConf.create({"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0})
     model = workload.build_model().to(device)
