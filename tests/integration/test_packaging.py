@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.git_repo import commit_all
 from tests.integration.ray_nodes import RayNodes
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -84,14 +85,7 @@ def _project(tmp_path: Path) -> tuple[Path, str]:
     project = tmp_path / "project"
     project.mkdir()
     (project / "from_the_project.txt").write_text("shipped as the job's working_dir\n")
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(project)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "project"], check=True)
-    commit = subprocess.run(
-        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    return project, commit
+    return project, commit_all(project)
 
 
 def _check_installed_cli(run: Callable[..., subprocess.CompletedProcess[str]], venv: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.git_repo import commit_all
 from trainforge import cli, resources
 from trainforge.driver import submit
 from trainforge.errors import RecipeError
@@ -113,13 +114,7 @@ def test_default_runtime_env_is_the_packaged_one(project: Path, submitted: list[
 
 
 def test_the_git_commit_is_the_projects(project: Path, submitted: list[list[str]]) -> None:
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(project)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "mine"], check=True)
-    commit = subprocess.run(
-        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    commit = commit_all(project, "mine")
     submit.submit("recipes/mine.yaml", [])
     assert _runtime_env(submitted[0])["env_vars"][GIT_COMMIT_ENV] == commit
     assert submit.git_commit_of(project) == commit

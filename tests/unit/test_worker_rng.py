@@ -4,9 +4,11 @@ one entry per rank."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from trainforge import checkpoint
@@ -28,51 +30,48 @@ def draws() -> tuple[list[float], list[float], list[float]]:
     )
 
 
-def test_rng_state_round_trip(tmp_path: Path) -> None:
-    # keep the global RNG streams as they were for the tests that follow
+@pytest.fixture(autouse=True)
+def keep_global_rng() -> Iterator[None]:
+    """Put the global RNG streams back as they were, for the tests that follow."""
     saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    try:
-        random.seed(11)
-        np.random.seed(12)
-        torch.manual_seed(13)
-        np.random.randn()  # leave a cached gaussian in numpy's state
-        state = rng.capture_rng(CPU)
-        first = draws()
+    yield
+    random.setstate(saved[0])
+    np.random.set_state(saved[1])
+    torch.set_rng_state(saved[2])
 
-        checkpoint.save(tmp_path, {"rng": [state]}, "")
-        loaded = checkpoint.load(tmp_path)["rng"]
-        random.seed(0)
-        np.random.seed(0)
-        torch.manual_seed(0)
-        assert rng.restore_rng(loaded, ctx(0, 1)) is True
-        assert draws() == first
 
-        # the wrong number of states (world size changed) leaves the streams alone
-        before = draws()
-        assert rng.restore_rng(loaded * 2, ctx(0, 1)) is False
-        assert rng.restore_rng([], ctx(0, 1)) is False
-        assert draws() != before  # continued, not rewound
-        assert rng.restore_rng(loaded, ctx(0, 1)) is True
-        assert draws() == first
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
+def test_rng_state_round_trip(tmp_path: Path) -> None:
+    random.seed(11)
+    np.random.seed(12)
+    torch.manual_seed(13)
+    np.random.randn()  # leave a cached gaussian in numpy's state
+    state = rng.capture_rng(CPU)
+    first = draws()
+
+    checkpoint.save(tmp_path, {"rng": [state]}, "")
+    loaded = checkpoint.load(tmp_path)["rng"]
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    assert rng.restore_rng(loaded, ctx(0, 1)) is True
+    assert draws() == first
+
+    # the wrong number of states (world size changed) leaves the streams alone
+    before = draws()
+    assert rng.restore_rng(loaded * 2, ctx(0, 1)) is False
+    assert rng.restore_rng([], ctx(0, 1)) is False
+    assert draws() != before  # continued, not rewound
+    assert rng.restore_rng(loaded, ctx(0, 1)) is True
+    assert draws() == first
 
 
 def test_rng_state_picks_this_ranks_entry() -> None:
-    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    try:
-        states = []
-        for seed in (1, 2):
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
-            states.append(rng.capture_rng(CPU))
-        expected = draws()  # seed 2 streams
-        assert rng.restore_rng(states, ctx(1, 2)) is True
-        assert draws() == expected
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])
+    states = []
+    for seed in (1, 2):
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
+        states.append(rng.capture_rng(CPU))
+    expected = draws()  # seed 2 streams
+    assert rng.restore_rng(states, ctx(1, 2)) is True
+    assert draws() == expected
