@@ -1,4 +1,5 @@
-"""The command line and the driver-side checks that run before any Ray worker starts."""
+"""The command line (``trainforge.cli``): its commands, their one-line errors, and the checks
+it runs before any Ray worker starts."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from omegaconf import OmegaConf
 
 import trainforge
 from trainforge import cli, config, resources
-from trainforge.driver import cluster, launch
-from trainforge.errors import RecipeError
-from trainforge.workloads import check_workload_data
+from trainforge.driver import launch
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -97,38 +96,7 @@ def test_version() -> None:
     assert done.stdout.strip() == f"trainforge {trainforge.__version__}"
 
 
-# --- launch.check_existing_run -------------------------------------------------------------
-
-
-def test_existing_run_without_resume_is_refused(tmp_path: Path) -> None:
-    cfg = config.load(DIGITS, ["checkpoint.resume=false"])
-    launch.check_existing_run(cfg, str(tmp_path))  # no run folder yet: fine
-    (tmp_path / cfg.run.name).mkdir()
-    with pytest.raises(RecipeError, match=r"run\.name"):
-        launch.check_existing_run(cfg, str(tmp_path))
-
-
-def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
-    cfg = config.load(DIGITS, ["checkpoint.resume=true"])
-    (tmp_path / cfg.run.name).mkdir()
-    launch.check_existing_run(cfg, str(tmp_path))
-
-
-def test_storage_root_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    run = config.load(DIGITS, ["run.storage_path=./runs"]).run
-    assert cluster.storage_root(run) == str((tmp_path / "runs").resolve())
-    run = config.load(DIGITS, ["run.storage_path=s3://bucket/runs"]).run
-    assert cluster.storage_root(run) == "s3://bucket/runs"
-
-
 # --- data checks ---------------------------------------------------------------------------
-
-
-def test_cifar10_missing_data_root(tmp_path: Path) -> None:
-    cfg = config.load(CIFAR10, [f"workload.data_root={tmp_path / 'nothing-here'}"])
-    with pytest.raises(RecipeError, match=r"workload\.data_root"):
-        check_workload_data(cfg.workload)
 
 
 def test_validate_notes_missing_data_but_succeeds(

@@ -3,6 +3,7 @@ its key."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -204,3 +205,12 @@ def test_from_container_validates() -> None:
     data["train"]["lr"] = 0.0
     with pytest.raises(RecipeError, match=r"train\.lr"):
         config.from_container(data)
+
+
+def test_lr_scaling() -> None:
+    train = TrainSection(lr=1e-3, lr_reference_batch=256, lr_scaling="linear")
+    assert config.scaled_lr(train, 1024) == pytest.approx(4e-3)
+    train = dataclasses.replace(train, lr_scaling="sqrt")
+    assert config.scaled_lr(train, 1024) == pytest.approx(2e-3)
+    train = dataclasses.replace(train, lr_scaling="none")
+    assert config.scaled_lr(train, 1024) == pytest.approx(1e-3)

@@ -73,3 +73,29 @@ def test_state_survives_a_checkpoint(tmp_path: Path) -> None:
     # it goes on counting where it left off: one more miss of the patience of 3 stops
     assert not restored.update(0.7, 3, net, CTX)
     assert restored.update(0.7, 4, net, CTX)
+
+
+def test_early_stopping_stops_after_patience_and_keeps_the_best_weights() -> None:
+    model = torch.nn.Linear(2, 1)
+    stopper = EarlyStopping(patience=2, keep_best=True)
+    decisions = []
+    for epoch, loss in enumerate([3.0, 2.0, 2.5, 1.5, 1.6, 1.7, 1.4], start=1):
+        with torch.no_grad():
+            model.weight.fill_(loss)
+        decisions.append(stopper.update(loss, epoch, model, CTX))
+        if decisions[-1]:
+            break
+    assert decisions == [False, False, False, False, False, True]
+    assert stopper.best == 1.5 and stopper.best_epoch == 4
+    assert stopper.restore_best(model)
+    assert float(model.weight[0, 0].detach()) == 1.5
+    fresh = EarlyStopping(patience=2, keep_best=True)
+    fresh.load_state_dict(stopper.state_dict(), torch.device("cpu"))
+    assert fresh.stopped and fresh.best == 1.5 and fresh.best_weights is not None
+
+
+def test_no_patience_never_stops() -> None:
+    stopper = EarlyStopping(patience=0, keep_best=False)
+    model = torch.nn.Linear(1, 1)
+    assert not any(stopper.update(float(i), i, model, CTX) for i in range(1, 50))
+    assert not stopper.restore_best(model)

@@ -12,7 +12,13 @@ from torch import nn
 from trainforge import config
 from trainforge.data.types import Split, TensorData
 from trainforge.errors import RecipeError
-from trainforge.workloads import FAMILIES, build_workload, resolve_workload, spec_for
+from trainforge.workloads import (
+    FAMILIES,
+    build_workload,
+    check_workload_data,
+    resolve_workload,
+    spec_for,
+)
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.workload import CNNWorkload
@@ -21,6 +27,7 @@ from trainforge.workloads.sbi.workload import SBIWorkload
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+CIFAR10 = REPO / "recipes" / "cnn" / "cifar10_resnet18.yaml"
 SBI_DEBUG = REPO / "recipes" / "sbi" / "two_moons_debug.yaml"
 
 
@@ -94,3 +101,9 @@ def test_build_workload_picks_the_family_and_fills_the_hooks() -> None:
     assert isinstance(workload, SBIWorkload) and isinstance(cfg.workload, SBIWorkloadConfig)
     assert workload.finish is not None and workload.eval_batch_size == 16384
     assert workload.loader_workers == 0
+
+
+def test_cifar10_missing_data_root(tmp_path: Path) -> None:
+    cfg = config.load(CIFAR10, [f"workload.data_root={tmp_path / 'nothing-here'}"])
+    with pytest.raises(RecipeError, match=r"workload\.data_root"):
+        check_workload_data(cfg.workload)

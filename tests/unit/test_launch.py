@@ -1,0 +1,29 @@
+"""Driver-side launch checks (``trainforge.driver.launch``) that run before any Ray worker
+starts: an existing run folder is refused unless the recipe resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainforge import config
+from trainforge.driver import launch
+from trainforge.errors import RecipeError
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+
+
+def test_existing_run_without_resume_is_refused(tmp_path: Path) -> None:
+    cfg = config.load(DIGITS, ["checkpoint.resume=false"])
+    launch.check_existing_run(cfg, str(tmp_path))  # no run folder yet: fine
+    (tmp_path / cfg.run.name).mkdir()
+    with pytest.raises(RecipeError, match=r"run\.name"):
+        launch.check_existing_run(cfg, str(tmp_path))
+
+
+def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
+    cfg = config.load(DIGITS, ["checkpoint.resume=true"])
+    (tmp_path / cfg.run.name).mkdir()
+    launch.check_existing_run(cfg, str(tmp_path))
