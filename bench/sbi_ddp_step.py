@@ -70,7 +70,7 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
 
     def batch() -> tuple[torch.Tensor, torch.Tensor]:
         index = torch.randint(0, ROWS, (BATCH,), device=device, generator=generator)
-        return theta[index], x[index]  # (inputs, targets) as the workload reads them
+        return theta[index], x[index]  # (θ, x): sbi's input and condition
 
     graph = None
     if graphed:
@@ -78,11 +78,11 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
         assert graph.captured, graph.error
 
     def one_step() -> None:
-        inputs, targets = batch()
+        pair = batch()
         if graph is not None:
-            graph(inputs, targets)
+            graph(pair)
         else:
-            optimizer_step(train_model, [(inputs, targets)], workload, precision, optimizer, 5.0)
+            optimizer_step(train_model, [pair], workload, precision, optimizer, 5.0)
 
     for _ in range(20):
         one_step()

@@ -27,30 +27,30 @@ import torch
 
 from trainforge.distributed import WorkerContext
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# data.types.Batch, which this module cannot import (data.types imports ChunkedData from here)
+Batch = tuple[torch.Tensor, ...]
 
 
 @dataclass
 class ChunkedData:
-    """A split kept on disk: ``read(file)`` gives a chunk's (inputs, targets) on the host, of
-    which rows ``rows[i]`` of ``files[i]`` belong to this split."""
+    """A split kept on disk: ``read(file)`` gives a chunk's tensors on the host (e.g. θ and x),
+    of which rows ``rows[i]`` of ``files[i]`` belong to this split."""
 
     files: list[Path]
     rows: list[torch.Tensor]
-    read: Callable[[Path], tuple[torch.Tensor, torch.Tensor]]
+    read: Callable[[Path], Batch]
     window_rows: int
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.rows)
 
-    def read_rows(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """This split's rows of the given chunks, concatenated, on the host."""
-        inputs, targets = [], []
-        for i in indices:
-            chunk_inputs, chunk_targets = self.read(self.files[i])
-            inputs.append(chunk_inputs[self.rows[i]])
-            targets.append(chunk_targets[self.rows[i]])
-        return torch.cat(inputs), torch.cat(targets)
+    def read_rows(self, indices: list[int]) -> Batch:
+        """This split's rows of the given chunks, each tensor concatenated, on the host."""
+        parts = [self._rows_of(i) for i in indices]
+        return tuple(torch.cat(same) for same in zip(*parts, strict=True))
+
+    def _rows_of(self, index: int) -> Batch:
+        return tuple(t[self.rows[index]] for t in self.read(self.files[index]))
 
 
 @dataclass
@@ -100,16 +100,16 @@ def train_batches(
         window = next(windows, None)
         pending = reader.submit(split.read_rows, window.chunks) if window else None
         while window is not None and pending is not None:
-            inputs, targets = pending.result()
+            host = pending.result()
             current, window = window, next(windows, None)
             pending = reader.submit(split.read_rows, window.chunks) if window else None
-            inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
+            tensors = tuple(t.to(ctx.device) for t in host)
             order = torch.randperm(
-                len(inputs), generator=_generator(seed, epoch, ctx.rank, current.number)
+                len(tensors[0]), generator=_generator(seed, epoch, ctx.rank, current.number)
             ).to(ctx.device)
             for b in range(current.skip, current.take):
                 idx = order[b * batch_size : (b + 1) * batch_size]
-                yield inputs[idx], targets[idx]
+                yield tuple(t[idx] for t in tensors)
     finally:
         reader.shutdown(wait=True, cancel_futures=True)
 
@@ -122,13 +122,13 @@ def eval_batches(split: ChunkedData, ctx: WorkerContext, batch_size: int) -> Ite
     by_chunk = len(with_rows) >= ctx.world_size
     mine = with_rows[ctx.rank :: ctx.world_size] if by_chunk else with_rows
     for index in mine:
-        inputs, targets = split.read_rows([index])
+        tensors = split.read_rows([index])
         if not by_chunk:
             mine_only = slice(ctx.rank, None, ctx.world_size)
-            inputs, targets = inputs[mine_only], targets[mine_only]
-        inputs, targets = inputs.to(ctx.device), targets.to(ctx.device)
-        for start in range(0, len(inputs), batch_size):
-            yield inputs[start : start + batch_size], targets[start : start + batch_size]
+            tensors = tuple(t[mine_only] for t in tensors)
+        tensors = tuple(t.to(ctx.device) for t in tensors)
+        for start in range(0, len(tensors[0]), batch_size):
+            yield tuple(t[start : start + batch_size] for t in tensors)
 
 
 def _generator(*seeds: int) -> torch.Generator:

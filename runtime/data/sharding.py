@@ -21,10 +21,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainforge.data import chunked
 from trainforge.data.chunked import ChunkedData
-from trainforge.data.types import Split, TensorData
+from trainforge.data.types import Batch, Split, TensorData
 from trainforge.distributed import WorkerContext
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class ShardSampler(DistributedSampler):
@@ -123,25 +121,20 @@ class TrainBatches:
             return
         self.sampler.set_position(epoch, skip_batches * self.batch_size)
         if self.loader is not None:
-            for inputs, targets in self.loader:
-                yield (
-                    inputs.to(self.device, non_blocking=True),
-                    targets.to(self.device, non_blocking=True),
-                )
+            for batch in self.loader:  # a list: default_collate's form of the samples' tuples
+                yield tuple(t.to(self.device, non_blocking=True) for t in batch)
             return
         assert isinstance(self.split, TensorData)
+        tensors = self.split.tensors
         order = self.order(epoch)[skip_batches * self.batch_size :]
         for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
             idx = order[start : start + self.batch_size]
-            yield (
-                _to(self.split.inputs[idx], self.device),
-                _to(self.split.targets[idx], self.device),
-            )
+            yield tuple(_to(t[idx], self.device) for t in tensors)
 
     def order(self, epoch: int) -> torch.Tensor:
         """This rank's whole order for ``epoch``, on the data's device; for data in host memory,
         starts computing the next epoch's."""
-        data_device = self.split.inputs.device  # type: ignore[union-attr]
+        data_device = self.split.device  # type: ignore[union-attr]
         if data_device.type != "cpu":
             return shard_order(len(self.split), self.ctx, self.seed, epoch, data_device)  # type: ignore[arg-type]
         ahead = self.next_order
@@ -165,10 +158,10 @@ def eval_batches(
     # max(): a rank beyond the end of a tiny split simply gets no batches
     indices = torch.arange(ctx.rank, max(ctx.rank, len(split)), ctx.world_size)  # type: ignore[arg-type]
     if isinstance(split, TensorData):
-        indices = indices.to(split.inputs.device)
+        indices = indices.to(split.device)
         for start in range(0, len(indices), batch_size):
             idx = indices[start : start + batch_size]
-            yield _to(split.inputs[idx], ctx.device), _to(split.targets[idx], ctx.device)
+            yield tuple(_to(t[idx], ctx.device) for t in split.tensors)
         return
     assert isinstance(split, Dataset)
     loader = DataLoader(
@@ -177,8 +170,8 @@ def eval_batches(
         num_workers=loader_workers,
         pin_memory=ctx.device.type == "cuda",
     )
-    for inputs, targets in loader:
-        yield _to(inputs, ctx.device), _to(targets, ctx.device)
+    for batch in loader:
+        yield tuple(_to(t, ctx.device) for t in batch)
 
 
 def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

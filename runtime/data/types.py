@@ -10,23 +10,42 @@ from torch.utils.data import Dataset
 
 from trainforge.data.chunked import ChunkedData
 
+Batch = tuple[torch.Tensor, ...]
+"""One batch: a split's tensors, indexed alike and in the split's order. The data layer never
+names them; each workload does (CNN: images, labels; SBI: θ and x, sbi's input and condition)."""
 
-@dataclass
+
+@dataclass(init=False, eq=False)
 class TensorData:
-    """A data split held as tensors: kept on the accelerator when it fits and batched by
-    index there, with no DataLoader and no host-to-device copy per step."""
+    """A data split held as tensors of equal length (``TensorData(images, labels)``,
+    ``TensorData(theta, x)``): kept on the accelerator when it fits and batched by index there,
+    with no DataLoader and no host-to-device copy per step."""
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
+    tensors: tuple[torch.Tensor, ...]
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        if not tensors:
+            raise ValueError("TensorData needs at least one tensor")
+        lengths = [len(t) for t in tensors]
+        if len(set(lengths)) > 1:
+            raise ValueError(f"TensorData's tensors differ in length: {lengths}")
+        self.tensors = tensors
 
     def __len__(self) -> int:
-        return len(self.targets)
+        return len(self.tensors[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors are, and so where batches are indexed."""
+        return self.tensors[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
 
 
 # a map-style Dataset goes through a DataLoader; ChunkedData is read from disk window by window
 Split = TensorData | ChunkedData | Dataset
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 # Keep a data set on the GPU only when it leaves most of the memory to training.
 DEVICE_MEMORY_FRACTION = 0.4

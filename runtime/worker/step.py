@@ -8,12 +8,13 @@ Why: the SBI estimators (tens of thousands of parameters, dozens of small layers
 kernel launches and Python, not arithmetic: an eager step of sbi's MAF costs ~9 ms on an H200
 whatever the batch. Replaying a graph is one launch per step.
 
-How (PyTorch's "whole-network capture"): the batch is copied into static input tensors; the
-optimizer is capturable with its learning rate in a device tensor (so the LR schedule still
-applies, through ``fill_``); gradients are created inside the graph (set to None before capture),
-so each replay writes fresh gradients instead of accumulating. Warm-up steps on a side stream
-must run before capture; they would change the weights, so the model and optimizer state are
-put back afterwards and training starts exactly where it would have without graphs.
+How (PyTorch's "whole-network capture"): every tensor of the batch is copied into a static
+tensor of its own; the optimizer is capturable with its learning rate in a device tensor (so the
+LR schedule still applies, through ``fill_``); gradients are created inside the graph (set to
+None before capture), so each replay writes fresh gradients instead of accumulating. Warm-up
+steps on a side stream must run before capture; they would change the weights, so the model and
+optimizer state are put back afterwards and training starts exactly where it would have without
+graphs.
 
 With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
 in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
@@ -36,6 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainforge import distributed
+from trainforge.data.types import Batch
 from trainforge.precision import Precision
 from trainforge.workloads.base import Workload
 
@@ -50,17 +52,17 @@ class GraphedStep:
         workload: Any,
         optimizer: torch.optim.Optimizer,
         clip_grad_norm: float | None,
-        example: tuple[torch.Tensor, torch.Tensor],
+        example: Batch,
         autocast: Any,
     ) -> None:
-        self.inputs = example[0].detach().clone()
-        self.targets = example[1].detach().clone()
+        # the graph reads its batch from these tensors' addresses: __call__ copies into them
+        self.batch = tuple(t.detach().clone() for t in example)
         self.params = [p for p in model.parameters() if p.requires_grad]
         max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
 
         def body() -> tuple[torch.Tensor, torch.Tensor]:
             with autocast():
-                loss = workload.loss(model, workload.prepare_batch(self.inputs, True), self.targets)
+                loss = workload.loss(model, workload.prepare_batch(self.batch, True))
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
             optimizer.step()
@@ -99,13 +101,11 @@ class GraphedStep:
     def captured(self) -> bool:
         return self.graph is not None
 
-    def __call__(
-        self, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on this batch: (loss, pre-clip gradient norm), both fresh tensors."""
         assert self.graph is not None, "replaying a step whose capture failed"
-        self.inputs.copy_(inputs)
-        self.targets.copy_(targets)
+        for static, tensor in zip(self.batch, batch, strict=True):
+            static.copy_(tensor)
         self.graph.replay()
         return self.loss.clone(), self.norm.clone()
 
@@ -133,7 +133,7 @@ def _restore_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, 
 
 def optimizer_step(
     model: nn.Module,
-    window: list[tuple[torch.Tensor, torch.Tensor]],
+    window: list[Batch],
     workload: Workload,
     precision: Precision,
     optimizer: torch.optim.Optimizer,
@@ -143,11 +143,11 @@ def optimizer_step(
     """One optimizer step over a window of micro-batches. Returns (mean loss, grad norm)."""
     micro_steps = len(window)
     loss_total = torch.zeros((), device=window[0][0].device)
-    for i, (inputs, targets) in enumerate(window):
+    for i, batch in enumerate(window):
         # forward and backward both inside no_sync: DDP decides at backward whether to reduce
         with distributed.sync_context(model, sync=i == micro_steps - 1):
             with precision.autocast():
-                loss = workload.loss(model, workload.prepare_batch(inputs, train=True), targets)
+                loss = workload.loss(model, workload.prepare_batch(batch, train=True))
             precision.backward(loss / micro_steps)
         loss_total += loss.detach().float()
     params = [p for p in model.parameters() if p.grad is not None]
@@ -186,19 +186,19 @@ class Stepper:
         self.graphed: GraphedStep | None = None
 
     def __call__(
-        self, window: list[tuple[torch.Tensor, torch.Tensor]], measure_norm: bool = False
+        self, window: list[Batch], measure_norm: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.capture_pending:
             self.capture_pending = False
             self.graphed = self._capture(window[0])
         if self.graphed is not None:
-            return self.graphed(*window[0])
+            return self.graphed(window[0])
         return optimizer_step(
             self.model, window, self.workload, self.precision, self.optimizer,
             self.clip_grad_norm, measure_norm,
         )  # fmt: skip
 
-    def _capture(self, example: tuple[torch.Tensor, torch.Tensor]) -> GraphedStep | None:
+    def _capture(self, example: Batch) -> GraphedStep | None:
         graphed = GraphedStep(
             self.model, self.workload, self.optimizer, self.clip_grad_norm, example,
             self.precision.autocast,

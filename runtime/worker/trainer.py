@@ -317,8 +317,9 @@ def log_final_artifacts(
         tracker.log_artifacts(workload.write_figures(eval_sums, Path(folder)), "plots")
     if profiler.trace is not None:
         tracker.log_artifacts([profiler.trace], "profiler")
-    example, _ = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
-    tracker.log_model(distributed.unwrap(model), workload.prepare_batch(example, train=False))
+    batch = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
+    example = workload.prepare_batch(batch, train=False)[0]  # the input example: its first tensor
+    tracker.log_model(distributed.unwrap(model), example)
 
 
 @torch.no_grad()
@@ -335,10 +336,10 @@ def evaluate(
     model.eval()
     sums: dict[str, torch.Tensor | float] = {}
     batch_size = workload.eval_batch_size or max(train_cfg.batch_size, 256)
-    for inputs, targets in eval_batches(split, ctx, batch_size=batch_size):
+    for batch in eval_batches(split, ctx, batch_size=batch_size):
         with precision.autocast():
-            batch = workload.eval_sums(model, workload.prepare_batch(inputs, train=False), targets)
-        for key, value in batch.items():
+            stats = workload.eval_sums(model, workload.prepare_batch(batch, train=False))
+        for key, value in stats.items():
             sums[key] = sums.get(key, 0) + value.detach().float()
     model.train()
     summed = distributed.all_reduce_sums(sums, ctx.device)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
-from trainforge.data.types import Split
+from trainforge.data.types import Batch, Split
 
 # (model, run_dir, folder) -> (metrics, files): see Workload.finish
 Finish = Callable[[nn.Module, str | None, Path], tuple[dict[str, float], list[Path]]]
@@ -50,22 +50,23 @@ class Workload(ABC):
         """(train, validation) splits, identical on every rank (the loop shards them)."""
 
     @abstractmethod
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean loss of the batch (under autocast when mixed precision is on)."""
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Mean loss of a prepared batch (under autocast when mixed precision is on). A batch
+        is the split's tensors in the order ``datasets`` gave them; the workload names them."""
 
     @abstractmethod
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        """Summable statistics of one validation batch (summed over batches and ranks)."""
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        """Summable statistics of one prepared validation batch (summed over batches and
+        ranks)."""
 
     @abstractmethod
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Validation metrics from the summed statistics, e.g. val/loss and val/accuracy."""
 
-    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
-        """Per-batch work on the device: augmentation for training batches, memory format."""
-        return inputs
+    def prepare_batch(self, batch: Batch, train: bool) -> Batch:
+        """Per-batch work on the device before ``loss`` or ``eval_sums``: augmentation for
+        training batches, memory format. Default: the batch as it is."""
+        return batch
 
     def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
         """PNG files made from the final validation statistics (e.g. a confusion matrix)."""

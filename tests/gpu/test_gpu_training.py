@@ -79,11 +79,13 @@ def test_torchvision_model_by_name(ray_cluster, in_tmp: Path) -> None:
 
 
 def test_tensor_data_is_kept_on_the_gpu() -> None:
+    from trainforge.data.types import TensorData
     from trainforge.workloads.cnn.workload import CNNWorkload
 
     cfg = config.load(CIFAR, ["workload.dataset=digits", "workload.model=simple_cnn"]).workload
     train, val = CNNWorkload(cfg, seed=0).datasets(torch.device("cuda", 0))
-    assert train.inputs.is_cuda and train.targets.is_cuda and val.inputs.is_cuda
+    assert isinstance(train, TensorData) and isinstance(val, TensorData)
+    assert all(t.is_cuda for t in (*train.tensors, *val.tensors))
 
 
 @pytest.mark.parametrize("length", [10_000_019, 64])

@@ -72,7 +72,7 @@ def eager_and_graphed_losses(
     graph_step = distributed.wrap(graph_model, ctx, cuda_graphs=True)
     step = GraphedStep(graph_step, workload, graph_opt, 5.0, batches[0], precision.autocast)
     assert step.captured, step.error
-    graphed = [step(*b)[0].item() for b in batches]
+    graphed = [step(b)[0].item() for b in batches]
     return eager, graphed, eager_model, graph_model
 
 
@@ -178,7 +178,7 @@ def test_a_step_that_cannot_be_captured_falls_back_to_eager() -> None:
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, before[key])
     if step.captured:
-        loss, _ = step(*batch)
+        loss, _ = step(batch)
     else:
         loss, _ = optimizer_step(
             model, [batch], workload, Precision("fp32", device), optimizer, 5.0

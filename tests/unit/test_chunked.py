@@ -29,20 +29,20 @@ class Chunks:
         for i, size in enumerate(sizes):
             ids = torch.arange(start, start + size)
             path = folder / f"chunk-{i}.pt"
-            torch.save({"inputs": ids.float().view(-1, 1).repeat(1, 2), "targets": ids}, path)
+            torch.save({"features": ids.float().view(-1, 1).repeat(1, 2), "ids": ids}, path)
             self.files.append(path)
             start += size
 
     def read(self, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         self.reads[path] += 1
         chunk = torch.load(path, weights_only=True)
-        return chunk["inputs"], chunk["targets"]
+        return chunk["features"], chunk["ids"]
 
     def split(self, keep_every: int, window_rows: int) -> ChunkedData:
         """Every keep_every-th row of each chunk belongs to the split (others: another split)."""
         rows = []
         for path in self.files:
-            n = len(torch.load(path, weights_only=True)["targets"])
+            n = len(torch.load(path, weights_only=True)["ids"])
             rows.append(torch.arange(0, n, keep_every))
         return ChunkedData(self.files, rows, self.read, window_rows)
 
@@ -52,8 +52,8 @@ def epoch_rows(split: ChunkedData, world: int, batch: int, epoch: int = 0, skip:
     out = []
     for rank in range(world):
         batches = list(train_batches(split, ctx(rank, world), batch, 7, epoch, num, skip))
-        for inputs, targets in batches:
-            assert inputs.shape == (batch, 2) and torch.equal(inputs[:, 0].long(), targets)
+        for features, ids in batches:
+            assert features.shape == (batch, 2) and torch.equal(features[:, 0].long(), ids)
         out.append([b[1].tolist() for b in batches])
     return num, out
 
@@ -107,7 +107,7 @@ def test_validation_sees_every_row_once_over_the_ranks(tmp_path: Path, world: in
     for rank in range(world):
         batches = list(eval_batches(split, ctx(rank, world), batch_size=8))
         assert batches, "every rank takes part in the metric all-reduce"
-        seen += [row for _, targets in batches for row in targets.tolist()]
+        seen += [row for _, ids in batches for row in ids.tolist()]
     expected = [row for i, rows in enumerate(split.rows) for row in (rows + 30 * i).tolist()]
     assert sorted(seen) == sorted(expected)
 
@@ -118,3 +118,23 @@ def test_the_loop_batches_a_chunked_split_through_train_batches(tmp_path: Path) 
     batches = list(loop.epoch(0))
     assert len(batches) == sharding.micro_batches_per_epoch(len(split), ctx(0, 2), 16) == 8
     assert len(list(sharding.eval_batches(split, ctx(1, 2), batch_size=50))) == 4  # 2 chunks × 2
+
+
+def test_batches_carry_every_tensor_a_chunk_has(tmp_path: Path) -> None:
+    """The data layer names no tensor: a chunk of three tensors gives batches of three."""
+    chunks = Chunks(tmp_path, [40] * 4)
+
+    def read(path: Path) -> tuple[torch.Tensor, ...]:
+        features, ids = chunks.read(path)
+        return features, ids, -ids
+
+    split = ChunkedData(chunks.files, [torch.arange(40)] * 4, read, window_rows=80)
+    assert [len(t) for t in split.read_rows([0, 2])] == [80, 80, 80]
+    num = sharding.micro_batches_per_epoch(len(split), ctx(0, 2), 10)
+    batches = [
+        *train_batches(split, ctx(1, 2), 10, 7, 0, num),
+        *eval_batches(split, ctx(1, 2), batch_size=10),
+    ]
+    assert len(batches) == num + 8
+    for features, ids, negated in batches:
+        assert torch.equal(features[:, 0].long(), ids) and torch.equal(negated, -ids)

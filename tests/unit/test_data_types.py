@@ -8,8 +8,19 @@ import torch
 from trainforge.data.types import TensorData, keep_on_device
 
 
-def test_tensor_data_is_as_long_as_its_targets() -> None:
-    assert len(TensorData(torch.zeros(7, 3), torch.zeros(7))) == 7
+def test_tensor_data_holds_its_tensors_in_order_and_is_as_long_as_them() -> None:
+    images, labels = torch.zeros(7, 3), torch.zeros(7)
+    data = TensorData(images, labels)
+    assert len(data) == 7 and data.tensors == (images, labels)
+    assert data.nbytes == images.nbytes + labels.nbytes and data.device == images.device
+    assert len(TensorData(torch.zeros(5, 2))) == 5  # any number of tensors, even one
+
+
+def test_tensor_data_refuses_tensors_of_different_lengths_or_none() -> None:
+    with pytest.raises(ValueError, match=r"differ in length: \[7, 6\]"):
+        TensorData(torch.zeros(7, 3), torch.zeros(6))
+    with pytest.raises(ValueError, match="at least one tensor"):
+        TensorData()
 
 
 @pytest.mark.parametrize("setting", ["auto", "true", "false"])

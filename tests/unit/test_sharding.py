@@ -20,9 +20,9 @@ def ctx(rank: int = 0, world_size: int = 1) -> WorkerContext:
 
 
 def tensor_data(n: int) -> TensorData:
-    # inputs carry their own index so batches can be traced back to samples
-    inputs = torch.arange(n, dtype=torch.float32).view(n, 1).repeat(1, 3)
-    return TensorData(inputs, torch.arange(n))
+    # features carry their sample's index so batches can be traced back to samples
+    features = torch.arange(n, dtype=torch.float32).view(n, 1).repeat(1, 3)
+    return TensorData(features, torch.arange(n))
 
 
 # --- ShardSampler --------------------------------------------------------------------------
@@ -102,10 +102,10 @@ def test_tensor_batches_follow_the_sampler_with_the_next_epoch_computed_ahead() 
 
 def epoch_indices(batches: sharding.TrainBatches, epoch: int, skip: int = 0) -> list[list[int]]:
     out = []
-    for inputs, targets in batches.epoch(epoch, skip_batches=skip):
-        assert inputs.shape == (batches.batch_size, 3)
-        assert torch.equal(inputs[:, 0].long(), targets)  # inputs and targets stay paired
-        out.append(targets.tolist())
+    for features, ids in batches.epoch(epoch, skip_batches=skip):
+        assert features.shape == (batches.batch_size, 3)
+        assert torch.equal(features[:, 0].long(), ids)  # a batch's tensors stay paired
+        out.append(ids.tolist())
     return out
 
 
@@ -159,10 +159,10 @@ def test_eval_batches_cover_every_sample_once(n: int, world_size: int) -> None:
     split = tensor_data(n)
     seen = []
     for rank in range(world_size):
-        for inputs, targets in sharding.eval_batches(split, ctx(rank, world_size), batch_size=4):
-            assert len(targets) <= 4
-            assert torch.equal(inputs[:, 0].long(), targets)
-            seen += targets.tolist()
+        for features, ids in sharding.eval_batches(split, ctx(rank, world_size), batch_size=4):
+            assert len(ids) <= 4
+            assert torch.equal(features[:, 0].long(), ids)
+            seen += ids.tolist()
     assert sorted(seen) == list(range(n))
 
 
@@ -170,8 +170,8 @@ def test_eval_batches_split_smaller_than_world() -> None:
     split = tensor_data(1)
     seen = []
     for rank in range(3):
-        for _, targets in sharding.eval_batches(split, ctx(rank, 3), batch_size=4):
-            seen += targets.tolist()
+        for _, ids in sharding.eval_batches(split, ctx(rank, 3), batch_size=4):
+            seen += ids.tolist()
     assert seen == [0]
 
 
@@ -179,8 +179,8 @@ def test_eval_batches_map_style_dataset() -> None:
     split = torch.utils.data.TensorDataset(torch.arange(9).float().view(9, 1), torch.arange(9))
     seen = []
     for rank in (0, 1):
-        for _, targets in sharding.eval_batches(split, ctx(rank, 2), batch_size=2):
-            seen += targets.tolist()
+        for _, ids in sharding.eval_batches(split, ctx(rank, 2), batch_size=2):
+            seen += ids.tolist()
     assert sorted(seen) == list(range(9))
 
 
@@ -192,7 +192,7 @@ def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) ->
     from torch.utils.data import TensorDataset
 
     split = tensor_data(61)
-    as_dataset = TensorDataset(split.inputs, split.targets)
+    as_dataset = TensorDataset(*split.tensors)
     for rank in (0, 1):
         tensors = sharding.TrainBatches(split, ctx(rank, 2), batch_size=5, seed=2)
         loader = sharding.TrainBatches(
@@ -203,6 +203,28 @@ def test_dataloader_path_yields_the_tensor_paths_batches(loader_workers: int) ->
         for epoch in (0, 1):
             assert epoch_indices(loader, epoch) == epoch_indices(tensors, epoch)
         assert epoch_indices(loader, 2, skip=3) == epoch_indices(tensors, 2, skip=3)
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_batch_is_every_tensor_of_the_split_unnamed(count: int) -> None:
+    """The data layer names no tensor: batches carry all of a split's tensors, in its order,
+    through the tensor, DataLoader and validation paths alike."""
+    from torch.utils.data import TensorDataset
+
+    ids = torch.arange(30)
+    tensors = [ids * (k + 1) for k in range(count)]
+    split = TensorData(*tensors)
+    loader = sharding.TrainBatches(TensorDataset(*tensors), ctx(0, 2), batch_size=4, seed=1)
+    paths = {
+        "tensors": sharding.TrainBatches(split, ctx(0, 2), batch_size=4, seed=1).epoch(0),
+        "loader": loader.epoch(0),
+        "eval": sharding.eval_batches(split, ctx(0, 2), batch_size=4),
+    }
+    for batches in paths.values():
+        for batch in batches:
+            assert isinstance(batch, tuple) and len(batch) == count
+            for k, tensor in enumerate(batch):
+                assert torch.equal(tensor, batch[0] * (k + 1))
 
 
 @pytest.mark.parametrize(("length", "world"), [(1003, 4), (10, 3), (7, 4), (2, 4), (50, 1)])

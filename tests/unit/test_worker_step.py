@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from trainforge.data.types import Batch
 from trainforge.precision import Precision
 from trainforge.worker import step as step_module
 from trainforge.worker.step import Stepper, optimizer_step
@@ -20,11 +21,12 @@ CPU = torch.device("cpu")
 class Regression:
     """The slice of a workload the step uses: a mean squared error."""
 
-    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
-        return inputs
+    def prepare_batch(self, batch: Batch, train: bool) -> Batch:
+        return batch
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return (model(inputs).squeeze(1) - targets).pow(2).mean()
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        features, values = batch
+        return (model(features).squeeze(1) - values).pow(2).mean()
 
 
 def model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -33,7 +35,7 @@ def model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def window(micro_steps: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def window(micro_steps: int, batch: int = 8) -> list[Batch]:
     generator = torch.Generator().manual_seed(micro_steps * batch)
     return [
         (torch.randn(batch, 4, generator=generator), torch.randn(batch, generator=generator))
@@ -48,7 +50,7 @@ def stepper(model: nn.Module, optimizer: torch.optim.Optimizer, **kwargs: Any) -
 
 
 def eager(
-    model: nn.Module, optimizer: torch.optim.Optimizer, micro: list[tuple[torch.Tensor, ...]]
+    model: nn.Module, optimizer: torch.optim.Optimizer, micro: list[Batch]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     precision = Precision("fp32", CPU)
     return optimizer_step(model, micro, Regression(), precision, optimizer, None)  # type: ignore[arg-type]
@@ -101,11 +103,11 @@ class FakeGraph:
     def __init__(self, *args: Any) -> None:  # GraphedStep's arguments
         self.captured = self.capture_works
         self.error = "operation not permitted when stream is capturing"
-        self.replayed: list[torch.Tensor] = []
+        self.replayed: list[Batch] = []
         FakeGraph.made.append(self)
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        self.replayed.append(inputs)
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, ...]:
+        self.replayed.append(batch)
         return torch.tensor(1.0), torch.tensor(2.0)
 
 
@@ -126,7 +128,7 @@ def test_graphs_are_captured_once_at_the_first_step(fake_graph: type[FakeGraph])
         loss, norm = step(batch)
         assert norm is not None and (loss.item(), norm.item()) == (1.0, 2.0)
     assert len(fake_graph.made) == 1 and not notes
-    assert [id(x) for x in fake_graph.made[0].replayed] == [id(b[0][0]) for b in batches]
+    assert [id(b) for b in fake_graph.made[0].replayed] == [id(w[0]) for w in batches]
     for p, q in zip(before, model.parameters(), strict=True):
         assert torch.equal(p, q)  # every step was the graph's, none eager
 

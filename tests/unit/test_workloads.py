@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from trainforge import config
-from trainforge.data.types import Split, TensorData
+from trainforge.data.types import Batch, Split, TensorData
 from trainforge.errors import RecipeError
 from trainforge.workloads import (
     FAMILIES,
@@ -60,13 +60,12 @@ class Minimal(Workload):
         data = TensorData(torch.zeros(4, 2), torch.zeros(4, 1))
         return data, data
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return (model(inputs) - targets).pow(2).mean()
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        features, values = batch
+        return (model(features) - values).pow(2).mean()
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        return {"loss_sum": self.loss(model, inputs, targets) * len(inputs)}
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"loss_sum": self.loss(model, batch) * len(batch[0])}
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         return {"val/loss": float(sums["loss_sum"])}
@@ -76,10 +75,25 @@ def test_optional_hooks_have_defaults(tmp_path: Path) -> None:
     workload = Minimal()
     assert workload.eval_batch_size is None
     assert (workload.loader_workers, workload.pin_memory, workload.finish) == (0, False, None)
-    batch = torch.ones(3, 2)
+    batch = (torch.ones(3, 2), torch.ones(3, 1))
     assert workload.prepare_batch(batch, train=True) is batch
     assert workload.write_figures({}, tmp_path) == []
     assert workload.describe() == {}
+
+
+def test_the_cnn_workload_names_its_batch_and_prepares_the_images_only() -> None:
+    cfg = config.load(DIGITS, ["workload.augment=true"])
+    workload = CNNWorkload(cfg.workload, seed=0, channels_last=True)  # type: ignore[arg-type]
+    _, val = workload.datasets(torch.device("cpu"))
+    model = workload.build_model()
+    assert isinstance(val, TensorData)
+    batch = (val.tensors[0][:8], val.tensors[1][:8])  # (images, labels)
+    images, labels = workload.prepare_batch(batch, train=True)
+    assert labels is batch[1] and images.shape == batch[0].shape
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert workload.loss(model, (images, labels)).ndim == 0
+    sums = workload.eval_sums(model, workload.prepare_batch(batch, train=False))
+    assert int(sums["count"]) == 8 and int(sums["confusion"].sum()) == 8
 
 
 def test_a_workload_must_define_the_required_methods() -> None:

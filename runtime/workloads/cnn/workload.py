@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainforge.config.schema import PrecisionSection, Recipe
-from trainforge.data.types import Split, TensorData, keep_on_device
+from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
@@ -55,9 +55,8 @@ class CNNWorkload(Workload):
         if not isinstance(split, TensorSplit):
             return split  # a Dataset: streamed through a DataLoader
         data = TensorData(split.images, split.labels)
-        nbytes = data.inputs.nbytes + data.targets.nbytes
-        if keep_on_device(self.cfg.data_on_device, nbytes, device):
-            return TensorData(data.inputs.to(device), data.targets.to(device))
+        if keep_on_device(self.cfg.data_on_device, data.nbytes, device):
+            return TensorData(split.images.to(device), split.labels.to(device))
         return data
 
     def build_model(self) -> nn.Module:
@@ -65,25 +64,26 @@ class CNNWorkload(Workload):
         self.info["parameters"] = sum(p.numel() for p in model.parameters())
         return model
 
-    def prepare_batch(self, inputs: torch.Tensor, train: bool) -> torch.Tensor:
+    def prepare_batch(self, batch: Batch, train: bool) -> Batch:
+        images, labels = batch  # augmentation and memory format: the images only
         if train and self.cfg.augment:
-            inputs = augment_batch(inputs)
-        return inputs.contiguous(memory_format=self.memory_format)
+            images = augment_batch(images)
+        return images.contiguous(memory_format=self.memory_format), labels
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(model(inputs), targets, label_smoothing=self.cfg.label_smoothing)
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        images, labels = batch
+        return F.cross_entropy(model(images), labels, label_smoothing=self.cfg.label_smoothing)
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        logits = model(inputs).float()
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        images, labels = batch
+        logits = model(images).float()
         predicted = logits.argmax(dim=1)
         classes = logits.shape[1]
-        confusion = torch.bincount(targets * classes + predicted, minlength=classes * classes)
+        confusion = torch.bincount(labels * classes + predicted, minlength=classes * classes)
         return {
-            "loss_sum": F.cross_entropy(logits, targets, reduction="sum"),
-            "correct": (predicted == targets).sum(),
-            "count": torch.tensor(len(targets), device=targets.device),
+            "loss_sum": F.cross_entropy(logits, labels, reduction="sum"),
+            "correct": (predicted == labels).sum(),
+            "count": torch.tensor(len(labels), device=labels.device),
             "confusion": confusion.reshape(classes, classes),
         }
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from trainforge import log, storage
 from trainforge.config.schema import PrecisionSection, Recipe
-from trainforge.data.types import Split, TensorData, keep_on_device
+from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.errors import RecipeError, did_you_mean
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
@@ -186,13 +186,13 @@ class SBIWorkload(Workload):
         self.info["parameters"] = sum(p.numel() for p in model.parameters())
         return model
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return model(inputs, targets).mean()
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        theta, x = batch  # sbi's input and condition: the estimator learns q(θ | x)
+        return model(theta, x).mean()
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        losses = model(inputs, targets).float()
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        theta, x = batch  # sbi's input and condition
+        losses = model(theta, x).float()
         return {"loss_sum": losses.sum(), "count": torch.tensor(len(losses), device=losses.device)}
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
