@@ -24,3 +24,8 @@ def not_one_of(key: str, value: object, choices: Iterable[str]) -> RecipeError:
     return RecipeError(
         f"{key}: {value!r} is not one of {', '.join(options)}{did_you_mean(str(value), options)}"
     )
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training stopped because its loss turned NaN or inf: every step after it would train on
+    garbage, and a checkpoint of it would push the good ones out (``checkpoint.keep_last``)."""

@@ -49,3 +49,12 @@ def trainer_class() -> type:
             signal.signal(signal.SIGINT, on_sigint)
 
     return Trainer
+
+
+def worker_errors(exc: BaseException) -> list[BaseException]:
+    """The workers' own exceptions behind a failed ``fit()``, lowest rank first.
+
+    Ray Train V2 raises ``WorkerGroupError`` with ``worker_failures`` (rank → exception); each
+    is Ray's ``RayTaskError``, whose ``cause`` is the exception the worker raised."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    return [getattr(failures[rank], "cause", None) or failures[rank] for rank in sorted(failures)]

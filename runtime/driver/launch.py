@@ -16,7 +16,8 @@ from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver.cluster import connect, storage_root
-from trainforge.errors import RecipeError
+from trainforge.errors import NonFiniteLoss, RecipeError
+from trainforge.log import first_line
 from trainforge.tracking import driver as tracking
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
@@ -115,7 +116,7 @@ def train(cfg: Recipe) -> Outcome:
         ),
     )
     backend = "nccl" if use_gpu else "gloo"
-    status, checkpoint_path = "FAILED", None
+    status, checkpoint_path, reason = "FAILED", None, None
     try:
         result = trainer.fit()
         status = "FINISHED"
@@ -127,12 +128,20 @@ def train(cfg: Recipe) -> Outcome:
             return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
         if isinstance(exc, SystemExit):
             raise
+        errors = ray_compat.worker_errors(exc)
+        stopped = [e for e in errors if isinstance(e, NonFiniteLoss)]
+        if stopped:  # the run's own verdict: one line, no traceback, nothing to resume
+            reason = first_line(stopped[0], limit=1000)
+            log.error(f"training stopped: {reason}")
+            return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
+        first = errors[0] if errors else exc
+        reason = f"{type(first).__name__}: {first_line(first, limit=1000)}"
         log.error(f"training failed: {exc}")
         log.error(f"re-run with run.name={cfg.run.name} to resume")
         return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
     finally:
         if handle is not None:
-            tracking.finish_run(handle, status, checkpoint_path)
+            tracking.finish_run(handle, status, checkpoint_path, reason)
 
     log.say(f"run {cfg.run.name!r} finished: {_format(result.metrics)}")
     if checkpoint_path:

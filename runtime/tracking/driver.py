@@ -109,11 +109,15 @@ def start_run(
     return handle
 
 
-def finish_run(handle: RunHandle, status: str, checkpoint_path: str | None) -> None:
-    """Closing facts (learning curve, checkpoint pointer) and the final status."""
+def finish_run(
+    handle: RunHandle, status: str, checkpoint_path: str | None, reason: str | None = None
+) -> None:
+    """Closing facts (learning curve, checkpoint pointer, why it failed) and the final status."""
     from mlflow.tracking import MlflowClient
 
     tags = {"trainforge.last_checkpoint": checkpoint_path} if checkpoint_path else {}
+    if reason:
+        tags["trainforge.failure"] = reason[:5000]
     if handle.run_id is not None:
         try:
             client = MlflowClient(tracking_uri=handle.tracking_uri)

@@ -15,6 +15,7 @@ the controller's next poll, which would dominate short SBI epochs if every epoch
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ class Checkpointer:
         self.recipe_yaml = recipe_yaml
         self.reporter = reporter
         self.tracker = tracker
+        self.before_save: Callable[[], None] | None = None
+        """Called on every rank when a save is due, before it (raises to refuse the save)."""
 
     def latest(self, run_dir: str | None) -> dict[str, Any] | None:
         return checkpoint.latest(self.reporter, run_dir)
@@ -116,6 +119,8 @@ class Checkpointer:
         """
         if not self.due(state.position, epoch_end, last):
             return False
+        if self.before_save is not None:
+            self.before_save()
         metrics = metrics | {"epoch": state.position.epoch}
         with self.tracker.committing():  # these metrics are covered by this checkpoint
             rng_states = gather_rng(self.ctx)  # a collective: before rank 0 goes its own way

@@ -10,6 +10,8 @@ end), early stopping, and a checkpoint when one is due (``Checkpointer.maybe_sav
 ``checkpoint.every_steps``). Metrics are reported to Ray Train only with a checkpoint, and every
 rank reaches every report: it is a barrier. At the end: the best weights back, the workload's
 own evaluation and export on rank 0 (``finish``), and a final checkpoint when anything changed.
+A loss or weights gone NaN/inf stop the run on every rank before they are logged or saved
+(``health.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
 from trainforge.tracking.worker import WorkerTracker
+from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 from trainforge.worker.rng import seed_everything
 from trainforge.worker.state import Checkpointer, TrainState
 from trainforge.worker.step import Stepper
@@ -56,6 +59,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     reporter = reporter or RayReporter()
     checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg), reporter, tracker)
     trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
+    checkpointer.before_save = trainer.check_finite  # never a checkpoint of a NaN run
     state, plan = trainer.state, trainer.plan
     position = state.position
 
@@ -184,14 +188,21 @@ class Trainer:
         """Training metrics since the last call: to MLflow and a progress line (one host sync)."""
         position = self.state.position
         metrics = train_metrics(
-            self.loss_sum, self.steps_since_log, grad_norm, self.state.scheduler, self.ctx
-        )
+            self.loss_sum, self.steps_since_log, position.global_step, grad_norm,
+            self.state.scheduler, self.ctx,
+        )  # fmt: skip
         metrics.update(self.progress.step_metrics(position, self.steps_since_log))
         self.loss_sum.zero_()
         self.steps_since_log = 0
         self.tracker.log(metrics, position.global_step)
         self.progress.log_step(position, metrics)
         self.metrics = metrics
+
+    def check_finite(self) -> None:
+        """Before a checkpoint: stop if the loss or the weights turned non-finite."""
+        check_before_save(
+            self.loss_sum, self.state.model, self.ctx, self.state.position.global_step
+        )
 
     def end_of_epoch(self) -> bool:
         """Validation when due, early stopping, the epoch's metrics and line; moves the position
@@ -349,6 +360,7 @@ def evaluate(
 def train_metrics(
     loss_sum: torch.Tensor,
     steps: int,
+    step: int,
     grad_norm: torch.Tensor | None,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ctx: WorkerContext,
@@ -356,7 +368,9 @@ def train_metrics(
     values: dict[str, torch.Tensor | float] = {"loss": loss_sum / steps}
     if grad_norm is not None:
         values["grad_norm"] = grad_norm
+    values["nonfinite"] = nonfinite_flags(loss_sum, ctx)
     summed = distributed.all_reduce_sums(values, ctx.device)  # one collective, one host sync
+    raise_if_nonfinite(summed.pop("nonfinite"), summed["loss"].item() / ctx.world_size, step)
     metrics = {f"train/{k}": v.item() / ctx.world_size for k, v in summed.items()}
     metrics["train/lr"] = float(scheduler.get_last_lr()[0])  # a tensor under cuda_graphs
     return metrics

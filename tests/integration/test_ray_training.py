@@ -5,6 +5,7 @@ All tests share one local Ray instance (``ray_cluster``) and run on one xdist wo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,33 @@ def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None
     own_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
     assert address == f"127.0.0.1:{own_port}"
     assert state == "ALIVE"  # the State API, from a job process, finds this cluster's actors
+
+
+def test_a_run_whose_numbers_turn_nan_stops_with_one_line_and_fails_in_mlflow(
+    ray_cluster, in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AdamW at lr 1e5 on 2 workers: the loss or the weights turn non-finite within the first
+    epoch. The command ends with exit 1 and one line, the MLflow run is FAILED with the reason,
+    and every checkpoint left holds finite weights."""
+    code = cli_main(["train", str(DIGITS), "run.name=nan", "scaling.num_workers=2",
+                     "train.lr=1e5", "checkpoint.every_steps=5", "train.log_every_steps=10",
+                     "tracking.system_metrics=false"])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    stopped = [line for line in err.splitlines() if line.startswith("[trainforge] training")]
+    assert len(stopped) == 1, err[-3000:]
+    assert re.match(
+        r"\[trainforge\] training stopped: (train/loss became (nan|inf)|the weights became "
+        r"non-finite) by step \d+ \(rank 0, 1\)",
+        stopped[0],
+    ), stopped
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("trainforge").experiment_id],
+        "tags.`trainforge.run_name` = 'nan'",
+    )
+    assert run.info.status == "FAILED"
+    assert run.data.tags["trainforge.failure"] in stopped[0]
+    states = [checkpoint.load(folder) for folder in (in_tmp / "runs" / "nan").glob("checkpoint_*")]
+    for state in states:
+        assert all(torch.isfinite(weights).all() for weights in state["model"].values())

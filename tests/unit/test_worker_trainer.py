@@ -18,6 +18,7 @@ import torch
 from trainforge import checkpoint, config
 from trainforge.checkpoint import FolderReporter
 from trainforge.distributed import WorkerContext
+from trainforge.errors import NonFiniteLoss
 from trainforge.worker.trainer import run
 from trainforge.workloads.cnn.models import build_model
 
@@ -156,3 +157,18 @@ def test_restore_best_ends_with_a_checkpoint_of_the_best_weights(tmp_path: Path)
     assert final["epoch"] == 3
     best_weights = states[-1]["early_stopping"]["best_weights"]
     assert_identical(states[-1]["model"], best_weights)
+
+
+def test_a_loss_that_turns_nan_stops_the_run_and_keeps_only_finite_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """AdamW at lr 1e5 breaks the weights by step 10 while the loss there is still finite
+    (seen here): the check before the step-10 checkpoint finds them, so none is saved."""
+    stop = r"the weights became non-finite by step 10 \(rank 0\) while train/loss was finite"
+    with pytest.raises(NonFiniteLoss, match=stop):
+        train(tmp_path, "train.lr=1e5", "checkpoint.every_steps=5", "train.log_every_steps=10")
+    states = saved(tmp_path)
+    assert states, "the steps before the loss turned were checkpointed"
+    for state in states:
+        assert all(torch.isfinite(w).all() for w in state["model"].values())
+    assert [state["global_step"] for state in states] == [5]
