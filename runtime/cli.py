@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainforge import __version__, log
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, describe, find_recipe, shipped_recipes
+
+if TYPE_CHECKING:  # the CLI imports the config (and OmegaConf) only for commands that load one
+    from trainforge.config import Recipe
 
 RECIPE_HELP = "a recipe YAML file, or a shipped recipe's name such as cnn/digits_simple_cnn"
 # workload.kind → the module it needs that a plain install lacks, and the extra that brings it
@@ -155,7 +158,7 @@ def _ui(tracking_uri: str | None, port: int) -> int:
     return subprocess.call(command)
 
 
-def _load(recipe: str, overrides: list[str]) -> Any:
+def _load(recipe: str, overrides: list[str]) -> Recipe:
     """The recipe (a path or a shipped recipe's name), loaded and checked."""
     from trainforge import config
 
@@ -192,14 +195,14 @@ def _list_recipes() -> int:
     return 0
 
 
-def _warn_if_train_would_refuse(cfg: object) -> None:
+def _warn_if_train_would_refuse(cfg: Recipe) -> None:
     """`validate` checks the recipe; what this machine lacks (data, an optional package) is a
     note, since the recipe may be meant for another machine."""
     from trainforge.workloads import check_workload_data
 
     try:
-        check_optional_modules(cfg.workload.kind)  # type: ignore[attr-defined]
-        check_workload_data(cfg.workload)  # type: ignore[attr-defined]
+        check_optional_modules(cfg.workload.kind)
+        check_workload_data(cfg.workload)
     except RecipeError as exc:
         print(f"# note: `train` would refuse on this machine: {exc}", file=sys.stderr)
 
