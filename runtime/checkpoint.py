@@ -10,21 +10,40 @@ A ``Reporter`` takes the folder away: ``RayReporter`` hands it to ``ray.train.re
 persists it under ``storage_path/run.name`` as ``checkpoint_*`` and keeps the last N; re-running
 the same run name makes Ray Train hand the latest one back. ``FolderReporter`` copies it into a
 local folder (a worker loop run without Ray, as the tests do).
+
+Every checkpoint carries ``manifest.json`` — each file's name, size and sha256 — written last,
+each file through ``atomic.replacing`` (fsynced, renamed into place: never written in place).
+A copy cut short (Ray persists the folder file by file), truncated or bit-flipped later, or
+without a manifest fails ``verify``; the search for the latest checkpoint skips it, says so in
+one line, and takes the previous valid one. When checkpoints exist and none is valid the run is
+refused (``NoValidCheckpoint``) and nothing is deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from trainforge import ray_compat, storage
+from trainforge.atomic import replacing
+from trainforge.errors import NoValidCheckpoint
 
 STATE_FILE = "state.pt"
 RECIPE_FILE = "recipe.yaml"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+class Unverified(Exception):
+    """A checkpoint folder whose files do not match its manifest (or that has none); the message
+    names the folder and what is wrong, in a few words."""
 
 
 @dataclass
@@ -37,26 +56,123 @@ class Position:
 
 
 def save(folder: Path, state: dict[str, Any], recipe_yaml: str) -> None:
-    torch.save(state, folder / STATE_FILE)
-    (folder / RECIPE_FILE).write_text(recipe_yaml)
+    """Write a checkpoint into ``folder`` (a fresh one): the files, then the manifest."""
+    if (folder / MANIFEST_FILE).exists():
+        raise FileExistsError(f"{folder} holds a checkpoint already: never written in place")
+    with replacing(folder / STATE_FILE) as temporary:
+        torch.save(state, temporary)
+    with replacing(folder / RECIPE_FILE) as temporary:
+        temporary.write_text(recipe_yaml)
+    files = {name: {"size": (folder / name).stat().st_size, "sha256": _sha256(folder / name)}
+             for name in (STATE_FILE, RECIPE_FILE)}  # fmt: skip
+    manifest = {"format": MANIFEST_FORMAT, "global_step": state.get("global_step"), "files": files}
+    with replacing(folder / MANIFEST_FILE) as temporary:  # last: its presence seals the rest
+        temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
-def load(folder: Path | str) -> dict[str, Any]:
-    return torch.load(Path(folder) / STATE_FILE, map_location="cpu", weights_only=True)
+def verify(folder: Path) -> dict[str, Any]:
+    """The folder's manifest, once every file it lists has the listed size and sha256;
+    raises ``Unverified`` naming what is wrong."""
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        files = manifest["files"]
+        listed = {name: (int(entry["size"]), str(entry["sha256"])) for name, entry in files.items()}
+    except FileNotFoundError:
+        raise Unverified(f"{folder.name}: no {MANIFEST_FILE} (a copy cut short?)") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise Unverified(f"{folder.name}: {MANIFEST_FILE} is unreadable") from None
+    if STATE_FILE not in listed:
+        raise Unverified(f"{folder.name}: {MANIFEST_FILE} does not list {STATE_FILE}")
+    for name, (size, digest) in listed.items():
+        path = folder / name
+        if not path.is_file():
+            raise Unverified(f"{folder.name}/{name}: missing")
+        if path.stat().st_size != size:
+            raise Unverified(
+                f"{folder.name}/{name}: {path.stat().st_size} bytes where the manifest says "
+                f"{size} (truncated?)"
+            )
+        if _sha256(path) != digest:
+            raise Unverified(f"{folder.name}/{name}: sha256 differs from the manifest (corrupted)")
+    return dict(manifest)
 
 
-def newest_in(run_dir: Path) -> dict[str, Any] | None:
-    """The checkpoint in ``run_dir`` with the most optimizer steps; unreadable ones (a copy cut
-    short by a crash) are skipped."""
-    best: dict[str, Any] | None = None
-    for folder in run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB):
+def load(folder: Path | str, verified: bool = True) -> dict[str, Any]:
+    """A checkpoint's state, checked against its manifest first (``verified``; raises
+    ``Unverified``). ``weights_only``: no pickled code runs."""
+    folder = Path(folder)
+    if verified:
+        verify(folder)
+    return torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class Found:
+    """The latest valid checkpoint's state (None: none), and why each one passed over was."""
+
+    state: dict[str, Any] | None = None
+    skipped: list[str] = field(default_factory=list)
+
+    def warning(self) -> str | None:
+        """One line about the checkpoints skipped, or None when none was."""
+        if not self.skipped:
+            return None
+        step = "nothing" if self.state is None else f"step {self.state['global_step']}"
+        return (
+            f"skipped {len(self.skipped)} checkpoint(s) that failed verification "
+            f"({'; '.join(self.skipped)}); resuming from {step}"
+        )
+
+
+def newest_in(run_dir: Path) -> Found:
+    """The valid checkpoint in ``run_dir`` with the most optimizer steps (by their manifests),
+    and the reasons the folders ranked above it were skipped. Only the one taken is loaded."""
+    folders = [f for f in run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir()]
+    found = Found()
+    for folder in sorted(folders, key=_steps_first, reverse=True):
         try:
-            state = load(folder)
-        except Exception:
-            continue
-        if best is None or state["global_step"] > best["global_step"]:
-            best = state
-    return best
+            found.state = load(folder)
+            return found
+        except Unverified as exc:
+            found.skipped.append(str(exc))
+        except Exception as exc:  # the manifest matched, yet torch cannot read it
+            found.skipped.append(f"{folder.name}/{STATE_FILE}: unreadable ({type(exc).__name__})")
+    return found
+
+
+def check_resumable(run_dir: Path) -> None:
+    """Before any worker starts: refuse a run whose checkpoints all fail verification."""
+    if not run_dir.is_dir():
+        return
+    found = newest_in(run_dir)
+    if found.state is None and found.skipped:
+        raise _none_valid(run_dir, found.skipped)
+
+
+def _none_valid(where: Path | str, skipped: list[str]) -> NoValidCheckpoint:
+    return NoValidCheckpoint(
+        f"checkpoint: no valid checkpoint in {where} ({'; '.join(skipped)}); nothing was deleted: "
+        "move the broken checkpoint folders aside to resume from an older one, or start afresh "
+        "under a new run.name"
+    )
+
+
+def _steps_first(folder: Path) -> tuple[int, str]:
+    """Sort key: the manifest's step, then the name (Ray's are timestamps). A folder without a
+    readable manifest ranks first, so that a skipped newest copy is named in the warning."""
+    try:
+        step = int(json.loads((folder / MANIFEST_FILE).read_text())["global_step"])
+    except Exception:
+        step = sys.maxsize
+    return step, folder.name
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class Reporter(Protocol):
@@ -68,7 +184,8 @@ class Reporter(Protocol):
         ...
 
     def registered(self) -> dict[str, Any] | None:
-        """The latest checkpoint state this reporter knows of, or None."""
+        """The latest checkpoint state this reporter knows of, or None; raises ``Unverified``
+        when that checkpoint fails verification."""
         ...
 
 
@@ -106,24 +223,35 @@ class FolderReporter:
             shutil.copytree(folder, self.root / f"checkpoint_{count:06d}")
 
     def registered(self) -> dict[str, Any] | None:
-        return newest_in(self.root) if self.root.exists() else None
+        return newest_in(self.root).state if self.root.exists() else None
 
 
-def latest(reporter: Reporter, run_dir: str | None = None) -> dict[str, Any] | None:
-    """The run's latest checkpoint state, or None for a fresh run.
+def latest(reporter: Reporter, run_dir: str | None = None) -> Found:
+    """The run's latest valid checkpoint state (None for a fresh run) and the broken ones passed
+    over; raises ``NoValidCheckpoint`` when there are checkpoints and none is valid.
 
     Ray Train registers a reported checkpoint asynchronously (its controller picks the report up
     on its next poll); a worker that dies right after reporting can leave a persisted checkpoint
     unregistered. So the run folder is searched too and the further of the two wins: a saved
-    checkpoint is never lost.
+    checkpoint is never lost. A registered checkpoint that fails verification (Ray keeps it as
+    the latest) is passed over like a broken folder on disk.
     """
+    skipped: list[str] = []
     candidates = []
-    registered = reporter.registered()
+    try:
+        registered = reporter.registered()
+    except Unverified as exc:
+        registered = None
+        skipped.append(str(exc))
     if registered is not None:
         candidates.append(registered)
     run_folder = storage.local_folder(run_dir)
     if run_folder is not None:
-        on_disk = newest_in(run_folder)
-        if on_disk is not None:
-            candidates.append(on_disk)
-    return max(candidates, key=lambda state: state["global_step"], default=None)
+        on_disk = newest_in(run_folder)  # names the registered folder again if it is broken
+        skipped += [reason for reason in on_disk.skipped if reason not in skipped]
+        if on_disk.state is not None:
+            candidates.append(on_disk.state)
+    best = max(candidates, key=lambda state: state["global_step"], default=None)
+    if best is None and skipped:
+        raise _none_valid(run_dir or "the run's storage", skipped)
+    return Found(best, skipped)

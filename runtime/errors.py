@@ -29,3 +29,8 @@ def not_one_of(key: str, value: object, choices: Iterable[str]) -> RecipeError:
 class NonFiniteLoss(RuntimeError):
     """Training stopped because its loss turned NaN or inf: every step after it would train on
     garbage, and a checkpoint of it would push the good ones out (``checkpoint.keep_last``)."""
+
+
+class NoValidCheckpoint(RecipeError):
+    """The run has checkpoints and none passes verification against its manifest: resuming would
+    silently start over (or train on a broken state), so the run is refused, nothing deleted."""

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainforge import checkpoint
+from trainforge import checkpoint, log
 from trainforge.checkpoint import Position, Reporter
 from trainforge.config.schema import CheckpointSection
 from trainforge.distributed import WorkerContext
@@ -96,7 +96,13 @@ class Checkpointer:
         """Called on every rank when a save is due, before it (raises to refuse the save)."""
 
     def latest(self, run_dir: str | None) -> dict[str, Any] | None:
-        return checkpoint.latest(self.reporter, run_dir)
+        """The state to resume from; rank 0 says in one line which broken checkpoints it
+        passed over (every rank finds the same)."""
+        found = checkpoint.latest(self.reporter, run_dir)
+        warning = found.warning()
+        if warning is not None and self.ctx.is_main:
+            log.warn(warning)
+        return found.state
 
     def due(self, position: Position, epoch_end: bool, last: bool) -> bool:
         if last:

@@ -1,15 +1,20 @@
 """Checkpoint files and where they go (``trainforge.checkpoint``): weights_only loading, the
-newest checkpoint on disk, the latest of the reporter's and the disk's, the local reporter."""
+manifest and its verification, the newest valid checkpoint on disk (broken ones — truncated,
+bit-flipped, without a manifest — skipped), the latest of the reporter's and the disk's, the
+local reporter."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from trainforge import checkpoint
-from trainforge.checkpoint import FolderReporter
+from trainforge.checkpoint import FolderReporter, Unverified
+from trainforge.errors import NoValidCheckpoint, RecipeError
 
 
 def state(global_step: int) -> dict[str, Any]:
@@ -22,17 +27,41 @@ def write(folder: Path, global_step: int) -> Path:
     return folder
 
 
-class Registered:
-    """A reporter whose backend hands back a given checkpoint state."""
+def truncate(folder: Path) -> None:
+    path = folder / checkpoint.STATE_FILE
+    path.write_bytes(path.read_bytes()[:-100])
 
-    def __init__(self, registered: dict[str, Any] | None) -> None:
+
+def flip_a_byte(folder: Path) -> None:
+    path = folder / checkpoint.STATE_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def remove_manifest(folder: Path) -> None:
+    (folder / checkpoint.MANIFEST_FILE).unlink()
+
+
+CORRUPTIONS = {
+    "truncated": (truncate, r"bytes where the manifest says \d+ \(truncated\?\)"),
+    "bit-flipped": (flip_a_byte, r"sha256 differs from the manifest"),
+    "manifest missing": (remove_manifest, r"no manifest\.json"),
+}
+
+
+class Registered:
+    """A reporter whose backend hands back a given checkpoint state (or the checkpoint in a
+    folder, verified as Ray's is)."""
+
+    def __init__(self, registered: dict[str, Any] | Path | None) -> None:
         self.state = registered
 
     def report(self, metrics: dict[str, float], folder: Path | None) -> None:
         raise AssertionError("not reported to")
 
     def registered(self) -> dict[str, Any] | None:
-        return self.state
+        return checkpoint.load(self.state) if isinstance(self.state, Path) else self.state
 
 
 def test_save_and_load_with_weights_only(tmp_path: Path) -> None:
@@ -43,31 +72,107 @@ def test_save_and_load_with_weights_only(tmp_path: Path) -> None:
     assert (tmp_path / "c" / checkpoint.RECIPE_FILE).read_text() == "run:\n  name: x\n"
 
 
-def test_newest_in_takes_the_most_steps_and_skips_broken_copies(tmp_path: Path) -> None:
-    assert checkpoint.newest_in(tmp_path) is None
+def test_the_manifest_lists_every_file_and_is_written_last(tmp_path: Path) -> None:
+    folder = write(tmp_path / "c", 7)
+    manifest = json.loads((folder / checkpoint.MANIFEST_FILE).read_text())
+    assert manifest["global_step"] == 7
+    assert set(manifest["files"]) == {checkpoint.STATE_FILE, checkpoint.RECIPE_FILE}
+    for name, entry in manifest["files"].items():
+        assert entry["size"] == (folder / name).stat().st_size
+        assert len(entry["sha256"]) == 64
+    assert checkpoint.verify(folder) == manifest
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*manifest["files"], checkpoint.MANIFEST_FILE]  # no temporary files left behind
+    )
+    # never written in place: a second save into a sealed folder is refused, files untouched
+    before = (folder / checkpoint.STATE_FILE).read_bytes()
+    with pytest.raises(FileExistsError, match="never written in place"):
+        checkpoint.save(folder, state(8), "")
+    assert (folder / checkpoint.STATE_FILE).read_bytes() == before
+    # a save that fails part-way leaves no manifest, so the half-written folder never verifies
+    half = tmp_path / "half"
+    half.mkdir()
+    with pytest.raises(TypeError):
+        checkpoint.save(half, state(9), None)  # type: ignore[arg-type]
+    assert (half / checkpoint.STATE_FILE).exists()
+    assert not (half / checkpoint.MANIFEST_FILE).exists()
+    with pytest.raises(Unverified, match="no manifest"):
+        checkpoint.load(half)
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_broken_latest_checkpoint_is_skipped_for_the_previous_valid_one(
+    tmp_path: Path, corruption: str
+) -> None:
+    corrupt, reason = CORRUPTIONS[corruption]
+    write(tmp_path / "checkpoint_000000", 30)
+    newest = write(tmp_path / "checkpoint_000001", 44)
+    found = checkpoint.newest_in(tmp_path)
+    assert found.state is not None and found.state["global_step"] == 44 and not found.skipped
+
+    corrupt(newest)
+    with pytest.raises(Unverified, match=reason):
+        checkpoint.load(newest)
+    found = checkpoint.newest_in(tmp_path)
+    assert found.state is not None and found.state["global_step"] == 30
+    assert len(found.skipped) == 1 and found.skipped[0].startswith("checkpoint_000001")
+    warning = found.warning()
+    assert warning is not None and "skipped 1 checkpoint(s)" in warning
+    assert warning.endswith("resuming from step 30")
+    checkpoint.check_resumable(tmp_path)  # one is valid: the driver lets the run start
+
+
+def test_no_valid_checkpoint_is_refused_and_nothing_is_deleted(tmp_path: Path) -> None:
+    checkpoint.check_resumable(tmp_path / "nowhere")  # a new run
+    checkpoint.check_resumable(tmp_path)  # a run folder without checkpoints (yet)
+    for (corrupt, _), index in zip(CORRUPTIONS.values(), range(3), strict=True):
+        corrupt(write(tmp_path / f"checkpoint_00000{index}", 10 * index))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(NoValidCheckpoint, match="no valid checkpoint") as refused:
+        checkpoint.check_resumable(tmp_path)
+    assert isinstance(refused.value, RecipeError)  # the CLI's one line and exit 2
+    assert str(refused.value).count("checkpoint_00000") == 3  # each one named, with why
+    with pytest.raises(NoValidCheckpoint):
+        checkpoint.latest(Registered(None), str(tmp_path))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_newest_in_takes_the_most_steps_by_the_manifests(tmp_path: Path) -> None:
+    assert checkpoint.newest_in(tmp_path).state is None
     write(tmp_path / "checkpoint_b", 30)
     write(tmp_path / "checkpoint_a", 44)
     write(tmp_path / "other", 99)  # not a checkpoint folder by Ray's naming
-    broken = tmp_path / "checkpoint_c"
-    broken.mkdir()
-    (broken / checkpoint.STATE_FILE).write_bytes(b"cut short")
-    newest = checkpoint.newest_in(tmp_path)
-    assert newest is not None and newest["global_step"] == 44
+    (tmp_path / "checkpoint_manager_snapshot.json").write_text("{}")  # Ray's own, beside them
+    found = checkpoint.newest_in(tmp_path)
+    assert found.state is not None and found.state["global_step"] == 44
+    assert found.skipped == [] and found.warning() is None
 
 
 def test_latest_is_the_further_of_the_registered_and_the_disk(tmp_path: Path) -> None:
     run_dir = str(tmp_path)
-    assert checkpoint.latest(Registered(None), run_dir) is None
+    assert checkpoint.latest(Registered(None), run_dir).state is None
     write(tmp_path / "checkpoint_0", 44)
     # registered behind the disk: a worker died before the controller registered its report
-    found = checkpoint.latest(Registered(state(30)), run_dir)
+    found = checkpoint.latest(Registered(state(30)), run_dir).state
     assert found is not None and found["global_step"] == 44
-    found = checkpoint.latest(Registered(state(60)), run_dir)
+    found = checkpoint.latest(Registered(state(60)), run_dir).state
     assert found is not None and found["global_step"] == 60
     # remote storage is not scanned; no run folder, only the registered one
-    assert checkpoint.latest(Registered(None), "s3://bucket/run") is None
-    found = checkpoint.latest(Registered(state(30)), None)
+    assert checkpoint.latest(Registered(None), "s3://bucket/run").state is None
+    found = checkpoint.latest(Registered(state(30)), None).state
     assert found is not None and found["global_step"] == 30
+
+
+def test_a_broken_registered_checkpoint_is_passed_over_once(tmp_path: Path) -> None:
+    """Ray keeps handing back its latest registered checkpoint even when it is broken."""
+    write(tmp_path / "checkpoint_0", 30)
+    newest = write(tmp_path / "checkpoint_1", 44)
+    flip_a_byte(newest)
+    found = checkpoint.latest(Registered(newest), str(tmp_path))
+    assert found.state is not None and found.state["global_step"] == 30
+    assert len(found.skipped) == 1  # the same folder, registered and on disk: named once
+    with pytest.raises(NoValidCheckpoint):  # remote storage: nothing else to fall back on
+        checkpoint.latest(Registered(newest), "s3://bucket/run")
 
 
 def test_folder_reporter_keeps_checkpoints_as_ray_names_them(tmp_path: Path) -> None:

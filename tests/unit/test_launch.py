@@ -27,3 +27,18 @@ def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
     cfg = config.load(DIGITS, ["checkpoint.resume=true"])
     (tmp_path / cfg.run.name).mkdir()
     launch.check_existing_run(cfg, str(tmp_path))
+
+
+def test_a_run_whose_checkpoints_all_fail_verification_is_refused(tmp_path: Path) -> None:
+    from trainforge import checkpoint
+    from trainforge.errors import NoValidCheckpoint
+
+    cfg = config.load(DIGITS, ["checkpoint.resume=true"])
+    folder = tmp_path / cfg.run.name / "checkpoint_000000"
+    folder.mkdir(parents=True)
+    checkpoint.save(folder, {"global_step": 3}, "")
+    launch.check_existing_run(cfg, str(tmp_path))
+    (folder / checkpoint.MANIFEST_FILE).unlink()
+    with pytest.raises(NoValidCheckpoint, match=r"checkpoint_000000: no manifest\.json"):
+        launch.check_existing_run(cfg, str(tmp_path))
+    assert (folder / checkpoint.STATE_FILE).exists()

@@ -143,6 +143,30 @@ def test_resume_mid_epoch_is_bitwise_identical(
     assert_identical(saved(tmp_path)[-1], saved(straight[0])[-1])
 
 
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_previous_one(
+    straight: tuple[Path, FolderReporter], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The step-44 checkpoint is bit-flipped after the crash: the rerun says so in one line,
+    resumes from step 30 and still ends where the uninterrupted run ends."""
+    with pytest.raises(RuntimeError, match="injected failure after epoch 1"):
+        train(tmp_path, fail_after_epoch=1)
+    _, at_44 = sorted(tmp_path.glob("checkpoint_*"))
+    state_file = at_44 / checkpoint.STATE_FILE
+    data = bytearray(state_file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state_file.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    train(tmp_path)
+    out, err = capsys.readouterr()
+    warnings = [line for line in err.splitlines() if "failed verification" in line]
+    assert len(warnings) == 1 and f"{at_44.name}/state.pt: sha256 differs" in warnings[0]
+    assert "resuming at epoch 1 step 30" in out
+    assert at_44.exists()  # left as it was, not deleted
+    assert_identical(checkpoint.load(sorted(tmp_path.glob("checkpoint_*"))[-1]),
+                     saved(straight[0])[-1])  # fmt: skip
+
+
 def test_restore_best_ends_with_a_checkpoint_of_the_best_weights(tmp_path: Path) -> None:
     # a constant, high LR: validation loss does not fall every epoch
     reporter = train(
