@@ -16,6 +16,7 @@ from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver.cluster import connect, storage_root
+from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.log import first_line
 from trainforge.tracking import driver as tracking
@@ -61,6 +62,7 @@ class Outcome:
     """The resolved recipe the run trained (worker count, device, data paths filled in)."""
 
 
+@one_at_a_time  # a second command with the same run.name refuses
 def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
     import ray
