@@ -127,9 +127,8 @@ class Found:
 def newest_in(run_dir: Path) -> Found:
     """The valid checkpoint in ``run_dir`` with the most optimizer steps (by their manifests),
     and the reasons the folders ranked above it were skipped. Only the one taken is loaded."""
-    folders = [f for f in run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir()]
     found = Found()
-    for folder in sorted(folders, key=_steps_first, reverse=True):
+    for folder in _most_steps_first(run_dir):
         try:
             found.state = load(folder)
             return found
@@ -138,6 +137,17 @@ def newest_in(run_dir: Path) -> Found:
         except Exception as exc:  # the manifest matched, yet torch cannot read it
             found.skipped.append(f"{folder.name}/{STATE_FILE}: unreadable ({type(exc).__name__})")
     return found
+
+
+def newest_verified(run_dir: Path) -> Path | None:
+    """The folder of the valid checkpoint with the most steps (its state is not loaded)."""
+    for folder in _most_steps_first(run_dir):
+        try:
+            verify(folder)
+            return folder
+        except Unverified:
+            continue
+    return None
 
 
 def check_resumable(run_dir: Path) -> None:
@@ -157,14 +167,19 @@ def _none_valid(where: Path | str, skipped: list[str]) -> NoValidCheckpoint:
     )
 
 
-def _steps_first(folder: Path) -> tuple[int, str]:
-    """Sort key: the manifest's step, then the name (Ray's are timestamps). A folder without a
-    readable manifest ranks first, so that a skipped newest copy is named in the warning."""
-    try:
-        step = int(json.loads((folder / MANIFEST_FILE).read_text())["global_step"])
-    except Exception:
-        step = sys.maxsize
-    return step, folder.name
+def _most_steps_first(run_dir: Path) -> list[Path]:
+    """The checkpoint folders by the manifest's step, then the name (Ray's are timestamps). A
+    folder without a readable manifest ranks first, so that a skipped newest copy is named."""
+
+    def steps(folder: Path) -> tuple[int, str]:
+        try:
+            step = int(json.loads((folder / MANIFEST_FILE).read_text())["global_step"])
+        except Exception:
+            step = sys.maxsize
+        return step, folder.name
+
+    folders = [f for f in run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir()]
+    return sorted(folders, key=steps, reverse=True)
 
 
 def _sha256(path: Path) -> str:

@@ -168,6 +168,10 @@ class CheckpointSection(Section):
     resume: bool = True
     """Resume from the run's latest checkpoint when run.name already exists; false refuses to
     touch an existing run."""
+    allow_changes: bool = False
+    """Resume even though the recipe differs from the one the run's latest checkpoint was
+    trained with (the changed keys are printed). Without it such a resume is refused, naming
+    them; keys that cannot change results pass (see ``trainforge.driver.recipe_change``)."""
 
     def check(self) -> None:
         for name in ("every_epochs", "every_steps", "keep_last"):

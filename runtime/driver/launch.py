@@ -15,6 +15,7 @@ from typing import Any
 from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
+from trainforge.driver import recipe_change
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
@@ -80,6 +81,7 @@ def train(cfg: Recipe) -> Outcome:
     # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
     # worker count, device and data paths that were decided, not "auto".
     cfg = config.resolve(cfg, ray.cluster_resources(), root)
+    recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
     use_gpu = cfg.scaling.use_gpu == "true"
 
     recipe = config.to_container(cfg)

@@ -1,0 +1,91 @@
+"""A run resumed with another recipe is refused, naming what changed, before any worker starts.
+
+Re-running a ``run.name`` resumes it; with a changed learning rate, batch, model or data that
+would continue the old weights under new settings and report one MLflow run for two
+experiments. So the resolved recipe is compared with the one saved in the run's latest valid
+checkpoint (``recipe.yaml``, what those weights were trained with), key by key.
+``checkpoint.allow_changes=true`` resumes anyway and prints the changes; the checkpoints written
+from then on carry the new recipe.
+
+Keys that cannot change what is computed pass silently (``PASS_ANY_CHANGE``), and so does
+``train.epochs`` / ``train.max_steps`` extended (``PASS_WHEN_LARGER``): the run goes on from
+where it is (with a decaying LR schedule, the remaining steps follow the schedule recomputed
+for the new length). Keys present in only one of the two recipes (a newer trainforge's new
+setting) are not compared. Remote storage (``s3://…``) has no folder to read: not checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainforge import config, log, storage
+from trainforge.config import Recipe
+from trainforge.errors import RecipeError
+
+PASS_ANY_CHANGE = (
+    "train.log_every_steps",  # how often metrics are logged (the non-finite check rides along)
+    "checkpoint.",  # cadence, how many are kept, resume, allow_changes
+    "tracking.",  # where and what is recorded
+    "run.max_failures",  # how often Ray Train restarts workers
+    "scaling.timeout_s",  # how long a collective may hang before the run fails
+)
+"""Dotted keys (or prefixes ending in '.') that may change freely on resume."""
+
+PASS_WHEN_LARGER = ("train.epochs", "train.max_steps")
+"""Keys that may grow on resume: the run trains further."""
+
+
+def check(cfg: Recipe, storage_root: str) -> None:
+    """Refuse (RecipeError) a resume whose recipe differs from its latest checkpoint's in keys
+    that change results, unless ``checkpoint.allow_changes``; then say what changed."""
+    from trainforge import checkpoint  # torch: imported once a run is launched, not before
+
+    folder = storage.local_folder(storage_root)
+    latest = None if folder is None else checkpoint.newest_verified(folder / cfg.run.name)
+    if latest is None:
+        return
+    from omegaconf import OmegaConf  # as written: not validated again, only compared
+
+    saved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]  # YAML keys
+        OmegaConf.load(latest / checkpoint.RECIPE_FILE)
+    )
+    changed = changes(saved, config.to_container(cfg))
+    if not changed:
+        return
+    listing = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())
+    if not cfg.checkpoint.allow_changes:
+        raise RecipeError(
+            f"run.name: run {cfg.run.name!r} was trained with another recipe ({listing}); "
+            "set checkpoint.allow_changes=true to resume it anyway, or pick a new run.name "
+            "for a fresh run"
+        )
+    log.warn(f"resuming run {cfg.run.name!r} with a changed recipe: {listing}")
+
+
+def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Keys present in both recipes whose values differ in a way that can change results:
+    dotted key → (saved value, current value)."""
+    old, new = flatten(saved), flatten(current)
+    changed = {}
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] == new[key] or key.startswith(PASS_ANY_CHANGE):
+            continue
+        if key in PASS_WHEN_LARGER and _grows(old[key], new[key]):
+            continue
+        changed[key] = (old[key], new[key])
+    return changed
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _grows(old: Any, new: Any) -> bool:
+    return isinstance(old, int) and isinstance(new, int) and new > old
