@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trainforge import __version__, log
-from trainforge.errors import RecipeError
+from trainforge.errors import RecipeError, UserCodeError
 from trainforge.resources import default_runtime_env, describe, find_recipe, shipped_recipes
 
 if TYPE_CHECKING:  # the CLI imports the config (and OmegaConf) only for commands that load one
@@ -102,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
         cfg = _load(args.recipe, args.overrides)
         if args.command == "validate":
+            _warn_if_train_would_refuse(cfg)  # raises on the user's own code: print nothing
             print(config.to_yaml(cfg), end="")
             print(f"# global batch: {config.global_batch(cfg)}", file=sys.stderr)
-            _warn_if_train_would_refuse(cfg)
             return 0
         check_optional_modules(cfg.workload.kind)
         from trainforge.driver import launch
@@ -136,15 +136,27 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
 
 
 def _ui(tracking_uri: str | None, port: int) -> int:
+    import socket
     import subprocess
 
-    from trainforge.tracking.client import resolve_uri
+    from trainforge.tracking.client import reachable, redact, resolve_uri, uri_problem
 
     uri = resolve_uri(tracking_uri)
+    problem = uri_problem(uri)
+    if problem:
+        raise RecipeError(f"--tracking-uri: {redact(uri)!r} {problem}")
     if uri.startswith(("http://", "https://")):
-        log.say(f"that store is served already: open {uri}")
+        if not reachable(uri, timeout_s=5.0):
+            raise RecipeError(
+                f"--tracking-uri: no MLflow server answers at {redact(uri)} (5 s); check that "
+                "it is running and the host, port and http/https"
+            )
+        log.say(f"that store is served already: open {redact(uri)}")
         return 0
-    log.say(f"MLflow UI for {uri} at http://127.0.0.1:{port}")
+    with socket.socket() as probe:  # `mlflow ui` on a taken port fails after a page of logs
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise RecipeError(f"--port: {port} is taken on 127.0.0.1; pass another --port")
+    log.say(f"MLflow UI for {redact(uri)} at http://127.0.0.1:{port}")
     command = [
         "mlflow",
         "ui",
@@ -197,12 +209,15 @@ def _list_recipes() -> int:
 
 def _warn_if_train_would_refuse(cfg: Recipe) -> None:
     """`validate` checks the recipe; what this machine lacks (data, an optional package) is a
-    note, since the recipe may be meant for another machine."""
+    note, since the recipe may be meant for another machine. The user's own code (an SBI
+    simulator: imported and run on two prior draws) failing is an error: it fails everywhere."""
     from trainforge.workloads import check_workload_data
 
     try:
         check_optional_modules(cfg.workload.kind)
         check_workload_data(cfg.workload)
+    except UserCodeError:
+        raise
     except RecipeError as exc:
         print(f"# note: `train` would refuse on this machine: {exc}", file=sys.stderr)
 

@@ -12,6 +12,12 @@ class RecipeError(Exception):
     """A problem with what the user asked for (not a bug in trainforge)."""
 
 
+class UserCodeError(RecipeError):
+    """The user's own code that a recipe names (an SBI prior or simulator) cannot be imported,
+    raises, or breaks its contract. A recipe error wherever it is found — `validate` fails on
+    it too, unlike data missing on the machine that validates."""
+
+
 def did_you_mean(value: str, choices: Iterable[str]) -> str:
     """' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(value, list(choices), n=1)

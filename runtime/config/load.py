@@ -31,7 +31,7 @@ from omegaconf.errors import (
 )
 
 from trainforge.config.rules import literal_fields
-from trainforge.config.schema import Recipe, TrainSection
+from trainforge.config.schema import Recipe, TrainSection, check_batch_fits
 from trainforge.errors import RecipeError, not_one_of
 from trainforge.log import first_line
 
@@ -43,6 +43,8 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(f"recipe not found: {path}")
     try:
         user = OmegaConf.load(path)
+    except yaml.MarkedYAMLError as exc:
+        raise RecipeError(yaml_error(path, exc)) from None
     except (OmegaConfBaseException, OSError, ValueError, yaml.YAMLError) as exc:
         raise RecipeError(f"cannot read recipe {path}: {first_line(exc)}") from None
     if not isinstance(user, DictConfig):
@@ -77,6 +79,10 @@ def build(user: DictConfig) -> Recipe:
     recipe = OmegaConf.to_object(cfg)
     assert isinstance(recipe, Recipe)
     spec.check(recipe.workload, recipe)
+    if not recipe.scaling.use_all_gpus:  # else the worker count is the cluster's: see resolve
+        check_batch_fits(
+            recipe.train, recipe.scaling.num_workers, spec.train_samples(recipe.workload)
+        )
     return recipe
 
 
@@ -108,6 +114,18 @@ def scaled_lr(train: TrainSection, global_batch_size: int) -> float:
 
 
 # --- helpers -------------------------------------------------------------------------------
+
+
+def yaml_error(path: Path, exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's syntax error as one line that keeps the file, line and column (1-based, as
+    editors count) of the problem, and what it was inside of."""
+    mark = exc.problem_mark or exc.context_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = exc.problem or exc.context or "YAML syntax error"
+    context = ""
+    if exc.context and exc.problem and exc.context_mark is not None:
+        context = f" ({exc.context} at line {exc.context_mark.line + 1})"
+    return f"recipe {where}: YAML syntax error: {problem}{context}"
 
 
 def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:

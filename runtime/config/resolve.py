@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from trainforge.config.schema import Recipe, ScalingSection
+from trainforge.config.schema import Recipe, ScalingSection, check_batch_fits
 from trainforge.errors import RecipeError
 
 
@@ -19,10 +19,14 @@ def resolve(cfg: Recipe, available: Mapping[str, float], storage_root: str) -> R
     """``cfg`` with the worker count and device decided for the cluster's ``available``
     resources (``ray.cluster_resources()``), and the workload's data made and located (the SBI
     simulation stage runs here). Raises RecipeError when the cluster cannot host the run."""
-    from trainforge.workloads import resolve_workload  # the registry: kind → its data stage
+    from trainforge.workloads import resolve_workload, train_samples  # the registry
 
     scaling = resolve_scaling(cfg.scaling, available, cfg.precision.cuda_graphs)
+    # before the data stage (which may simulate for minutes), with the recipe's sizes…
+    check_batch_fits(cfg.train, scaling.num_workers, train_samples(cfg.workload))
     workload = resolve_workload(cfg.workload, cfg.run.seed, storage_root)
+    # …and after it, with the data it made (an SBI run may drop invalid simulations)
+    check_batch_fits(cfg.train, scaling.num_workers, train_samples(workload))
     return dataclasses.replace(cfg, scaling=scaling, workload=workload)
 
 

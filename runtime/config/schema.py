@@ -17,6 +17,7 @@ from omegaconf import MISSING
 
 from trainforge.config.rules import Section
 from trainforge.errors import RecipeError
+from trainforge.tracking.client import redact, uri_problem
 
 # auto | true | false. YAML and the command line read `true` as a bool; the loader turns a
 # bool given for a Switch into its text before merging (see load._switches_as_text).
@@ -201,6 +202,9 @@ class TrackingSection(Section):
     """First optimizer step of the profiling window (after warm-up)."""
 
     def check(self) -> None:
+        problem = uri_problem(self.tracking_uri) if self.tracking_uri is not None else None
+        if problem:
+            raise RecipeError(f"tracking.tracking_uri: {redact(self.tracking_uri)!r} {problem}")
         self.at_least("profile_steps", 0)
         self.at_least("profile_start_step", 0)
         self.positive("system_metrics_interval_s")
@@ -233,6 +237,27 @@ class Recipe:
 
     def __post_init__(self) -> None:
         check_across_sections(self)
+
+
+def check_batch_fits(train: TrainSection, num_workers: int, train_samples: int | None) -> None:
+    """One optimizer step's micro-batches must fit in a worker's shard of the training split
+    (the sampler pads shards to equal size and drops a last partial batch), else an epoch has
+    no step. ``train_samples`` None: the size is known only once the data are read."""
+    if train_samples is None:
+        return
+    shard = -(-train_samples // num_workers)
+    need = train.batch_size * train.grad_accum_steps
+    if need > shard:
+        accum = (
+            f" × train.grad_accum_steps {train.grad_accum_steps}"
+            if need != train.batch_size
+            else ""
+        )
+        raise RecipeError(
+            f"train.batch_size: {train.batch_size}{accum} is more than a worker's shard of "
+            f"{shard} samples ({train_samples} training samples over {num_workers} workers); "
+            "lower train.batch_size or scaling.num_workers, or use more data"
+        )
 
 
 def check_across_sections(recipe: Recipe) -> None:

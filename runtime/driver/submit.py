@@ -19,10 +19,16 @@ The recipe is validated before anything is submitted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
 from trainforge import config, log
 from trainforge.errors import RecipeError
+from trainforge.log import first_line
 from trainforge.resources import default_runtime_env, find_recipe
 from trainforge.tracking.driver import GIT_COMMIT_ENV, git_commit
 
@@ -42,6 +49,7 @@ EXCLUDES = [
     ".venv", "venv",
 ]  # fmt: skip
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+CONNECT_TIMEOUT_S = 10.0
 
 
 def build_runtime_env(
@@ -145,11 +153,68 @@ def entrypoint_recipe(path: Path, name: str | None, project: Path | None) -> str
         ) from None
 
 
-def job_status(submission_id: str, address: str | None) -> str | None:
-    """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown."""
+def job_client(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """The cluster's job API, or one line saying what to check — within ``timeout_s``: Ray
+    retries an unreachable head (a stale local cluster file) for about 40 s, then raises from
+    deep inside its RPC layer."""
     from ray.job_submission import JobSubmissionClient
 
-    client = JobSubmissionClient(address)
+    answer: list[Any] = []
+
+    def connect() -> None:
+        try:
+            answer.append(JobSubmissionClient(address))
+        except Exception as exc:
+            answer.append(exc)
+
+    # A daemon thread: Ray's connection attempt cannot be cancelled, only abandoned. While it
+    # retries, Ray's C++ core logs a line every few seconds onto fd 2: kept aside, and shown
+    # only if the connection works after all.
+    with tempfile.TemporaryFile() as aside:
+        with _stderr_into(aside.fileno()):
+            threading.Thread(target=connect, name="trainforge-job-client", daemon=True).start()
+            deadline = time.monotonic() + timeout_s
+            while not answer and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if not answer:
+            raise unreachable(address, f"no answer in {timeout_s:g} s")
+        if isinstance(answer[0], Exception):
+            raise unreachable(address, f"{type(answer[0]).__name__}: {first_line(answer[0])}")
+        aside.seek(0)
+        sys.stderr.write(aside.read().decode(errors="replace"))
+    return answer[0]
+
+
+@contextlib.contextmanager
+def _stderr_into(fd: int) -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def unreachable(address: str | None, reason: str) -> RecipeError:
+    """The one line for a cluster that does not answer: which address was tried, what to check."""
+    if address:
+        where = f"the Ray cluster at {address}"
+        fix = "--address (the head's dashboard, e.g. http://HEAD:8265)"
+    elif os.environ.get("RAY_ADDRESS"):
+        where = f"the Ray cluster at {os.environ['RAY_ADDRESS']}"
+        fix = "$RAY_ADDRESS (the head's dashboard, e.g. http://HEAD:8265)"
+    else:
+        where = "the local Ray cluster"
+        fix = "`ray status` (a cluster that stopped leaves a stale address) or pass --address"
+    return RecipeError(f"cannot reach {where} ({reason}); check {fix}")
+
+
+def job_status(submission_id: str, address: str | None) -> str | None:
+    """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown."""
+    client = job_client(address)
     try:
         return str(client.get_job_status(submission_id).value)
     except RuntimeError:  # no job with this id
@@ -158,12 +223,10 @@ def job_status(submission_id: str, address: str | None) -> str | None:
 
 def _clear_finished_job(submission_id: str, address: str | None, env: dict[str, str]) -> None:
     """A finished job with this id blocks resubmission; a running one is an error."""
-    from ray.job_submission import JobSubmissionClient
-
     os.environ.update({k: v for k, v in env.items() if k == "RAY_AUTH_MODE"})
     state = job_status(submission_id, address)
     if state in ("RUNNING", "PENDING"):
         raise RecipeError(f"run.name: job {submission_id!r} is {state} on the cluster already")
     if state in TERMINAL:
-        JobSubmissionClient(address).delete_job(submission_id)
+        job_client(address).delete_job(submission_id)
         log.say(f"resubmitting {submission_id!r} (previous job {state}); it resumes")

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainforge.errors import did_you_mean
+
 RUN_NAME_TAG = "trainforge.run_name"
 DEFAULT_URI = "sqlite:///mlflow.db"
+# the schemes MLflow's tracking-store registry serves, less its retired file store
+STORE_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                 "databricks-uc", "uc")  # fmt: skip
 # A down server must cost seconds, not MLflow's default minutes of retries.
 CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
@@ -47,6 +52,42 @@ def resolve_uri(configured: str | None) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         uri = prefix + str(Path(uri[len(prefix) :]).resolve())
     return uri
+
+
+def redact(uri: str) -> str:
+    """The URI with its credentials hidden, for anything printed, logged or spooled:
+    ``https://user:pass@host`` → ``https://***@host``."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    netloc, slash, path = rest.partition("/")
+    if "@" not in netloc:
+        return uri
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
+
+
+def uri_problem(uri: str) -> str | None:
+    """Why MLflow could not use ``uri`` as a tracking store, or None. Syntax only: whether the
+    server answers is decided at run time (training goes on, spooling, when it does not)."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.lower() == "file":
+        return (
+            "is a folder, and MLflow's file store is gone (MLflow >= 3.13); use "
+            "sqlite:///path/to/mlflow.db or a server's http(s)://host:port"
+        )
+    base = scheme.lower().split("+", 1)[0]  # postgresql+psycopg2: a database and its driver
+    if base not in STORE_SCHEMES:
+        hint = did_you_mean(base, STORE_SCHEMES)
+        return (
+            f"has scheme {scheme!r}, which MLflow does not serve{hint}; use http(s)://host:port, "
+            "sqlite:///path/to/mlflow.db or a database URI (postgresql://…)"
+        )
+    host = rest.partition("/")[0].rpartition("@")[2]
+    if base in ("http", "https") and not host.strip(":"):
+        return "names no host; use http(s)://host:port"
+    if base == "sqlite" and not rest.startswith("/"):
+        return "needs three slashes and a file: sqlite:///relative.db or sqlite:////abs/path.db"
+    return None
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, str]:

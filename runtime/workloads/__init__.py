@@ -36,6 +36,11 @@ def check_workload_data(cfg: WorkloadSection) -> None:
     spec_for(cfg.kind).check_data(cfg)
 
 
+def train_samples(cfg: WorkloadSection) -> int | None:
+    """Rows of the training split, when the recipe tells without loading data (else None)."""
+    return spec_for(cfg.kind).train_samples(cfg)
+
+
 def resolve_workload(cfg: WorkloadSection, seed: int, storage_root: str) -> WorkloadSection:
     """The section with its data made and located (part of ``config.resolve``, on the
     connected Ray cluster); unchanged for a family without a data stage."""

@@ -88,6 +88,10 @@ def _no_data_check(cfg: WorkloadSection) -> None:
     return None
 
 
+def _unknown_size(cfg: WorkloadSection) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class WorkloadSpec(Generic[W]):
     """A workload family as the registry sees it. Functions import their heavy modules when
@@ -104,6 +108,10 @@ class WorkloadSpec(Generic[W]):
     tasks), rules against other sections. Raises RecipeError; never changes anything."""
     check_data: Callable[[W], None] = _no_data_check
     """Is the data where the recipe says, on this machine? The driver's check before Ray."""
+    train_samples: Callable[[W], int | None] = _unknown_size
+    """Rows of the training split as the recipe (or its finished data) says, without loading
+    anything; None when only reading the data would tell. Lets the driver refuse a batch larger
+    than a worker's shard before any worker starts."""
     prepare_data: Callable[[W, int, str], W] | None = None
     """(section, seed, storage root) → the section with its data made and located, run by
     ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""

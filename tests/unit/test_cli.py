@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,190 @@ print("sbi imported:", sorted(m for m in sys.modules if m.split(".")[0] == "sbi"
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "sbi imported: []"
+
+
+# --- recipe errors: exit status 2 and one line naming the key, before Ray starts ------------
+
+USER_SIMULATORS = """
+import torch
+
+def prior():
+    box = torch.distributions.Uniform(-torch.ones(2), torch.ones(2))
+    return torch.distributions.Independent(box, 1)
+
+def simulate(theta):
+    return theta + 0.1 * torch.randn_like(theta)
+
+def wrong_shape(theta):
+    return theta[:1]
+
+def raises(theta):
+    raise ValueError("solver diverged")
+"""
+
+
+def _one_error_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("trainforge: error: "), err
+    assert "Traceback" not in err
+    return err.removeprefix("trainforge: error: ").strip()
+
+
+@pytest.fixture
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train` must refuse before it connects to (or starts) Ray."""
+
+    def must_not_connect(*args: object, **kwargs: object) -> None:
+        raise AssertionError("connected to Ray despite a recipe error")
+
+    monkeypatch.setattr(launch, "connect", must_not_connect)
+
+
+def test_yaml_syntax_error_exits_2_with_file_line_and_column(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("run:\n  name: x\ntrain:\n  lr: [1, 2\n  epochs: 3\n")
+    assert cli.main(["validate", str(recipe)]) == 2
+    message = _one_error_line(capsys.readouterr().err)
+    assert message.startswith(f"recipe {recipe}:5:9: YAML syntax error: ")
+
+
+@pytest.fixture
+def user_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A user's simulator module in the working directory, under a name no other test used."""
+    name = f"user_sim_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(USER_SIMULATORS)
+    monkeypatch.chdir(tmp_path)
+    yield name
+    sys.modules.pop(name, None)
+
+
+def _sbi_custom(*overrides: str) -> list[str]:
+    return ["validate", "sbi/two_moons_debug", "workload.task=custom", *overrides]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["workload.simulator={m}:simulate"], "workload.prior: task custom needs prior as import"),
+        (["workload.prior={m}:prior"], "workload.simulator: task custom needs simulator as"),
+        (
+            ["workload.prior={m}:prior", "workload.simulator=no_such_module_xyz:simulate"],
+            "workload.simulator: cannot import module 'no_such_module_xyz': ModuleNotFoundError",
+        ),
+        (
+            ["workload.prior={m}:prior", "workload.simulator={m}:wrong_shape"],
+            "workload.simulator: returned shape [1, 2] for 2 parameter sets; expected [2, dim_x]",
+        ),
+        (
+            ["workload.prior={m}:prior", "workload.simulator={m}:raises"],
+            "workload.simulator: failed on 2 prior draws: ValueError: solver diverged",
+        ),
+    ],
+    ids=["no-prior", "no-simulator", "import-fails", "wrong-shape", "raises"],
+)
+def test_validate_exits_2_on_a_broken_custom_sbi_task(
+    capsys: pytest.CaptureFixture[str], user_sim: str, overrides: list[str], expected: str
+) -> None:
+    pytest.importorskip("sbi")  # without sbi, validate only notes that train would refuse
+    assert cli.main(_sbi_custom(*(o.format(m=user_sim) for o in overrides))) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # nothing printed as if the recipe were fine
+    assert _one_error_line(err).startswith(expected)
+
+
+def test_validate_accepts_a_working_custom_sbi_task(
+    capsys: pytest.CaptureFixture[str], user_sim: str
+) -> None:
+    pytest.importorskip("sbi")
+    args = _sbi_custom(
+        f"workload.prior={user_sim}:prior", f"workload.simulator={user_sim}:simulate"
+    )
+    assert cli.main(args) == 0
+    assert "error" not in capsys.readouterr().err
+
+
+def test_unknown_torchvision_model_is_refused_before_ray(
+    capsys: pytest.CaptureFixture[str], no_ray: None
+) -> None:
+    overrides = ["workload.model=torchvision:resnet9000", "workload.dataset=synthetic"]
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        # the name cannot be checked without torchvision: validate notes it, train refuses
+        assert cli.main(["validate", str(DIGITS), *overrides]) == 0
+        assert "# note: `train` would refuse on this machine" in capsys.readouterr().err
+        expected = "workload.model='torchvision:...' needs torchvision"
+    else:
+        assert cli.main(["validate", str(DIGITS), *overrides]) == 2
+        expected = "workload.model='torchvision:resnet9000': torchvision has no classification"
+        assert _one_error_line(capsys.readouterr().err).startswith(expected)
+    assert cli.main(["train", str(DIGITS), *overrides]) == 2
+    assert _one_error_line(capsys.readouterr().err).startswith(expected)
+
+
+def test_torchvision_model_on_one_channel_digits_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["validate", str(DIGITS), "workload.model=torchvision:resnet18"]) == 2
+    message = _one_error_line(capsys.readouterr().err)
+    assert message.startswith("workload.model: torchvision:resnet18 expects 3-channel (RGB)")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["train.batch_size=1000", "scaling.num_workers=2"],  # digits: 1437 train images
+            "train.batch_size: 1000 is more than a worker's shard of 719 samples (1437 training "
+            "samples over 2 workers)",
+        ),
+        (
+            ["train.batch_size=400", "train.grad_accum_steps=2", "scaling.num_workers=2"],
+            "train.batch_size: 400 × train.grad_accum_steps 2 is more than a worker's shard of 719",
+        ),
+    ],
+    ids=["batch", "accumulated"],
+)
+def test_a_batch_larger_than_a_shard_is_refused_before_ray(
+    capsys: pytest.CaptureFixture[str], no_ray: None, overrides: list[str], expected: str
+) -> None:
+    for command in ("validate", "train"):
+        assert cli.main([command, str(DIGITS), *overrides]) == 2
+        assert _one_error_line(capsys.readouterr().err).startswith(expected)
+    # the largest batch that fits passes
+    assert cli.main(["validate", str(DIGITS), "train.batch_size=719", "scaling.num_workers=2"]) == 0
+
+
+def test_a_bad_tracking_uri_is_refused_at_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(DIGITS), "tracking.tracking_uri=htp://nowhere"]) == 2
+    message = _one_error_line(capsys.readouterr().err)
+    assert message.startswith("tracking.tracking_uri: 'htp://nowhere' has scheme 'htp', which")
+    assert "did you mean 'http'?" in message
+
+
+def test_ui_on_a_server_that_does_not_answer_is_one_line_in_seconds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    assert cli.main(["ui", "--tracking-uri", f"http://user:secret@127.0.0.1:{port}"]) == 2
+    assert time.monotonic() - started < 10
+    assert _one_error_line(capsys.readouterr().err) == (
+        f"--tracking-uri: no MLflow server answers at http://***@127.0.0.1:{port} (5 s); check "
+        "that it is running and the host, port and http/https"
+    )
+
+
+def test_ui_on_a_taken_port_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        uri = f"sqlite:///{tmp_path}/mlflow.db"
+        assert cli.main(["ui", "--tracking-uri", uri, "--port", str(port)]) == 2
+    assert _one_error_line(capsys.readouterr().err) == (
+        f"--port: {port} is taken on 127.0.0.1; pass another --port"
+    )

@@ -153,6 +153,26 @@ def test_yaml_syntax_error_is_a_recipe_error(tmp_path: Path, text: str) -> None:
         pytest.fail("a YAML syntax error loaded without error")
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ("run:\n  name: x\ntrain:\n  lr: [1, 2\n  epochs: 3\n", "5:9", "expected ',' or ']'"),
+        ("run:\n  name: x\n   bad: 1\n", "3:7", "mapping values are not allowed"),
+        ("run:\n\tname: x\n", "2:1", "cannot start any token"),
+    ],
+    ids=["unclosed", "indent", "tab"],
+)
+def test_yaml_syntax_error_keeps_file_line_and_column(
+    tmp_path: Path, text: str, where: str, problem: str
+) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(RecipeError) as caught:
+        config.load(path)
+    message = str(caught.value)
+    assert message.startswith(f"recipe {path}:{where}: YAML syntax error: ")
+    assert problem in message and "\n" not in message
+
+
 # --- precedence and normalisation --------------------------------------------------------------
 
 

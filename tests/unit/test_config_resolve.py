@@ -120,10 +120,33 @@ def test_resolve_checks_the_cluster(tmp_path: Path) -> None:
         config.resolve(cfg, {"CPU": 4}, str(tmp_path))
 
 
-def _finished_simulations(folder: Path) -> Path:
+def test_a_batch_larger_than_the_shard_of_every_gpu_is_refused(tmp_path: Path) -> None:
+    """With use_all_gpus the worker count, hence the shard, is known only here."""
+    cfg = config.load(DIGITS, ["scaling.use_all_gpus=true", "train.batch_size=64"])
+    with pytest.raises(RecipeError) as caught:
+        config.resolve(cfg, {"CPU": 64, "GPU": 64}, str(tmp_path))
+    assert str(caught.value) == (
+        "train.batch_size: 64 is more than a worker's shard of 23 samples (1437 training samples "
+        "over 64 workers); lower train.batch_size or scaling.num_workers, or use more data"
+    )
+    assert config.resolve(cfg, {"CPU": 64, "GPU": 22}, str(tmp_path)).scaling.num_workers == 22
+
+
+def test_the_shard_of_finished_simulations_counts_the_dropped_rows(tmp_path: Path) -> None:
+    """Finished simulations decide the training rows: 1000, less 600 invalid ones dropped,
+    less sbi's validation tenth (40) leave 360, 180 a worker."""
+    folder = _finished_simulations(tmp_path / "sims", num=1000, invalid=600)
+    given = ["scaling.num_workers=2", f"workload.simulation.path={folder}"]
+    assert config.load(SBI_DEBUG, [*given, "train.batch_size=400"]).train.batch_size == 400
+    with pytest.raises(RecipeError, match=r"shard of 180 samples \(360 training samples"):
+        config.load(SBI_DEBUG, [*given, "train.batch_size=200",
+                                "workload.simulation.drop_invalid=true"])  # fmt: skip
+
+
+def _finished_simulations(folder: Path, num: int = 20, invalid: int = 0) -> Path:
     """A folder that says it holds finished simulations (all the resolve step reads)."""
     folder.mkdir(parents=True)
-    manifest = {"num_simulations": 20, "invalid": 0, "dim_theta": 2, "dim_x": 2}
+    manifest = {"num_simulations": num, "invalid": invalid, "dim_theta": 2, "dim_x": 2}
     (folder / simulate.MANIFEST).write_text(json.dumps(manifest))
     return folder
 
@@ -152,7 +175,7 @@ def test_sbi_code_dir_and_simulation_path_are_resolved(
     folder = _finished_simulations(tmp_path / "sims")
     overrides = ["workload.task=custom", f"workload.prior={name}:prior",
                  f"workload.simulator={name}:simulate", "workload.evaluation.observations=[]",
-                 f"workload.simulation.path={folder}"]  # fmt: skip
+                 f"workload.simulation.path={folder}", "train.batch_size=8"]  # fmt: skip
     cfg = config.load(SBI_DEBUG, overrides)
     assert isinstance(cfg.workload, SBIWorkloadConfig) and cfg.workload.code_dir is None
     try:

@@ -4,8 +4,12 @@ names the recipe, the runtime env and the git commit (no cluster: the call is ca
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +130,52 @@ def test_runtime_env_file_errors(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- a\n")
     with pytest.raises(RecipeError, match="must be a mapping"):
         submit.build_runtime_env(tmp_path / "list.yaml", None, None)
+
+
+# --- a cluster that does not answer: one line, in seconds ----------------------------------
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _submit_process(project: Path, *args: str, env: dict[str, str]) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainforge", "submit", "recipes/mine.yaml", *args],
+        cwd=project, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done.returncode, done.stderr, time.monotonic() - started
+
+
+def test_an_unreachable_address_is_one_line_in_seconds(project: Path) -> None:
+    address = f"http://127.0.0.1:{closed_port()}"
+    code, err, took = _submit_process(project, "--address", address, env={})
+    assert code == 2
+    assert err == (
+        f"trainforge: error: cannot reach the Ray cluster at {address} (ConnectionError: Failed "
+        f"to connect to Ray at address: {address}.); check --address (the head's dashboard, "
+        "e.g. http://HEAD:8265)\n"
+    )
+    assert took < 30
+
+
+def test_a_stale_local_cluster_file_is_one_line_within_the_timeout(
+    project: Path, tmp_path: Path
+) -> None:
+    """What a stopped `ray start --head` leaves: Ray's record of the latest cluster, pointing
+    at a head that is gone (Ray alone retries for ~40 s, then prints a page)."""
+    ray_tmp = tmp_path / "raytmp"
+    (ray_tmp / "ray").mkdir(parents=True)
+    (ray_tmp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{closed_port()}")
+    env = {"RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""}
+    code, err, took = _submit_process(project, env=env)
+    assert code == 2
+    assert err.splitlines() == [err.strip()], err
+    assert err.startswith("trainforge: error: cannot reach the local Ray cluster (")
+    assert "check `ray status`" in err
+    assert took < submit.CONNECT_TIMEOUT_S + 15  # start-up and imports included

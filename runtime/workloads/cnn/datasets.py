@@ -7,6 +7,7 @@ trees can be arbitrarily large and come back as lazily decoding map-style ``Data
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_NUM_CLASSES = 10
 CIFAR10_IMAGE_SIZE = 32
+CIFAR10_TRAIN_IMAGES = 50_000
+DIGITS_IMAGES = 1797  # scikit-learn's bundled 8x8 digits
 
 # ImageFolder trees are usually photos, for which the ImageNet statistics are the convention
 # (and what torchvision's pretrained models expect); computing per-tree statistics would need
@@ -126,6 +129,18 @@ def augment_batch(images: torch.Tensor, padding: int = 4) -> torch.Tensor:
     batch_idx = torch.arange(n, device=device).view(n, 1, 1, 1)
     channel_idx = torch.arange(c, device=device).view(1, c, 1, 1)
     return padded[batch_idx, channel_idx, rows.view(n, 1, h, 1), cols.view(n, 1, 1, w)]
+
+
+def train_samples(cfg: CNNWorkloadConfig) -> int | None:
+    """Training images the data set will hold, known without reading it (None: an image folder,
+    counted only by listing it)."""
+    if cfg.dataset == "digits":  # scikit-learn's test share is ceil(fraction × n)
+        return DIGITS_IMAGES - math.ceil(cfg.val_fraction * DIGITS_IMAGES)
+    if cfg.dataset == "synthetic":
+        return cfg.synthetic_train_size
+    if cfg.dataset == "cifar10":
+        return CIFAR10_TRAIN_IMAGES
+    return None
 
 
 # --------------------------------------------------------------------------- shared checks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from typing import Any
 
 import torch
@@ -151,8 +152,22 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int) 
     )
 
 
-def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -> nn.Module:
-    torchvision = _import_torchvision()
+def check_torchvision_model(name: str) -> None:
+    """A ``torchvision:<name>`` model that this torchvision lacks is a recipe error, found
+    before any worker starts. Where torchvision is not installed, the name cannot be checked
+    here; ``require_torchvision`` (the data check of `train`) refuses the run then."""
+    if not name.startswith(TORCHVISION_PREFIX) or importlib.util.find_spec("torchvision") is None:
+        return
+    _torchvision_names(_import_torchvision(), name[len(TORCHVISION_PREFIX) :].strip())
+
+
+def require_torchvision(name: str) -> None:
+    """On the machine that trains: a ``torchvision:`` model needs torchvision importable."""
+    if name.startswith(TORCHVISION_PREFIX):
+        _import_torchvision()
+
+
+def _torchvision_names(torchvision: Any, tv_name: str) -> None:
     available = torchvision.models.list_models(module=torchvision.models)
     if tv_name not in available:
         message = (
@@ -165,6 +180,11 @@ def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -
         examples = ", ".join(sorted(available)[:8])
         message += f"; some available: {examples}, ... ({len(available)} in all)"
         raise RecipeError(message)
+
+
+def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -> nn.Module:
+    torchvision = _import_torchvision()
+    _torchvision_names(torchvision, tv_name)
     if in_channels != 3:
         # torchvision's stems are hard-wired to RGB; failing here beats a shape error
         # deep inside the first forward pass on every worker.

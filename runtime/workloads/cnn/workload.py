@@ -12,6 +12,7 @@ from torch import nn
 
 from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
+from trainforge.errors import RecipeError
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
@@ -20,14 +21,33 @@ from trainforge.workloads.cnn.datasets import (
     check_data,
     check_dataset_name,
     load_data,
+    train_samples,
 )
-from trainforge.workloads.cnn.models import build_model, check_model_name
+from trainforge.workloads.cnn.models import (
+    build_model,
+    check_model_name,
+    check_torchvision_model,
+    require_torchvision,
+)
 
 
 def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
     """Names checked against the family's registries (the section checks its own values)."""
     check_model_name(cfg.model)
+    check_torchvision_model(cfg.model)
     check_dataset_name(cfg.dataset)
+    if cfg.model.startswith("torchvision:") and cfg.dataset == "digits":
+        raise RecipeError(  # the worker would find out only when it builds the model
+            f"workload.model: {cfg.model} expects 3-channel (RGB) images, and the digits data "
+            "set has 1 channel; use simple_cnn or resnet18_cifar"
+        )
+
+
+def check_machine(cfg: CNNWorkloadConfig) -> None:
+    """What `train` needs on this machine: the data set where the recipe says, torchvision for
+    a torchvision model."""
+    require_torchvision(cfg.model)
+    check_data(cfg)
 
 
 class CNNWorkload(Workload):
@@ -56,7 +76,10 @@ class CNNWorkload(Workload):
             return split  # a Dataset: streamed through a DataLoader
         data = TensorData(split.images, split.labels)
         if keep_on_device(self.cfg.data_on_device, data.nbytes, device):
-            return TensorData(split.images.to(device), split.labels.to(device))
+            # stored in the model's memory format: a gathered batch keeps it, so prepare_batch
+            # need not copy it again every step
+            images = split.images.to(device, memory_format=self.memory_format)
+            return TensorData(images, split.labels.to(device))
         return data
 
     def build_model(self) -> nn.Module:
@@ -112,5 +135,10 @@ def build(cfg: CNNWorkloadConfig, seed: int, precision: PrecisionSection) -> CNN
 
 
 SPEC = WorkloadSpec(
-    kind="cnn", schema=CNNWorkloadConfig, build=build, check=check, check_data=check_data
+    kind="cnn",
+    schema=CNNWorkloadConfig,
+    build=build,
+    check=check,
+    check_data=check_machine,
+    train_samples=train_samples,
 )

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trainforge.errors import RecipeError
+from trainforge.errors import RecipeError, UserCodeError
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import TASKS, get_task
 from trainforge.workloads.sbi.tasks.base import Task
@@ -30,7 +30,7 @@ from trainforge.workloads.sbi.tasks.base import Task
 CUSTOM = "custom"
 
 
-class SimulatorError(RecipeError):
+class SimulatorError(UserCodeError):
     """The user's simulator or prior broke its contract (import, shape, dtype, values)."""
 
 

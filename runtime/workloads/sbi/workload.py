@@ -46,6 +46,12 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
             f"workload.task: {cfg.task!r} is not a known task{hint}; "
             f"choose one of: {', '.join(sources.KNOWN_TASKS)}"
         )
+    if cfg.task == sources.CUSTOM and (cfg.prior is None or cfg.simulator is None):
+        missing = " and ".join(k for k in ("prior", "simulator") if getattr(cfg, k) is None)
+        raise RecipeError(
+            f"workload.{missing.split(' ')[0]}: task {sources.CUSTOM} needs {missing} as import "
+            "paths, e.g. prior: my_pkg.sim:prior and simulator: my_pkg.sim:simulate"
+        )
     if cfg.task != sources.CUSTOM and (cfg.prior is not None or cfg.simulator is not None):
         raise RecipeError(
             f"workload.prior/simulator: only used with task: {sources.CUSTOM} "
@@ -79,6 +85,19 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
     estimators.embedding_net(
         estimators.BuildRecord.from_config(cfg.estimator, source.dim_theta, source.dim_x)
     )
+
+
+def train_samples(cfg: SBIWorkloadConfig) -> int:
+    """Training rows under sbi's split rule: of the finished simulations when the recipe points
+    at them (invalid ones dropped if asked), else of the simulations it asks for."""
+    total = cfg.simulation.num_simulations
+    folder = Path(cfg.simulation.path) if cfg.simulation.path else None
+    if folder is not None and (folder / simulate.MANIFEST).is_file():
+        manifest = simulate.read_manifest(folder)
+        total = manifest["num_simulations"]
+        if cfg.simulation.drop_invalid:
+            total -= manifest["invalid"]
+    return total - max(1, int(cfg.val_fraction * total))
 
 
 def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
@@ -234,6 +253,7 @@ SPEC = WorkloadSpec(
     build=build,
     check=check,
     check_data=check_data,
+    train_samples=train_samples,
     prepare_data=prepare_data,
 )
 
