@@ -52,9 +52,16 @@ def trainer_class() -> type:
 
 
 def worker_errors(exc: BaseException) -> list[BaseException]:
-    """The workers' own exceptions behind a failed ``fit()``, lowest rank first.
+    """The workers' own exceptions behind a failed ``fit()``, lowest rank first."""
+    return list(worker_failures(exc).values())
+
+
+def worker_failures(exc: BaseException) -> dict[int, BaseException]:
+    """Rank → the exception that worker raised, behind a failed ``fit()``, lowest rank first.
 
     Ray Train V2 raises ``WorkerGroupError`` with ``worker_failures`` (rank → exception); each
     is Ray's ``RayTaskError``, whose ``cause`` is the exception the worker raised."""
     failures = getattr(exc, "worker_failures", None) or {}
-    return [getattr(failures[rank], "cause", None) or failures[rank] for rank in sorted(failures)]
+    return {
+        rank: getattr(failures[rank], "cause", None) or failures[rank] for rank in sorted(failures)
+    }

@@ -15,12 +15,13 @@ from typing import Any
 from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
-from trainforge.driver import recipe_change
+from trainforge.driver import out_of_memory, recipe_change
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.log import first_line
 from trainforge.tracking import driver as tracking
+from trainforge.tracking.client import redact
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
 
@@ -89,6 +90,7 @@ def train(cfg: Recipe) -> Outcome:
     payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{root}/{cfg.run.name}"}
     if os.environ.get(FAIL_AFTER_EPOCH_ENV):
         payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
+    payload |= out_of_memory.injected_fault()  # TRAINFORGE_OOM_AT_STEP, for tests
     handle = None
     if cfg.tracking.enabled:
         handle = tracking.start_run(
@@ -97,7 +99,7 @@ def train(cfg: Recipe) -> Outcome:
         payload["mlflow"] = handle.for_workers()
         if handle.run_id is not None:
             state = "reopened" if handle.resumed else "created"
-            log.say(f"MLflow run {handle.run_id} {state} at {handle.tracking_uri}")
+            log.say(f"MLflow run {handle.run_id} {state} at {redact(handle.tracking_uri)}")
 
     ray_compat.poll_controller_fast()
     trainer = _Trainer(
@@ -140,6 +142,10 @@ def train(cfg: Recipe) -> Outcome:
         if stopped:  # the run's own verdict: one line, no traceback, nothing to resume
             reason = first_line(stopped[0], limit=1000)
             log.error(f"training stopped: {reason}")
+            return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
+        reason = out_of_memory.explain(exc, cfg)
+        if reason is not None:  # one line with what to change, not the worker's traceback
+            log.error(f"training failed: {reason}")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
         first = errors[0] if errors else exc
         reason = f"{type(first).__name__}: {first_line(first, limit=1000)}"

@@ -37,6 +37,7 @@ from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
 from trainforge.tracking.worker import WorkerTracker
+from trainforge.worker import faults
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 from trainforge.worker.rng import seed_everything
 from trainforge.worker.state import Checkpointer, TrainState
@@ -60,6 +61,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg), reporter, tracker)
     trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
     checkpointer.before_save = trainer.check_finite  # never a checkpoint of a NaN run
+    faults.inject(payload, trainer)  # only when a test asks for one
     state, plan = trainer.state, trainer.plan
     position = state.position
 

@@ -185,3 +185,46 @@ def test_a_run_whose_numbers_turn_nan_stops_with_one_line_and_fails_in_mlflow(
     states = [checkpoint.load(folder) for folder in folders]  # beside them: Ray's own files
     for state in states:
         assert all(torch.isfinite(weights).all() for weights in state["model"].values())
+
+
+def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 raises torch.OutOfMemoryError during step 30 (22 steps an epoch, a checkpoint
+    after the first). Then the same run with another learning rate is refused before any
+    worker starts, naming the key."""
+    from trainforge.driver.out_of_memory import OOM_AT_STEP_ENV
+    from trainforge.errors import RecipeError
+
+    monkeypatch.setenv(OOM_AT_STEP_ENV, "30")
+    common = [
+        "run.name=oom",
+        "scaling.num_workers=2",
+        "train.epochs=2",
+        "tracking.system_metrics=false",
+    ]
+    code = cli_main(["train", str(DIGITS), *common])
+    assert code == 1
+    err = capsys.readouterr().err
+    failed = [line for line in err.splitlines() if line.startswith("[trainforge] training")]
+    assert failed == [
+        "[trainforge] training failed: out of CPU memory on rank 1: each of 2 workers runs "
+        "train.batch_size 32 samples at a time, train.grad_accum_steps 1 times per step "
+        "(global batch 64); lower train.batch_size and raise train.grad_accum_steps by the "
+        "same factor (same global batch), or use precision.dtype=bf16; the same command then "
+        "resumes from the last checkpoint"
+    ], err[-3000:]
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("trainforge").experiment_id],
+        "tags.`trainforge.run_name` = 'oom'",
+    )
+    assert run.info.status == "FAILED"
+    assert "out of CPU memory on rank 1" in run.data.tags["trainforge.failure"]
+    found = checkpoint.newest_in(in_tmp / "runs" / "oom")  # the epoch-1 checkpoint, verified
+    assert found.state is not None and found.state["global_step"] == 22 and not found.skipped
+    assert not (in_tmp / "runs" / ".oom.lock").exists()  # the command's lock went with it
+
+    monkeypatch.delenv(OOM_AT_STEP_ENV)
+    with pytest.raises(RecipeError, match=r"train\.lr 0\.002 -> 0\.01"):
+        _train(*common, "train.lr=0.01")
