@@ -91,6 +91,7 @@ def train(cfg: Recipe) -> Outcome:
     if os.environ.get(FAIL_AFTER_EPOCH_ENV):
         payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
     payload |= out_of_memory.injected_fault()  # TRAINFORGE_OOM_AT_STEP, for tests
+    payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
     handle = None
     if cfg.tracking.enabled:
         handle = tracking.start_run(

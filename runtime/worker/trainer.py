@@ -37,7 +37,7 @@ from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
 from trainforge.tracking.worker import WorkerTracker
-from trainforge.worker import faults
+from trainforge.worker import faults, restarts
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 from trainforge.worker.rng import seed_everything
 from trainforge.worker.state import Checkpointer, TrainState
@@ -64,6 +64,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     faults.inject(payload, trainer)  # only when a test asks for one
     state, plan = trainer.state, trainer.plan
     position = state.position
+    restarts.record(payload, ctx, tracker, position.global_step)  # max_failures restarts
 
     while (
         position.epoch < plan.epochs

@@ -228,3 +228,18 @@ def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     monkeypatch.delenv(OOM_AT_STEP_ENV)
     with pytest.raises(RecipeError, match=r"train\.lr 0\.002 -> 0\.01"):
         _train(*common, "train.lr=0.01")
+
+
+def test_a_worker_restart_under_max_failures_is_counted(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers fail after epoch 1; with run.max_failures=1 Ray Train restarts them from
+    the checkpoint, the run finishes, and its one MLflow run records one restart."""
+    monkeypatch.setenv(launch.FAIL_AFTER_EPOCH_ENV, "1")
+    outcome = _train("run.name=retried", "scaling.num_workers=2", "train.epochs=2",
+                     "run.max_failures=1", "tracking.system_metrics=false")  # fmt: skip
+    assert outcome.exit_code == 0
+    assert checkpoint.load(outcome.checkpoint_path)["global_step"] == 44
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    history = client.get_metric_history(outcome.mlflow_run_id, "run/restarts")
+    assert [(m.value, m.step) for m in history] == [(1.0, 22)]

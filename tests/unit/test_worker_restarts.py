@@ -1,0 +1,36 @@
+"""Restarts of one command's workers (``trainforge.worker.restarts``): counted per command id
+in the run folder by rank 0, said and logged from the first restart on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainforge.config.schema import TrackingSection
+from trainforge.distributed import WorkerContext
+from trainforge.tracking.worker import WorkerTracker
+from trainforge.worker import restarts
+
+
+def ctx(rank: int) -> WorkerContext:
+    return WorkerContext(rank, rank, 2, 0, torch.device("cpu"))
+
+
+def test_each_later_start_of_the_same_command_is_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracker = WorkerTracker(None, TrackingSection(enabled=False), ctx(0))
+    first = {"run_dir": str(tmp_path / "run"), restarts.COMMAND: "a"}
+    assert restarts.record(first, ctx(0), tracker, step=0) == 0
+    assert capsys.readouterr().out == ""
+    assert restarts.record(first, ctx(1), tracker, step=22) == 0  # only rank 0 counts
+    assert restarts.record(first, ctx(0), tracker, step=22) == 1
+    assert restarts.record(first, ctx(0), tracker, step=44) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "[trainforge] workers restarted (2 so far, run.max_failures), resuming"
+    # the next command starts from zero; remote storage and no id: nothing counted
+    assert restarts.record({**first, restarts.COMMAND: "b"}, ctx(0), tracker, step=44) == 0
+    assert restarts.record({**first, "run_dir": "s3://b/run"}, ctx(0), tracker, step=0) == 0
+    assert restarts.record({"run_dir": str(tmp_path)}, ctx(0), tracker, step=0) == 0
