@@ -56,6 +56,15 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ship nothing: the cluster's image already holds the project",
     )
+    cluster = commands.add_parser(
+        "cluster",
+        help="the local Ray cluster that trainforge keeps between commands",
+        description="Local commands (no RAY_ADDRESS) share one Ray cluster that the first of "
+        "them starts; it stops itself after TRAINFORGE_CLUSTER_IDLE_S seconds unused "
+        "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 gives each command a private Ray instead.",
+    )
+    cluster.add_argument("action", choices=("start", "status", "stop"))
+    cluster.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule (default: all)")
     commands.add_parser(
         "recipes",
         help="list the recipes shipped with trainforge (use a name wherever a recipe path goes)",
@@ -82,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ui(args.tracking_uri, args.port)
         if args.command == "recipes":
             return _list_recipes()
+        if args.command == "cluster":
+            return _cluster(args.action, args.num_cpus)
         if args.command == "submit":
             from pathlib import Path
 
@@ -132,6 +143,32 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
         return 1
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
     log.say(f"synced {path}: {summary}")
+    return 0
+
+
+def _cluster(action: str, num_cpus: int | None) -> int:
+    from trainforge.driver import local_cluster
+
+    state = local_cluster.read_state()
+    stale = state is not None and local_cluster.why_stale(state) is not None
+    if action == "status":
+        if state is None or stale:
+            log.say("no local cluster is running; the next local command starts one")
+            return 1
+        log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}, "
+                f"supervisor pid {state.supervisor_pid}, Ray {state.ray_version}")  # fmt: skip
+        return 0
+    if action == "stop":
+        stopped = local_cluster.stop()
+        log.say("local cluster stopped" if stopped else "no local cluster was running")
+        return 0
+    if state is not None and not stale:
+        log.say(f"a local cluster runs already at {state.gcs_address}")
+        return 0
+    if state is not None:
+        local_cluster.stop(state)
+    state = local_cluster.start(num_cpus=num_cpus)
+    log.say(f"local cluster started at {state.gcs_address}, dashboard {state.dashboard_url}")
     return 0
 
 

@@ -65,3 +65,20 @@ def worker_failures(exc: BaseException) -> dict[int, BaseException]:
     return {
         rank: getattr(failures[rank], "cause", None) or failures[rank] for rank in sorted(failures)
     }
+
+
+def use_auth_token(token_path: str) -> None:
+    """Talk to a cluster with token authentication, whose token is in ``token_path``.
+
+    Ray reads RAY_AUTH_MODE and the token once per process, when ray is imported; a driver
+    that imports Ray before it knows which cluster it joins (every trainforge command) must
+    set them and make Ray read them again: ``Config.initialize("")`` re-reads the mode (as
+    Ray's own ``_enable_token_auth`` does) and the C++ token loader drops its cached token.
+    """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = token_path
+    os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

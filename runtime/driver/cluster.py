@@ -3,16 +3,22 @@ Whether it can host the recipe's workers is decided by ``trainforge.config.resol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from typing import Any
 
-from trainforge import ray_compat, storage
+from trainforge import log, ray_compat, storage
 from trainforge.config.schema import RunSection
+from trainforge.driver import local_cluster
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
-    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else start a local Ray.
+    """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else the lasting local
+    cluster (started when none runs; ``local_cluster.py``), else — with
+    TRAINFORGE_KEEP_CLUSTER=0 or ``local_only`` — start a private Ray that ends with this
+    process.
 
     Every process of the job is given its own cluster's address (RAY_ADDRESS in the job's
     runtime env). Ray Train's placement-group cleaner, a detached actor, asks the State API
@@ -32,6 +38,12 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
     if address:
         _init_pinned(ray, address, address, options)
         return
+    # Ray Train's preemption watcher is an extra actor process per run (and an error line on
+    # the console); one machine has no node to be preempted.
+    os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
+    if not local_only and local_cluster.keep_cluster():
+        _join_lasting_cluster(ray, options)
+        return
     # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
     # ray.init() would join that one). The local dashboard stays on loopback.
     port = os.environ.get(GCS_PORT_ENV) or str(_free_port())
@@ -45,6 +57,28 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+_held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
+
+
+def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> None:
+    started_at = time.monotonic()
+    state, started = local_cluster.ensure(log.say)
+    ray_compat.use_auth_token(state.token_path)
+    _held.enter_context(local_cluster.in_use())
+    # The workers are children of a Ray started by an earlier command: they get this
+    # command's settings (threads, MLflow, Python path) and the cluster's address explicitly.
+    env_vars = {**local_cluster.worker_env(), "RAY_ADDRESS": state.gcs_address}
+    ray.init(address=state.gcs_address, runtime_env={"env_vars": env_vars}, **options)
+    took = time.monotonic() - started_at
+    if started:
+        idle_min = local_cluster.idle_stop_s() / 60
+        log.say(
+            f"ray: started a local cluster at {state.gcs_address} ({took:.1f} s); later commands "
+            f"reuse it, it stops after {idle_min:.0f} min unused or on `trainforge cluster stop`"
+        )
+    else:
+        log.say(f"ray: connected to the local cluster at {state.gcs_address} ({took:.1f} s)")
 
 
 def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> None:

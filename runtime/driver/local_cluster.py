@@ -1,0 +1,359 @@
+"""The local Ray cluster that outlives one command.
+
+Starting Ray costs ~5 s on a 2-core machine and stopping it ~4 s more; a user who runs ten
+short jobs pays that ten times. The first ``trainforge train`` (or ``trainforge cluster
+start``) therefore starts a Ray head of its own — on loopback, with token authentication and
+ports of its own, its own temp dir — under a small supervisor process, and later commands
+connect to it. The supervisor stops Ray when no command has used it for ``idle_stop_s``
+(default 30 min) and no command holds it, or on ``trainforge cluster stop``; stopping it never
+touches any other Ray on the machine (``ray stop`` would).
+
+Everything lives in one folder per user (``$TRAINFORGE_HOME/local-cluster``, default
+``~/.cache/trainforge``): ``state.json`` (addresses, supervisor pid, Python and Ray versions),
+``token`` (mode 0600), ``in-use.lock`` (each command holds a shared lock on it while it runs),
+``supervisor.log``. A state whose supervisor is dead, whose GCS does not answer, or that was
+started by another Python or Ray version is stale: it is stopped if it can be and replaced.
+Two users have two homes, hence two clusters, tokens and port sets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+HOME_ENV = "TRAINFORGE_HOME"
+KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
+IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
+DEFAULT_IDLE_STOP_S = 1800.0
+START_TIMEOUT_S = 120.0
+
+
+def keep_cluster() -> bool:
+    """Whether local commands use the lasting cluster (the default) or a private Ray."""
+    return os.environ.get(KEEP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def folder() -> Path:
+    home = os.environ.get(HOME_ENV)
+    base = Path(home) if home else Path.home() / ".cache" / "trainforge"
+    return base / "local-cluster"
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    gcs_address: str
+    dashboard_url: str
+    supervisor_pid: int
+    temp_dir: str
+    python: str
+    ray_version: str
+    started_at: float
+
+    @property
+    def token_path(self) -> str:
+        return str(folder() / "token")
+
+
+def read_state() -> ClusterState | None:
+    try:
+        return ClusterState(**json.loads((folder() / "state.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def why_stale(state: ClusterState) -> str | None:
+    """None when the cluster can be used, else why not (one phrase)."""
+    if not _alive(state.supervisor_pid):
+        return f"its supervisor (pid {state.supervisor_pid}) is gone"
+    if state.python != _python() or state.ray_version != _ray_version():
+        return f"it runs {state.python} with Ray {state.ray_version}"
+    host, port = state.gcs_address.rsplit(":", 1)
+    if not _port_open(host, int(port)):
+        return f"its GCS at {state.gcs_address} does not answer"
+    return None
+
+
+def running() -> ClusterState | None:
+    state = read_state()
+    return state if state is not None and why_stale(state) is None else None
+
+
+def ensure(say: Any) -> tuple[ClusterState, bool]:
+    """The running cluster, else a new one (replacing a stale one); True when started now."""
+    state = read_state()
+    if state is not None:
+        reason = why_stale(state)
+        if reason is None:
+            return state, False
+        say(f"ray: the local cluster from an earlier session is unusable ({reason}); replacing it")
+        stop(state)
+    return start(), True
+
+
+def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterState:
+    """Start the supervisor (detached: it outlives this process) and wait for Ray to answer."""
+    home = folder()
+    home.mkdir(parents=True, exist_ok=True)
+    with _start_lock(home):
+        state = running()  # another command may have started it while we waited
+        if state is not None:
+            return state
+        (home / "state.json").unlink(missing_ok=True)
+        token = home / "token"
+        token.write_text(secrets.token_hex(32))
+        token.chmod(0o600)
+        idle = idle_s if idle_s is not None else idle_stop_s()
+        command = [sys.executable, "-m", "trainforge.driver.local_cluster", f"--idle-stop={idle}"]
+        if num_cpus is not None:
+            command += ["--num-cpus", str(num_cpus)]
+        with open(home / "supervisor.log", "ab") as log_file:
+            subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C in this terminal does not reach it
+                env=_supervisor_env(),
+            )
+        return _wait_for_state(home)
+
+
+def stop(state: ClusterState | None = None, timeout_s: float = 30.0) -> bool:
+    """Stop the cluster (its supervisor stops Ray); True when one was running."""
+    state = state or read_state()
+    if state is None:
+        return False
+    was_alive = _alive(state.supervisor_pid)
+    if was_alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(state.supervisor_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(state.supervisor_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(state.supervisor_pid, signal.SIGKILL)
+    (folder() / "state.json").unlink(missing_ok=True)
+    return was_alive
+
+
+@contextlib.contextmanager
+def in_use() -> Any:
+    """Held by a command for as long as it uses the cluster: the supervisor never stops a
+    cluster while any command holds it. The lock dies with the process."""
+    path = folder() / "in-use.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        os.utime(path)
+        try:
+            yield
+        finally:
+            os.utime(path)  # the idle clock starts when the last command ends
+
+
+def worker_env() -> dict[str, str]:
+    """The command's settings that its workers must see although they are children of a Ray
+    started by an earlier command: thread counts, MLflow, trainforge's own switches, torch and
+    collective-library settings, the Python path."""
+    prefixes = ("OMP_", "MKL_", "OPENBLAS_", "MLFLOW_", "TRAINFORGE_", "TORCH", "NCCL_", "GLOO_")
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key.startswith(prefixes) or key == "PYTHONPATH"
+    }
+
+
+# --- the supervisor (python -m trainforge.driver.local_cluster) -------------------------------
+
+
+def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
+    """Run `ray start --head --block` and stop it when idle or asked to (SIGTERM)."""
+    home = folder()
+    ports = {name: _free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc",
+                                             "runtime_env", "metrics")}  # fmt: skip
+    temp_dir = Path(f"/tmp/trainforge-{os.getuid()}-{ports['gcs']}")
+    command = [
+        sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+        f"--port={ports['gcs']}", "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
+        f"--ray-client-server-port={ports['client']}",
+        f"--dashboard-agent-listen-port={ports['agent']}",
+        f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+        f"--runtime-env-agent-port={ports['runtime_env']}",
+        f"--metrics-export-port={ports['metrics']}",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]  # fmt: skip
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    ray_process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    ready = threading.Event()
+    threading.Thread(target=_relay, args=(ray_process.stdout, ready), daemon=True).start()
+    stopping = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    state = ClusterState(
+        gcs_address=f"127.0.0.1:{ports['gcs']}",
+        dashboard_url=f"http://127.0.0.1:{ports['dashboard']}",
+        supervisor_pid=os.getpid(),
+        temp_dir=str(temp_dir),
+        python=_python(),
+        ray_version=_ray_version(),
+        started_at=time.time(),
+    )
+    published = False
+    lock_path = home / "in-use.lock"
+    lock_path.touch()
+    while not stopping and ray_process.poll() is None:
+        if not published and ready.is_set():
+            _write_json(home / "state.json", asdict(state))
+            published = True
+        if published and _idle_for(lock_path) > idle_stop_s and _nobody_holds(lock_path):
+            print(f"idle for {idle_stop_s:.0f} s: stopping", flush=True)
+            break
+        time.sleep(0.5 if not published else 5.0)
+    if ray_process.poll() is None:
+        ray_process.send_signal(signal.SIGTERM)  # `ray start --block` stops its node on SIGTERM
+        try:
+            ray_process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ray_process.kill()
+    current = read_state()
+    if current is not None and current.supervisor_pid == os.getpid():
+        (home / "state.json").unlink(missing_ok=True)
+    return 0
+
+
+def _relay(stream: IO[bytes], ready: threading.Event) -> None:
+    """Copy `ray start`'s output to the supervisor's log; it says "Ray runtime started" once
+    the head node (GCS, raylet, dashboard) is up."""
+    for line in stream:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        if b"Ray runtime started" in line:
+            ready.set()
+
+
+def _idle_for(lock_path: Path) -> float:
+    try:
+        return time.time() - lock_path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _nobody_holds(lock_path: Path) -> bool:
+    with open(lock_path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return True
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _supervisor_env() -> dict[str, str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder() / "token")}
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+        env.pop(key, None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _wait_for_state(home: Path) -> ClusterState:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = read_state()
+        if state is not None:
+            return state
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"the local Ray cluster did not come up within {START_TIMEOUT_S:.0f} s; "
+        f"see {home / 'supervisor.log'}"
+    )
+
+
+@contextlib.contextmanager
+def _start_lock(home: Path) -> Any:
+    handle: IO[str]
+    with open(home / "start.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # two commands starting at once start one cluster
+        yield
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def idle_stop_s() -> float:
+    """How long the cluster waits unused before it stops (TRAINFORGE_CLUSTER_IDLE_S)."""
+    return float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_STOP_S))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: not ours to use
+        return False
+    return True
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex((host, port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+def _ray_version() -> str:
+    from importlib.metadata import version
+
+    return version("ray")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainforge.driver.local_cluster")
+    parser.add_argument("--idle-stop", type=float, default=DEFAULT_IDLE_STOP_S)
+    parser.add_argument("--num-cpus", type=int)
+    args = parser.parse_args(argv)
+    return supervise(args.idle_stop, args.num_cpus)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
