@@ -13,6 +13,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# A `trainforge` command run by a test gets a private Ray that ends with it, never the user's
+# lasting local cluster; tests/integration/test_local_cluster.py tests that one in its own home.
+os.environ.setdefault("TRAINFORGE_KEEP_CLUSTER", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
