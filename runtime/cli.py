@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainforge import __version__, log
 from trainforge.errors import RecipeError, UserCodeError
@@ -26,17 +27,30 @@ def parser() -> argparse.ArgumentParser:
     )
     root.add_argument("--version", action="version", version=f"trainforge {__version__}")
     commands = root.add_subparsers(dest="command", required=True)
+    # -q / -v on every command (`trainforge train -q recipe.yaml`)
+    common = argparse.ArgumentParser(add_help=False)
+    loudness = common.add_mutually_exclusive_group()
+    loudness.add_argument(
+        "-q", "--quiet", action="store_true", help="only warnings, errors and the outcome"
+    )
+    loudness.add_argument(
+        "-v", "--verbose", action="store_true", help="also Ray's and MLflow's own log lines"
+    )
+
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], **kwargs)
+
     for name, text in (
         ("train", "train a recipe on a local Ray instance or the cluster in RAY_ADDRESS"),
         ("validate", "check a recipe and print it fully resolved"),
         ("simulate", "run only the simulation stage of an SBI recipe (cached, resumable)"),
     ):
-        command = commands.add_parser(name, help=text, description=text)
+        command = add(name, help=text, description=text)
         command.add_argument("recipe", help=RECIPE_HELP)
         command.add_argument(
             "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.lr=0.01"
         )
-    submit = commands.add_parser(
+    submit = add(
         "submit",
         help="submit a recipe to a Ray cluster with `ray job submit` (run name = submission id)",
     )
@@ -56,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ship nothing: the cluster's image already holds the project",
     )
-    cluster = commands.add_parser(
+    cluster = add(
         "cluster",
         help="the local Ray cluster that trainforge keeps between commands",
         description="Local commands (no RAY_ADDRESS) share one Ray cluster that the first of "
@@ -65,18 +79,18 @@ def parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("action", choices=("start", "status", "stop"))
     cluster.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule (default: all)")
-    commands.add_parser(
+    add(
         "recipes",
         help="list the recipes shipped with trainforge (use a name wherever a recipe path goes)",
     )
-    sync = commands.add_parser(
+    sync = add(
         "tracking-sync",
         help="send what a run kept locally while MLflow was unreachable",
         description="Replay RUN_DIR/tracking-spool.jsonl into the MLflow run (found by run name).",
     )
     sync.add_argument("run_dir", help="the run's folder: <run.storage_path>/<run.name>")
     sync.add_argument("--tracking-uri", help="send to this server instead of the recorded one")
-    ui = commands.add_parser("ui", help="open the MLflow UI on the runs of a tracking store")
+    ui = add("ui", help="open the MLflow UI on the runs of a tracking store")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     ui.add_argument("--port", type=int, default=5000)
     return root
@@ -84,6 +98,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    set_loudness(args.verbose - args.quiet)
+    if args.command in ("train", "simulate"):  # the MLflow run's description quotes it
+        from trainforge.tracking.driver import invoked_as
+
+        invoked_as(["trainforge", *(sys.argv[1:] if argv is None else argv)])
     try:
         if args.command == "tracking-sync":
             return _tracking_sync(args.run_dir, args.tracking_uri)
@@ -126,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as exc:
         log.refuse(str(exc))
         return 2
+
+
+def set_loudness(level: int) -> None:
+    """-q / -v for this command: trainforge's own lines, and whether Ray's and MLflow's
+    INFO lines reach the console (MLflow reads its level when it is imported)."""
+    log.set_verbosity(level)
+    if level <= 0:
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 
 def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:

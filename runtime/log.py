@@ -7,13 +7,38 @@ workers and a printed line would appear twice in the driver's console.
 from __future__ import annotations
 
 import sys
+import time
 
 PREFIX = "[trainforge]"
+STARTED_AT = time.time()  # about when the command started: the CLI imports this module first
 _warned: set[str] = set()
+_verbosity = 0  # -1 quiet (-q), 0 normal, 1 verbose (-v): set once by the CLI
+
+
+def set_verbosity(level: int) -> None:
+    global _verbosity
+    _verbosity = level
+
+
+def verbosity() -> int:
+    return _verbosity
+
+
+def phase(name: str, text: str, since: float) -> None:
+    """One start-up phase and its duration (``since``: a ``time.time()`` taken when the phase
+    began, possibly in another process), so the user sees what the seconds before the first
+    step are for: ``ray: connected to the local cluster at … (0.1 s)``."""
+    say(f"{name}: {text} ({max(0.0, time.time() - since):.1f} s)")
 
 
 def say(text: str) -> None:
-    """One progress or result line on stdout."""
+    """One progress line on stdout (not under -q)."""
+    if _verbosity >= 0:
+        result(text)
+
+
+def result(text: str) -> None:
+    """A line that is shown even under -q: the run's outcome."""
     sys.stdout.write(f"{PREFIX} {text}\n")
     sys.stdout.flush()
 

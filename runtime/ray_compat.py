@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 CHECKPOINT_DIR_GLOB = "checkpoint_*"
@@ -75,10 +76,38 @@ def use_auth_token(token_path: str) -> None:
     set them and make Ray read them again: ``Config.initialize("")`` re-reads the mode (as
     Ray's own ``_enable_token_auth`` does) and the C++ token loader drops its cached token.
     """
-    os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = token_path
     os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file
+    use_token_mode()
+
+
+def use_token_mode() -> None:
+    """Token authentication, said explicitly: Ray then starts a local cluster with it without
+    its "Token authentication is enabled…" warning (the mode is re-read as above)."""
+    os.environ["RAY_AUTH_MODE"] = "token"
     from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+
+
+def replace_worker_log_printer(handler: Any) -> Callable[[], None]:
+    """Route the worker output Ray relays to the driver through ``handler`` instead of Ray's
+    printer; returns the function that puts Ray's printer back. Ray registers its printer
+    under the name "ray_print_logs" on a private dispatcher; its log-level settings do not
+    reach Ray Train's per-report lines or the core's C++ lines."""
+    import functools
+
+    from ray._private import worker
+
+    dispatcher = worker.global_worker_stdstream_dispatcher
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", handler)
+
+    def restore() -> None:
+        dispatcher.remove_handler("ray_print_logs")
+        ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+        printer = functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
+        dispatcher.add_handler("ray_print_logs", printer)
+
+    return restore

@@ -4,6 +4,7 @@ Whether it can host the recipe's workers is decided by ``trainforge.config.resol
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -33,7 +34,10 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
 
     if ray.is_initialized():
         return
-    options = {"log_to_driver": True, "dashboard_host": "127.0.0.1", **init_options}
+    # Ray's own INFO lines ("Connecting to existing Ray cluster…") only under -v
+    level = logging.INFO if log.verbosity() > 0 else logging.WARNING
+    options = {"log_to_driver": True, "dashboard_host": "127.0.0.1", "logging_level": level,
+               **init_options}  # fmt: skip
     address = None if local_only else os.environ.get("RAY_ADDRESS")
     if address:
         _init_pinned(ray, address, address, options)
@@ -46,6 +50,9 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
         return
     # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
     # ray.init() would join that one). The local dashboard stays on loopback.
+    started_at = time.time()
+    if "RAY_AUTH_MODE" not in os.environ:
+        ray_compat.use_token_mode()
     port = os.environ.get(GCS_PORT_ENV) or str(_free_port())
     previous = os.environ.get(GCS_PORT_ENV)
     os.environ[GCS_PORT_ENV] = port  # read by Ray when it starts the local GCS
@@ -54,6 +61,8 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
     finally:
         if previous is None:
             del os.environ[GCS_PORT_ENV]
+    if not local_only:  # a command's own Ray (TRAINFORGE_KEEP_CLUSTER=0), not a test session's
+        log.phase("ray", "started a private local Ray for this command", started_at)
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"

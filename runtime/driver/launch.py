@@ -8,6 +8,7 @@ starts, and raises RecipeError.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
-from trainforge.driver import out_of_memory, recipe_change
+from trainforge.driver import console, out_of_memory, recipe_change
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
@@ -94,15 +95,18 @@ def train(cfg: Recipe) -> Outcome:
     payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
     handle = None
     if cfg.tracking.enabled:
+        mlflow_started = time.time()
         handle = tracking.start_run(
             cfg.tracking, cfg.run.name, recipe, recipe_yaml, str(spool_file(cfg, root))
         )
         payload["mlflow"] = handle.for_workers()
         if handle.run_id is not None:
             state = "reopened" if handle.resumed else "created"
-            log.say(f"MLflow run {handle.run_id} {state} at {redact(handle.tracking_uri)}")
+            uri = redact(handle.tracking_uri)
+            log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", mlflow_started)
 
     ray_compat.poll_controller_fast()
+    payload["workers_requested_at"] = time.time()  # the workers say how long they took
     trainer = _Trainer(
         train_loop_per_worker=_worker_entry,
         train_loop_config=payload,
@@ -127,6 +131,7 @@ def train(cfg: Recipe) -> Outcome:
     )
     backend = "nccl" if use_gpu else "gloo"
     status, checkpoint_path, reason = "FAILED", None, None
+    worker_output = console.attach(storage.local_folder(root), cfg.run.name)
     try:
         result = trainer.fit()
         status = "FINISHED"
@@ -154,12 +159,17 @@ def train(cfg: Recipe) -> Outcome:
         log.error(f"re-run with run.name={cfg.run.name} to resume")
         return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
     finally:
+        if worker_output is not None:
+            worker_output.close()
         if handle is not None:
             tracking.finish_run(handle, status, checkpoint_path, reason)
 
-    log.say(f"run {cfg.run.name!r} finished: {_format(result.metrics)}")
-    if checkpoint_path:
-        log.say(f"latest checkpoint: {checkpoint_path}")
+    console.summary(
+        cfg.run.name,
+        dict(result.metrics),
+        checkpoint_path,
+        (handle.run_id, handle.tracking_uri) if handle and handle.run_id else None,
+    )
     return Outcome(
         0,
         dict(result.metrics),
@@ -185,13 +195,13 @@ def simulate(cfg: Recipe) -> int:
 
 
 def _worker_entry(payload: dict[str, Any]) -> None:
+    import ray.train
+
+    context = ray.train.get_context()
+    if context.get_world_rank() == 0 and "workers_requested_at" in payload:
+        size = context.get_world_size()
+        log.phase("workers", f"{size} started, process group up", payload["workers_requested_at"])
     # Imported in the worker so the driver does not pay for the loop's imports twice.
     from trainforge.worker.trainer import train_worker
 
     train_worker(payload)
-
-
-def _format(metrics: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(metrics.items())
-    )

@@ -1,0 +1,168 @@
+"""What the workers' output turns into on the user's console (driver side).
+
+Ray relays every line a worker process prints to the driver, prefixed with the actor and pid:
+Ray Train's per-report dumps, MLflow's INFO lines, C++ log lines from Ray's core. By default
+(``normal``) only trainforge's own lines and real warnings from user code reach the console;
+``quiet`` (``-q``) keeps only warnings and errors; ``verbose`` (``-v``) leaves Ray's printer
+in place. Every line, shown or not, is kept in ``<run folder>/worker-output.log``.
+
+In a terminal, the step lines become one progress bar redrawn in place; in a log or CI they
+stay plain lines (no colour codes either way).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from trainforge import log
+
+# Python's `warnings` format: "path/file.py:12: UserWarning: text"
+_PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+# Progress's step line (progress.py): the bar is drawn from it
+_STEP = re.compile(
+    r"^epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
+    r"loss (?P<loss>\S+) lr \S+ (?P<rate>[\d,]+) samples/s \S+ ms/step eta (?P<eta>.+)$"
+)
+BAR_WIDTH = 24
+
+
+class Console:
+    """Ray's log batches in, the user's console out (``handle`` is Ray's log handler)."""
+
+    def __init__(self, log_file: Path | None, out: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+        self.tty = self.out.isatty()
+        self.log_file = log_file
+        self._file: IO[str] | None = None
+        self._bar = ""  # the progress bar currently drawn (terminal only)
+        self.detach: Callable[[], None] | None = None  # puts Ray's printer back
+        self._lock = threading.Lock()  # Ray's log thread and the driver both write
+
+    def handle(self, data: dict[str, Any]) -> None:
+        pid = data.get("pid")
+        if pid == "autoscaler":  # the autoscaler's periodic status table: not about the run
+            return
+        source = f"({data.get('actor_name') or data.get('task_name') or 'pid'} {pid})"
+        with self._lock:
+            for line in data.get("lines", []):
+                self._keep(f"{source} {line}")
+                if pid == "raylet":  # rare and serious: a worker killed for memory, a crash
+                    self._print(f"(raylet) {line}")
+                else:
+                    self._show(line, bool(data.get("is_err")))
+
+    def say(self, text: str) -> None:
+        """A driver line that must not collide with the bar."""
+        with self._lock:
+            self._print(text)
+
+    def close(self) -> None:
+        if self.detach is not None:
+            self.detach()
+            self.detach = None
+        with self._lock:
+            self._clear_bar()
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def _show(self, line: str, is_err: bool) -> None:
+        if line.startswith(log.PREFIX):
+            text = line[len(log.PREFIX) + 1 :]
+            step = _STEP.match(text)
+            if step is not None and self.tty:
+                self._draw_bar(step)
+            elif log.verbosity() >= 0 or text.startswith("warning:"):
+                self._print(line)
+        elif is_err and _PY_WARNING.match(line):
+            self._print(line)
+
+    def _print(self, line: str) -> None:
+        self._clear_bar()
+        self.out.write(line + "\n")
+        if self._bar:
+            self.out.write(self._bar)
+        self.out.flush()
+
+    def _draw_bar(self, step: re.Match[str]) -> None:
+        done, total = int(step["step"]), max(1, int(step["total"]))
+        filled = round(BAR_WIDTH * done / total)
+        self._clear_bar()
+        self._bar = (
+            f"epoch {step['epoch']}/{step['epochs']} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
+            f"{done}/{total} loss {step['loss']} {step['rate']} samples/s eta {step['eta']}"
+        )
+        self.out.write(self._bar)
+        self.out.flush()
+
+    def _clear_bar(self) -> None:
+        if self._bar:
+            self.out.write("\r\x1b[2K")  # back to the line's start, erase it
+
+    def _keep(self, line: str) -> None:
+        if self.log_file is None:
+            return
+        if self._file is None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.log_file, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._file.write(line + "\n")
+
+
+def step_bar_fields(text: str) -> dict[str, str] | None:
+    """The fields the bar shows, from one of progress.py's step lines (None: not one)."""
+    match = _STEP.match(text)
+    return match.groupdict() if match else None
+
+
+def attach(run_folder: Path | None, run_name: str) -> Console | None:
+    """Put the console between Ray's relayed worker output and the terminal for this run
+    (not under -v: then Ray prints as it always does). Returns it, to be closed at the end."""
+    from trainforge import ray_compat
+
+    if log.verbosity() > 0:
+        return None
+    output = Console(run_folder / run_name / "worker-output.log" if run_folder else None)
+    output.detach = ray_compat.replace_worker_log_printer(output.handle)
+    return output
+
+
+# what the closing summary shows of the final metrics, in this order; the rest is in MLflow
+SUMMARY_KEYS = ("epoch", "train/loss", "val/loss", "val/accuracy", "perf/samples_per_s")
+
+
+def summary(
+    run_name: str,
+    metrics: dict[str, Any],
+    checkpoint: str | None,
+    mlflow_run: tuple[str, str] | None,
+) -> None:
+    """The run's outcome as a short table: shown even under -q."""
+    from trainforge.tracking.client import redact
+
+    shown = [k for k in SUMMARY_KEYS if k in metrics]
+    shown += sorted(k for k in metrics if k.startswith(("val/", "test/", "best/", "c2st"))
+                    and k not in shown)  # fmt: skip
+    rows = [(key, _value(metrics[key])) for key in shown]
+    if checkpoint:
+        rows.append(("checkpoint", checkpoint))
+    if mlflow_run is not None:
+        run_id, uri = mlflow_run
+        rows.append(("mlflow run", f"{run_id} at {redact(uri)}"))
+        if not uri.startswith(("http://", "https://")):
+            rows.append(("open the UI", f"trainforge ui --tracking-uri {uri}"))
+    width = max((len(key) for key, _ in rows), default=0)
+    log.result(f"run {run_name!r} finished in {time.time() - log.STARTED_AT:.1f} s")
+    for key, value in rows:
+        log.result(f"  {key:<{width}}  {value}")
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
+    return str(value)
