@@ -77,7 +77,8 @@ class Console:
             text = line[len(log.PREFIX) + 1 :]
             step = _STEP.match(text)
             if step is not None and self.tty:
-                self._draw_bar(step)
+                if log.verbosity() >= 0:  # no bar under -q either
+                    self._draw_bar(step)
             elif log.verbosity() >= 0 or text.startswith("warning:"):
                 self._print(line)
         elif is_err and _PY_WARNING.match(line):
@@ -155,7 +156,7 @@ def summary(
         run_id, uri = mlflow_run
         rows.append(("mlflow run", f"{run_id} at {redact(uri)}"))
         if not uri.startswith(("http://", "https://")):
-            rows.append(("open the UI", f"trainforge ui --tracking-uri {uri}"))
+            rows.append(("open the UI", f"trainforge ui --tracking-uri {redact(uri)}"))
     width = max((len(key) for key, _ in rows), default=0)
     log.result(f"run {run_name!r} finished in {time.time() - log.STARTED_AT:.1f} s")
     for key, value in rows:

@@ -314,6 +314,11 @@ def idle_stop_s() -> float:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # not a process (a corrupt state): 0 and -1 would name process groups
+        return False
+    with contextlib.suppress(ChildProcessError):  # not our child: kill(0) below tells
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our child that exited (a zombie): reaped
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -1,0 +1,197 @@
+"""The driver's console (``trainforge.driver.console``): which relayed worker lines reach the
+user, what is kept in the run's worker-output.log, the progress bar in a terminal, and the
+closing summary."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainforge import log
+from trainforge.checkpoint import Position
+from trainforge.distributed import WorkerContext
+from trainforge.driver import console
+from trainforge.driver.console import Console
+from trainforge.progress import Progress
+
+CLEAR = "\r\x1b[2K"  # what the console writes to erase the bar
+STEP = "epoch 1/2 step 5/10 loss 0.5000 lr 1.00e-03 1,234 samples/s 12.3 ms/step eta 0:00:01"
+BAR = f"epoch 1/2 [{'#' * 12}{'.' * 12}] 5/10 loss 0.5000 1,234 samples/s eta 0:00:01"
+REPORT = "Reporting training result 1: TrainingReport(checkpoint=None, metrics={'loss': 0.5})"
+CORE = (
+    "[2026-11-26 15:41:54,683 E 27545 27575] core_worker.cc:2465: Actor with class name: "
+    "'PreemptionWatcher' and ID: '5f1' has constructor arguments in the object store"
+)
+MLFLOW_INFO = (
+    "2026/11/26 15:41:59 INFO mlflow.system_metrics.system_metrics_monitor: "
+    "Started monitoring system metrics."
+)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def normal_verbosity() -> Iterator[None]:
+    log.set_verbosity(0)
+    yield
+    log.set_verbosity(0)
+
+
+def batch(*lines: str, is_err: bool = False, pid: int | str = 123) -> dict[str, Any]:
+    return {"lines": list(lines), "is_err": is_err, "pid": pid, "actor_name": "RayTrainWorker"}
+
+
+def test_only_trainforge_lines_and_warnings_are_shown_but_all_is_kept(tmp_path: Path) -> None:
+    out = io.StringIO()
+    kept = tmp_path / "run" / "worker-output.log"
+    shown = Console(kept, out)
+    shown.handle(batch("[trainforge] training 10 steps over 2 epochs", REPORT, MLFLOW_INFO))
+    shown.handle(batch(CORE, "x.py:3: UserWarning: careful", "plain stderr", is_err=True))
+    shown.handle(batch("Resized autoscaler table", "1 node idle", pid="autoscaler"))
+    shown.handle({"lines": ["worker killed: out of memory"], "is_err": True, "pid": "raylet"})
+    shown.close()
+    assert out.getvalue().splitlines() == [
+        "[trainforge] training 10 steps over 2 epochs",
+        "x.py:3: UserWarning: careful",
+        "(raylet) worker killed: out of memory",
+    ]
+    assert kept.read_text().splitlines() == [
+        "(RayTrainWorker 123) [trainforge] training 10 steps over 2 epochs",
+        f"(RayTrainWorker 123) {REPORT}",
+        f"(RayTrainWorker 123) {MLFLOW_INFO}",
+        f"(RayTrainWorker 123) {CORE}",
+        "(RayTrainWorker 123) x.py:3: UserWarning: careful",
+        "(RayTrainWorker 123) plain stderr",
+        "(pid raylet) worker killed: out of memory",
+    ]
+
+
+def test_without_a_log_file_lines_are_still_filtered() -> None:
+    out = io.StringIO()
+    shown = Console(None, out)
+    shown.handle(batch("[trainforge] hello", REPORT))
+    shown.close()
+    assert out.getvalue() == "[trainforge] hello\n"
+
+
+@pytest.mark.parametrize("out", [io.StringIO(), Terminal()], ids=["plain", "terminal"])
+def test_quiet_hides_progress_but_keeps_warnings(out: io.StringIO, tmp_path: Path) -> None:
+    log.set_verbosity(-1)
+    shown = Console(tmp_path / "worker-output.log", out)
+    shown.handle(batch("[trainforge] training 10 steps over 2 epochs", f"[trainforge] {STEP}"))
+    shown.handle(batch("[trainforge] warning: loss scale dropped", is_err=True))
+    shown.close()
+    # no progress line and, in a terminal, no bar either: only the warning
+    assert out.getvalue() == "[trainforge] warning: loss scale dropped\n"
+    assert len((tmp_path / "worker-output.log").read_text().splitlines()) == 3
+
+
+def test_step_lines_stay_plain_lines_outside_a_terminal() -> None:
+    out = io.StringIO()
+    shown = Console(None, out)
+    shown.handle(batch(f"[trainforge] {STEP}"))
+    shown.close()
+    assert out.getvalue() == f"[trainforge] {STEP}\n"
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_step_lines_become_one_bar_in_a_terminal() -> None:
+    out = Terminal()
+    shown = Console(None, out)
+    shown.handle(batch(f"[trainforge] {STEP}"))
+    assert out.getvalue() == BAR  # drawn in place, not the step line
+    second = STEP.replace("step 5/10", "step 10/10")
+    shown.handle(batch(f"[trainforge] {second}"))
+    full = f"epoch 1/2 [{'#' * 24}] 10/10 loss 0.5000 1,234 samples/s eta 0:00:01"
+    assert out.getvalue() == BAR + CLEAR + full  # the first bar erased, the second drawn
+    # a line said while the bar is drawn: on its own line, the bar redrawn below it
+    shown.handle(batch("[trainforge] epoch 1/2 done: train/loss 0.5000 val/loss 0.2500"))
+    done = "[trainforge] epoch 1/2 done: train/loss 0.5000 val/loss 0.2500\n"
+    assert out.getvalue() == BAR + CLEAR + full + CLEAR + done + full
+    shown.say("[trainforge] from the driver")
+    assert out.getvalue().endswith(CLEAR + "[trainforge] from the driver\n" + full)
+    before = out.getvalue()
+    shown.close()
+    assert out.getvalue() == before + CLEAR  # the bar erased at the end
+    assert STEP not in out.getvalue()
+
+
+def test_the_step_pattern_matches_what_progress_prints(capsys: pytest.CaptureFixture) -> None:
+    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
+    for early_stopping in (False, True):
+        lines = Progress(ctx, 100, 4, 64, {}, early_stopping)
+        metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
+        lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
+        printed = capsys.readouterr().out
+        assert printed.startswith(f"{log.PREFIX} ") and printed.endswith("\n")
+        fields = console.step_bar_fields(printed[len(log.PREFIX) + 1 : -1])
+        assert fields is not None, printed
+        assert (fields["epoch"], fields["epochs"]) == ("2", "4")
+        assert (fields["step"], fields["total"], fields["loss"]) == ("35", "100", "0.5000")
+        assert fields["eta"].startswith("≤ " if early_stopping else "0:")
+        # and the console turns that very line into the bar in a terminal
+        out = Terminal()
+        Console(None, out).handle(batch(printed.rstrip("\n")))
+        assert out.getvalue().startswith("epoch 2/4 [") and " 35/100 loss 0.5000 " in out.getvalue()
+    assert console.step_bar_fields("epoch 1/2 done: train/loss 0.5000") is None
+
+
+def test_summary_table(capsys: pytest.CaptureFixture) -> None:
+    metrics = {
+        "perf/samples_per_s": 12345.6,
+        "val/accuracy": 0.9,
+        "best/val_loss": 0.29,
+        "train/loss": 0.25,
+        "epoch": 2,
+        "val/loss": 0.3,
+        "perf/step_ms": 3.0,  # not one of the shown ones: in MLflow only
+    }
+    console.summary(
+        "demo", metrics, "/runs/demo/checkpoint_000002", ("abc123", "https://user:pw@host:5000")
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[trainforge] run 'demo' finished in ")
+    rows = [
+        re.split(r"\s{2,}", line.removeprefix("[trainforge]").strip(), maxsplit=1)
+        for line in out[1:]
+    ]
+    assert [key for key, _ in rows] == [
+        "epoch",
+        "train/loss",
+        "val/loss",
+        "val/accuracy",
+        "perf/samples_per_s",
+        "best/val_loss",
+        "checkpoint",
+        "mlflow run",
+    ]
+    values = dict(rows)
+    assert values["epoch"] == "2" and values["train/loss"] == "0.2500"
+    assert values["perf/samples_per_s"] == "12,346"
+    assert values["checkpoint"] == "/runs/demo/checkpoint_000002"
+    assert values["mlflow run"] == "abc123 at https://***@host:5000"
+    text = "\n".join(out)
+    assert "user:pw" not in text
+    assert "trainforge ui" not in text  # a server: the user opens it themselves
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///runs/mlflow.db", "postgresql://user:pw@db/mlflow"])
+def test_summary_says_how_to_open_a_store(uri: str, capsys: pytest.CaptureFixture) -> None:
+    log.set_verbosity(-1)  # the outcome is shown even under -q
+    console.summary("demo", {"train/loss": 0.25}, None, ("abc123", uri))
+    text = capsys.readouterr().out
+    assert "run 'demo' finished" in text and "train/loss" in text
+    assert "checkpoint" not in text
+    assert "trainforge ui --tracking-uri " in text
+    if "@" not in uri:
+        assert f"trainforge ui --tracking-uri {uri}\n" in text
+    assert "user:pw" not in text  # never the database password, not even in the hint

@@ -1,0 +1,192 @@
+"""The lasting local Ray cluster's bookkeeping (``trainforge.driver.local_cluster``) without a
+cluster: its switch and folder, the state file, staleness, the workers' environment, the in-use
+lock and stopping a supervisor. Real clusters: tests/integration/test_local_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from trainforge.driver import local_cluster
+from trainforge.driver.local_cluster import ClusterState
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def state(pid: int, port: int = 1, python: str | None = None) -> ClusterState:
+    return ClusterState(
+        gcs_address=f"127.0.0.1:{port}",
+        dashboard_url="http://127.0.0.1:2",
+        supervisor_pid=pid,
+        temp_dir="/tmp/trainforge-test",
+        python=python or local_cluster._python(),
+        ray_version=local_cluster._ray_version(),
+        started_at=1.0,
+    )
+
+
+def write_state(cluster: ClusterState) -> Path:
+    path = local_cluster.folder() / "state.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(cluster)))
+    return path
+
+
+def holds_nobody(path: Path) -> bool:
+    """_nobody_holds asked from another process (flock locks belong to open files, so this
+    process would always get its own)."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "from trainforge.driver.local_cluster import _nobody_holds; "
+        "print(_nobody_holds(Path(sys.argv[1])))"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
+    )
+    return {"True": True, "False": False}[answer.stdout.strip()]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("value", "keep"), [(None, True), ("0", False), ("false", False), ("1", True)]
+)
+def test_keep_cluster(value: str | None, keep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if value is None:
+        monkeypatch.delenv("TRAINFORGE_KEEP_CLUSTER", raising=False)
+    else:
+        monkeypatch.setenv("TRAINFORGE_KEEP_CLUSTER", value)
+    assert local_cluster.keep_cluster() is keep
+
+
+def test_folder_follows_trainforge_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert local_cluster.folder() == home / "local-cluster"
+    monkeypatch.setenv("TRAINFORGE_HOME", str(home / "other"))
+    assert local_cluster.folder() == home / "other" / "local-cluster"
+    assert state(1).token_path == str(home / "other" / "local-cluster" / "token")
+
+
+def test_state_file(home: Path) -> None:
+    assert local_cluster.read_state() is None  # none written
+    cluster = state(os.getpid(), port=6379)
+    path = write_state(cluster)
+    assert path == home / "local-cluster" / "state.json"
+    assert local_cluster.read_state() == cluster
+    for corrupt in ("{not json", "[1, 2]", json.dumps({"gcs_address": "127.0.0.1:1"})):
+        path.write_text(corrupt)
+        assert local_cluster.read_state() is None, corrupt
+
+
+def test_a_dead_supervisor_is_stale() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    reason = local_cluster.why_stale(state(gone.pid))
+    assert reason == f"its supervisor (pid {gone.pid}) is gone"
+
+
+def test_a_pid_that_names_no_process_is_stale() -> None:
+    # 0 and -1 are process groups to kill() and waitpid(): never taken for a supervisor
+    for pid in (0, -1):
+        assert local_cluster.why_stale(state(pid)) == f"its supervisor (pid {pid}) is gone"
+
+
+def test_another_python_is_stale() -> None:
+    reason = local_cluster.why_stale(state(os.getpid(), python="/opt/other/bin/python3"))
+    assert reason is not None
+    assert "/opt/other/bin/python3" in reason and local_cluster._ray_version() in reason
+
+
+def test_a_silent_gcs_is_stale_and_an_answering_one_is_not() -> None:
+    port = free_port()  # closed again: nothing listens there
+    assert local_cluster.why_stale(state(os.getpid(), port)) == (
+        f"its GCS at 127.0.0.1:{port} does not answer"
+    )
+    with socket.socket() as gcs:
+        gcs.bind(("127.0.0.1", 0))
+        gcs.listen()
+        cluster = state(os.getpid(), gcs.getsockname()[1])
+        assert local_cluster.why_stale(cluster) is None
+
+
+def test_worker_env_passes_on_the_commands_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    passed = {
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_TRACKING_URI": "sqlite:///mlflow.db",
+        "TRAINFORGE_X": "y",
+        "PYTHONPATH": "/src",
+        "NCCL_DEBUG": "INFO",
+    }
+    dropped = {"HOME": "/home/u", "RAY_ADDRESS": "127.0.0.1:1", "AWS_SECRET_ACCESS_KEY": "secret"}
+    for key, value in {**passed, **dropped}.items():
+        monkeypatch.setenv(key, value)
+    env = local_cluster.worker_env()
+    assert {key: env.get(key) for key in passed} == passed
+    assert not set(dropped) & set(env)
+
+
+def test_in_use_holds_the_lock_and_restarts_the_idle_clock() -> None:
+    path = local_cluster.folder() / "in-use.lock"
+    with local_cluster.in_use():
+        assert path.exists()
+        assert holds_nobody(path) is False
+        an_hour_ago = time.time() - 3600
+        os.utime(path, (an_hour_ago, an_hour_ago))
+        assert local_cluster._idle_for(path) > 3000
+    assert holds_nobody(path) is True
+    idle = local_cluster._idle_for(path)
+    assert 0 <= idle < 60  # touched when the command let go
+    time.sleep(0.05)
+    assert local_cluster._idle_for(path) > idle
+
+
+def test_stop_without_a_cluster() -> None:
+    assert local_cluster.stop() is False
+
+
+def test_stop_terminates_the_supervisor(tmp_path: Path) -> None:
+    marker = tmp_path / "terminated"
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "def on_term(signum, frame):\n"
+        f"    pathlib.Path({str(marker)!r}).write_text('SIGTERM')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert supervisor.stdout is not None and supervisor.stdout.readline() == "ready\n"
+        path = write_state(state(supervisor.pid))
+        started = time.monotonic()
+        assert local_cluster.stop(timeout_s=10) is True
+        # it ended on the SIGTERM within the wait, not on the SIGKILL after it
+        assert time.monotonic() - started < 5
+        assert marker.read_text() == "SIGTERM"
+        assert not path.exists()
+        supervisor.wait(timeout=5)
+        assert not local_cluster._alive(supervisor.pid)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait()
+        if supervisor.stdout is not None:
+            supervisor.stdout.close()
