@@ -19,16 +19,11 @@ The recipe is validated before anything is submitted.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +31,8 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
 from trainforge import config, log
 from trainforge.errors import RecipeError
-from trainforge.log import first_line
 from trainforge.resources import default_runtime_env, find_recipe
-from trainforge.tracking.driver import GIT_COMMIT_ENV, git_commit
+from trainforge.tracking.driver import GIT_COMMIT_ENV, USER_ENV, git_commit, submitter
 
 DEFAULT_RUNTIME_ENV = default_runtime_env()
 # Ray uploads the working_dir whole (and refuses one over its size limit): leave out what a
@@ -49,7 +43,7 @@ EXCLUDES = [
     ".venv", "venv",
 ]  # fmt: skip
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 15.0  # Python and Ray start in the probe, then it connects
 
 
 def build_runtime_env(
@@ -69,6 +63,7 @@ def build_runtime_env(
     env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
     if commit:
         env_vars[GIT_COMMIT_ENV] = commit
+    env_vars.setdefault(USER_ENV, submitter())  # the MLflow run's user: who submitted it
     env["env_vars"] = env_vars
     return env
 
@@ -153,49 +148,41 @@ def entrypoint_recipe(path: Path, name: str | None, project: Path | None) -> str
         ) from None
 
 
-def job_client(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
-    """The cluster's job API, or one line saying what to check — within ``timeout_s``: Ray
-    retries an unreachable head (a stale local cluster file) for about 40 s, then raises from
-    deep inside its RPC layer."""
-    from ray.job_submission import JobSubmissionClient
-
-    answer: list[Any] = []
-
-    def connect() -> None:
-        try:
-            answer.append(JobSubmissionClient(address))
-        except Exception as exc:
-            answer.append(exc)
-
-    # A daemon thread: Ray's connection attempt cannot be cancelled, only abandoned. While it
-    # retries, Ray's C++ core logs a line every few seconds onto fd 2: kept aside, and shown
-    # only if the connection works after all.
-    with tempfile.TemporaryFile() as aside:
-        with _stderr_into(aside.fileno()):
-            threading.Thread(target=connect, name="trainforge-job-client", daemon=True).start()
-            deadline = time.monotonic() + timeout_s
-            while not answer and time.monotonic() < deadline:
-                time.sleep(0.05)
-        if not answer:
-            raise unreachable(address, f"no answer in {timeout_s:g} s")
-        if isinstance(answer[0], Exception):
-            raise unreachable(address, f"{type(answer[0]).__name__}: {first_line(answer[0])}")
-        aside.seek(0)
-        sys.stderr.write(aside.read().decode(errors="replace"))
-    return answer[0]
+# Asks the cluster in a child process: Ray retries an unreachable head (a stale local cluster
+# file) for ~40 s, logging from C++ onto stderr, and that attempt can only be stopped by ending
+# the process that makes it.
+_STATUS_PROBE = """
+import json, sys
+from ray.job_submission import JobSubmissionClient
+try:
+    client = JobSubmissionClient(sys.argv[1] or None)
+except Exception as exc:
+    text = str(exc).strip().splitlines()
+    print(json.dumps({"error": type(exc).__name__ + (": " + text[0] if text else "")}))
+    sys.exit(0)
+try:
+    print(json.dumps({"status": str(client.get_job_status(sys.argv[2]).value)}))
+except RuntimeError:  # no job with this id
+    print(json.dumps({"status": None}))
+"""
 
 
-@contextlib.contextmanager
-def _stderr_into(fd: int) -> Iterator[None]:
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(fd, 2)
+def job_status(
+    submission_id: str, address: str | None, timeout_s: float = CONNECT_TIMEOUT_S
+) -> str | None:
+    """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown;
+    one RecipeError line saying what to check when the cluster does not answer in time."""
+    probe = [sys.executable, "-c", _STATUS_PROBE, address or "", submission_id]
     try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise unreachable(address, f"no answer in {timeout_s:g} s") from None
+    lines = done.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if lines else {}
+    if "status" not in answer:
+        reason = answer.get("error") or (done.stderr.strip().splitlines() or ["no reply"])[-1]
+        raise unreachable(address, reason[:300])
+    return answer["status"]
 
 
 def unreachable(address: str | None, reason: str) -> RecipeError:
@@ -212,15 +199,6 @@ def unreachable(address: str | None, reason: str) -> RecipeError:
     return RecipeError(f"cannot reach {where} ({reason}); check {fix}")
 
 
-def job_status(submission_id: str, address: str | None) -> str | None:
-    """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown."""
-    client = job_client(address)
-    try:
-        return str(client.get_job_status(submission_id).value)
-    except RuntimeError:  # no job with this id
-        return None
-
-
 def _clear_finished_job(submission_id: str, address: str | None, env: dict[str, str]) -> None:
     """A finished job with this id blocks resubmission; a running one is an error."""
     os.environ.update({k: v for k, v in env.items() if k == "RAY_AUTH_MODE"})
@@ -228,5 +206,7 @@ def _clear_finished_job(submission_id: str, address: str | None, env: dict[str, 
     if state in ("RUNNING", "PENDING"):
         raise RecipeError(f"run.name: job {submission_id!r} is {state} on the cluster already")
     if state in TERMINAL:
-        job_client(address).delete_job(submission_id)
+        from ray.job_submission import JobSubmissionClient
+
+        JobSubmissionClient(address).delete_job(submission_id)  # it answered just now
         log.say(f"resubmitting {submission_id!r} (previous job {state}); it resumes")

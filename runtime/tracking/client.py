@@ -33,9 +33,10 @@ class RunHandle:
     spool_path: str
 
     def identity(self) -> dict[str, str]:
-        """Enough to find or recreate the run later (what the spool records carry)."""
+        """Enough to find or recreate the run later (what the spool records carry). The URI
+        without its credentials: the spool is a plain file beside the checkpoints."""
         return {
-            "tracking_uri": self.tracking_uri,
+            "tracking_uri": redact(self.tracking_uri),
             "experiment": self.experiment,
             "run_name": self.run_name,
         }

@@ -8,8 +8,11 @@ Rank 0 logs the training metrics (``tracking/worker.py``).
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +25,17 @@ from trainforge.tracking.client import (
     find_or_create_run,
     flatten,
     reachable,
+    redact,
     resolve_uri,
 )
 from trainforge.tracking.spool import Spool
 
 # set by the job submitter when the tree ships without .git
 GIT_COMMIT_ENV = "TRAINFORGE_GIT_COMMIT"
+# set by the job submitter: who submitted (the job itself runs as the cluster's user)
+USER_ENV = "TRAINFORGE_USER"
+# a value that names a place on one machine: a tag, not a param (params compare across runs)
+MACHINE_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|file:|sqlite:)")
 
 
 def driver_tags() -> dict[str, str]:
@@ -45,16 +53,67 @@ def driver_tags() -> dict[str, str]:
         "version.mlflow": mlflow.__version__,
         "python": sys.version.split()[0],
     }
-    commit = os.environ.get(GIT_COMMIT_ENV) or git_commit()
-    if commit:
-        tags["git.commit"] = commit
     job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}") or "{}")
     submission_id = job_config.get("metadata", {}).get("job_submission_id")
     if submission_id:
         tags["ray.submission_id"] = submission_id
     if ray.is_initialized():
         tags["ray.job_id"] = ray.get_runtime_context().get_job_id()
+    return tags | source_tags(submitted=submission_id is not None)
+
+
+_invoked: list[str] = []
+
+
+def invoked_as(argv: list[str]) -> None:
+    """The command line, as the CLI was called (its ``argv`` is not ``sys.argv`` when it is
+    called in-process)."""
+    _invoked[:] = argv
+
+
+def source_tags(submitted: bool, argv: list[str] | None = None) -> dict[str, str]:
+    """MLflow's own run-context tags, which its UI shows as Source, User and Git commit, and
+    the run's description: the command line and the recipe it trained."""
+    command, recipe = invocation(argv or _invoked or sys.argv)
+    tags = {
+        "mlflow.source.name": recipe or command.split(" ", 2)[0],
+        "mlflow.source.type": "JOB" if submitted else "LOCAL",
+        "mlflow.user": os.environ.get(USER_ENV) or submitter(),
+        "mlflow.note.content": f"`{command}`" + (f"\n\nRecipe: `{recipe}`" if recipe else ""),
+    }
+    commit = os.environ.get(GIT_COMMIT_ENV) or git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["git.commit"] = commit  # the name earlier runs were tagged with
     return tags
+
+
+def invocation(argv: list[str]) -> tuple[str, str | None]:
+    """(the command line as typed, the recipe it names) from the process's arguments: the
+    ``trainforge`` console script and ``python -m trainforge`` read the same."""
+    program = Path(argv[0]).name if argv else "python"
+    args = list(argv[1:])
+    if program == "trainforge" or Path(argv[0]).parent.name in ("trainforge", "runtime"):
+        program = "trainforge"  # python -m trainforge: argv[0] is the package's __main__.py
+        recipe = args[1] if len(args) > 1 and args[0] in ("train", "simulate") else None
+    else:
+        recipe = None
+    return shlex.join([program, *args]), recipe
+
+
+def submitter() -> str:
+    """This machine's login name, as MLflow itself records ``mlflow.user``."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        return "unknown"
+
+
+def split_params(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(params, tags): values that name a place on this machine (absolute paths, sqlite and
+    file URIs) become tags under the same key, so params compare across machines."""
+    kept = {k: v for k, v in params.items() if not MACHINE_PATH.match(v)}
+    return kept, {k: v for k, v in params.items() if k not in kept}
 
 
 def git_commit() -> str | None:
@@ -78,11 +137,15 @@ def start_run(
     configure_client_env()
     uri = resolve_uri(section.tracking_uri)
     handle = RunHandle(uri, section.experiment, run_name, None, False, spool_path)
-    params = flatten(recipe)
-    tags = driver_tags()
+    if section.tracking_uri:  # credentials in the URI stay out of params and artifacts
+        recipe_yaml = recipe_yaml.replace(section.tracking_uri, redact(section.tracking_uri))
+    params, path_tags = split_params(
+        {k: redact(v) if k == "tracking.tracking_uri" else v for k, v in flatten(recipe).items()}
+    )
+    tags = driver_tags() | path_tags
     try:
         if not reachable(uri):
-            raise ConnectionError(f"{uri}/health did not answer")
+            raise ConnectionError(f"{redact(uri)}/health did not answer")
         client = MlflowClient(tracking_uri=uri)
         run_id, created = find_or_create_run(client, section.experiment, run_name)
         handle.run_id, handle.resumed = run_id, not created
@@ -97,8 +160,8 @@ def start_run(
             client.set_tag(run_id, key, value)
     except Exception as exc:
         warn(
-            f"MLflow at {uri} is unreachable ({first_line(exc)}); training goes on and the run is "
-            f"kept in {spool_path} — replay it with `trainforge tracking-sync "
+            f"MLflow at {redact(uri)} is unreachable ({first_line(exc)}); training goes on and the "
+            f"run is kept in {spool_path} — replay it with `trainforge tracking-sync "
             f"{Path(spool_path).parent}`"
         )
         handle.run_id = None

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainforge.tracking.client import RunHandle, find_or_create_run
+from trainforge.tracking.client import RunHandle, find_or_create_run, redact
 
 SPOOL_FILE = "tracking-spool.jsonl"
 _lock = threading.Lock()
@@ -43,6 +43,18 @@ def spool_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / SPOOL_FILE
 
 
+def with_credentials(recorded: str) -> str:
+    """The spool keeps URIs without credentials (``https://***@host``): take them back from
+    $MLFLOW_TRACKING_URI when it names the same server; else MLflow's
+    MLFLOW_TRACKING_USERNAME/PASSWORD must supply them."""
+    if "***@" not in recorded:
+        return recorded
+    configured = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if configured and redact(configured) == recorded:
+        return configured
+    return recorded.replace("***@", "", 1)
+
+
 def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     """Send every spooled record to MLflow; returns counts by kind. Raises on failure, leaving
     the spool in place (replay is idempotent for params, tags, status and artifacts; metrics
@@ -56,7 +68,7 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     run_ids: dict[tuple[str, str, str], str] = {}
     for record in records:
         run = record["run"]
-        uri = tracking_uri or run["tracking_uri"]
+        uri = tracking_uri or with_credentials(run["tracking_uri"])
         client = MlflowClient(tracking_uri=uri)
         key = (uri, run["experiment"], run["run_name"])
         if key not in run_ids:

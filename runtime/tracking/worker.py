@@ -26,7 +26,7 @@ from torch import nn
 
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
-from trainforge.tracking.client import RunHandle, configure_client_env
+from trainforge.tracking.client import RunHandle, configure_client_env, redact
 from trainforge.tracking.spool import Spool
 
 MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step
@@ -44,7 +44,7 @@ class Sender(threading.Thread):
         self.client = MlflowClient(tracking_uri=handle.tracking_uri)
         assert handle.run_id is not None, "a sender is made only for a run the server has"
         self.run_id: str = handle.run_id
-        self.uri = handle.tracking_uri
+        self.uri = redact(handle.tracking_uri)  # for messages
         self.batches: queue.Queue[list[MetricRow] | None] = queue.Queue()
         self.unsent: list[list[MetricRow]] = []
         self.idle = threading.Event()

@@ -573,3 +573,20 @@ def test_tracking_uri_names_the_mlflow_service() -> None:
         assert flag in script
     database = r'db="postgresql(\+psycopg2?)?://mlflow:\$\{POSTGRES_PASSWORD\}@postgres\.'
     assert re.search(database, script)
+
+
+def test_the_runtime_env_tracks_to_the_clusters_mlflow_server() -> None:
+    """`trainforge submit`'s default runtime env sends runs to the MLflow server these
+    manifests deploy, never to a SQLite file in the job's temporary working_dir."""
+    from trainforge.resources import default_runtime_env
+    from trainforge.tracking.client import uri_problem
+
+    env = yaml.safe_load(default_runtime_env().read_text())["env_vars"]
+    uri = env["MLFLOW_TRACKING_URI"]
+    configmap = _core_doc("ConfigMap", "trainforge-mlflow")
+    assert uri == configmap["data"]["MLFLOW_TRACKING_URI"]
+    assert urlparse(uri).scheme in ("http", "https") and uri_problem(uri) is None
+    service = _core_doc("Service", "mlflow")
+    host = urlparse(uri).hostname or ""
+    assert host.split(".")[:2] == [service["metadata"]["name"], service["metadata"]["namespace"]]
+    assert urlparse(uri).port in [p["port"] for p in service["spec"]["ports"]]

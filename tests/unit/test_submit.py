@@ -3,6 +3,7 @@ names the recipe, the runtime env and the git commit (no cluster: the call is ca
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from tests.git_repo import commit_all
 from trainforge import cli, resources
 from trainforge.driver import submit
 from trainforge.errors import RecipeError
-from trainforge.tracking.driver import GIT_COMMIT_ENV
+from trainforge.tracking.driver import GIT_COMMIT_ENV, USER_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -179,3 +180,10 @@ def test_a_stale_local_cluster_file_is_one_line_within_the_timeout(
     assert err.startswith("trainforge: error: cannot reach the local Ray cluster (")
     assert "check `ray status`" in err
     assert took < submit.CONNECT_TIMEOUT_S + 15  # start-up and imports included
+
+
+def test_the_job_carries_the_submitters_login_for_mlflow_user(
+    project: Path, submitted: list[list[str]]
+) -> None:
+    submit.submit("recipes/mine.yaml", [])
+    assert _runtime_env(submitted[0])["env_vars"][USER_ENV] == getpass.getuser()

@@ -62,3 +62,53 @@ def test_resolve_uri_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
     assert tracking_client.resolve_uri(None) == "http://tracking:5000"
     assert tracking_client.resolve_uri("file:///tmp/mlruns") == "file:///tmp/mlruns"  # recipe wins
+
+
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        ("https://user:pass@host", "https://***@host"),
+        ("https://user:p%40ss@mlflow.example.com:5000/base", "https://***@mlflow.example.com:5000/base"),
+        ("postgresql+psycopg2://mlflow:pw@db:5432/mlflow", "postgresql+psycopg2://***@db:5432/mlflow"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        ("sqlite:////abs/mlflow.db", "sqlite:////abs/mlflow.db"),
+        ("https://host/path@v1", "https://host/path@v1"),  # an @ after the host is no login
+    ],
+)  # fmt: skip
+def test_redact_hides_credentials(uri: str, shown: str) -> None:
+    assert tracking_client.redact(uri) == shown
+
+
+def test_the_run_handle_spools_no_credentials() -> None:
+    handle = tracking_client.RunHandle(
+        "https://user:pass@host", "trainforge", "run", None, False, "/tmp/spool.jsonl"
+    )
+    assert handle.identity()["tracking_uri"] == "https://***@host"
+    assert handle.for_workers()["tracking_uri"] == "https://user:pass@host"  # they log with it
+
+
+@pytest.mark.parametrize(
+    ("uri", "problem"),
+    [
+        ("htp://nowhere", "has scheme 'htp', which MLflow does not serve (did you mean 'http'?)"),
+        ("http://", "names no host"),
+        ("./mlruns", "is a folder, and MLflow's file store is gone"),
+        ("file:///tmp/mlruns", "is a folder, and MLflow's file store is gone"),
+        ("sqlite://mlflow.db", "needs three slashes"),
+    ],
+)
+def test_uri_problem_names_what_is_wrong(uri: str, problem: str) -> None:
+    found = tracking_client.uri_problem(uri)
+    assert found is not None and found.startswith(problem)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["http://127.0.0.1:5000", "https://u:p@mlflow.example.com", "sqlite:///mlflow.db",
+     "sqlite:////abs/mlflow.db", "postgresql://u:p@db/mlflow", "mysql+pymysql://db/x",
+     "databricks"],
+)  # fmt: skip
+def test_uri_problem_accepts_what_mlflow_serves(uri: str) -> None:
+    if uri == "databricks":
+        uri = "databricks://profile"
+    assert tracking_client.uri_problem(uri) is None
