@@ -202,9 +202,10 @@ class TrackingSection(Section):
     """First optimizer step of the profiling window (after warm-up)."""
 
     def check(self) -> None:
-        problem = uri_problem(self.tracking_uri) if self.tracking_uri is not None else None
-        if problem:
-            raise RecipeError(f"tracking.tracking_uri: {redact(self.tracking_uri)!r} {problem}")
+        uri = self.tracking_uri
+        problem = uri_problem(uri) if uri is not None else None
+        if uri is not None and problem:
+            raise RecipeError(f"tracking.tracking_uri: {redact(uri)!r} {problem}")
         self.at_least("profile_steps", 0)
         self.at_least("profile_start_step", 0)
         self.positive("system_metrics_interval_s")

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +202,15 @@ class WorkerTracker:
             kept.write_bytes(path.read_bytes())
             self._spool().write("artifact", local_path=str(kept), artifact_path=artifact_path)
 
-    def log_model(self, model: nn.Module, example: torch.Tensor) -> None:
-        """The final weights as a state dict, and as an MLflow model loadable with
-        ``mlflow.pytorch.load_model`` (with its input example and explicit requirements)."""
+    def log_model(
+        self,
+        model: nn.Module,
+        example: torch.Tensor | None,
+        custom: Callable[[], Any] | None = None,
+    ) -> None:
+        """The final weights as a state dict, and as an MLflow model: loadable with
+        ``mlflow.pytorch.load_model`` (with its input example and explicit requirements), or
+        as ``custom`` logs it (the workload's own flavour, e.g. SBI's posterior pyfunc)."""
         if not self.logs_metrics:
             return
         with tempfile.TemporaryDirectory() as folder:
@@ -214,9 +220,13 @@ class WorkerTracker:
         if not (self.online and self.section.log_model):
             return
         try:
-            _log_mlflow_model(self._handle(), model, example)
+            if custom is not None:
+                _log_custom_model(self._handle(), custom)
+            else:
+                assert example is not None, "the pytorch flavour needs an input example"
+                _log_mlflow_model(self._handle(), model, example)
         except Exception as exc:
-            warn(f"mlflow.pytorch.log_model failed ({exc}); the state dict is logged")
+            warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
 
     def close(self) -> None:
         self.commit()
@@ -258,6 +268,14 @@ class WorkerTracker:
     def _spool_dir(self) -> Path:
         assert self.handle is not None
         return Path(self.handle.spool_path).parent / "tracking-spool-files"
+
+
+def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(handle.tracking_uri)
+    with mlflow.start_run(run_id=handle.run_id):
+        log()
 
 
 def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor) -> None:

@@ -331,9 +331,15 @@ def log_final_artifacts(
         tracker.log_artifacts(workload.write_figures(eval_sums, Path(folder)), "plots")
     if profiler.trace is not None:
         tracker.log_artifacts([profiler.trace], "profiler")
+    model = distributed.unwrap(model)
+    with tempfile.TemporaryDirectory(prefix="trainforge-model-") as folder:
+        custom = workload.mlflow_model(model, Path(folder))  # the workload's own flavour
+        if custom is not None:
+            tracker.log_model(model, None, custom)
+            return
     batch = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
     example = workload.prepare_batch(batch, train=False)[0]  # the input example: its first tensor
-    tracker.log_model(distributed.unwrap(model), example)
+    tracker.log_model(model, example)
 
 
 @torch.no_grad()

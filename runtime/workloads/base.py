@@ -72,6 +72,12 @@ class Workload(ABC):
         """PNG files made from the final validation statistics (e.g. a confusion matrix)."""
         return []
 
+    def mlflow_model(self, model: nn.Module, folder: Path) -> Callable[[], Any] | None:
+        """How the final model goes to MLflow when not as ``mlflow.pytorch`` with the first
+        input tensor as its example (None, the default): a function that logs it into the
+        active MLflow run, using files it writes under ``folder`` now."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Facts worth printing and logging once (data set sizes, parameter count…)."""
         return {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,23 @@ class SBIWorkload(Workload):
             estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder
         )
         return metrics, [exported, *files]
+
+    def mlflow_model(self, model: nn.Module, folder: Path) -> Callable[[], Any]:
+        """The posterior as a pyfunc model (``predict``: x → θ samples) — the NPE loss module
+        takes (θ, x), which the pytorch flavour's one-input signature cannot describe."""
+        import copy
+
+        from trainforge.workloads.sbi import export, pyfunc
+
+        assert isinstance(model, estimators.NPELoss)
+        estimator = copy.deepcopy(model.estimator).cpu().eval()
+        path = folder / "posterior.pt"
+        export.save_posterior(path, estimator, self.record(), export.prior_spec(self.cfg))
+        prior_module = [self.cfg.prior.partition(":")[0]] if self.cfg.prior else []
+        spec = pyfunc.PosteriorExport(
+            path, self.train_x[:2].cpu().numpy(), self.dim_theta, prior_module
+        )
+        return lambda: pyfunc.log(spec)
 
     def describe(self) -> dict[str, Any]:
         source = self.cfg.task if self.cfg.task != "custom" else self.cfg.simulator
