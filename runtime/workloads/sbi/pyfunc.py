@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
-from mlflow.pyfunc import PythonModel
 import numpy as np
 import pandas as pd
 import torch
 from mlflow.models import ModelSignature
+from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
 DEFAULT_SAMPLES = 1000
