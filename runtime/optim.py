@@ -13,19 +13,18 @@ def build_optimizer(
     model: nn.Module, train: Any, lr: float | None = None, capturable: bool = False
 ) -> torch.optim.Optimizer:
     """The recipe's optimizer at ``lr`` (default ``train.lr``; the loop passes the scaled LR).
-    ``capturable``: for CUDA graph capture, with the LR in a device tensor that the schedule
-    updates in place (a float would be frozen into the graph)."""
+    On CUDA the fused implementations: one or two kernels per step instead of several per
+    parameter tensor. ``capturable``: for CUDA graph capture, with the LR in a device tensor
+    that the schedule updates in place (a float would be frozen into the graph). Adam and AdamW
+    also keep their step counter on the device; SGD has none, and its fused kernel reads a
+    tensor LR on the device, so fused SGD is capturable as it is (momentum buffers that the
+    capture's warm-up created are zeroed afterwards, which is where a first step starts from
+    with zero dampening: see ``worker.step``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     rate: float | torch.Tensor = train.lr if lr is None else lr
-    # fused kernels are one launch per step instead of one per tensor (CUDA only)
     fused: dict[str, Any] = {"fused": True} if params and params[0].is_cuda else {}
     if capturable:
-        fused["capturable"] = True
         rate = torch.tensor(rate, device=params[0].device)
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=rate, weight_decay=train.weight_decay, **fused)
-    if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=rate, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "sgd":
         return torch.optim.SGD(
             params,
@@ -33,7 +32,14 @@ def build_optimizer(
             momentum=train.momentum,
             nesterov=train.momentum > 0,
             weight_decay=train.weight_decay,
+            **fused,
         )
+    if capturable:
+        fused["capturable"] = True
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=rate, weight_decay=train.weight_decay, **fused)
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=rate, weight_decay=train.weight_decay, **fused)
     raise AssertionError(f"unvalidated optimizer {train.optimizer}")
 
 

@@ -21,7 +21,8 @@ def resolve(cfg: Recipe, available: Mapping[str, float], storage_root: str) -> R
     simulation stage runs here). Raises RecipeError when the cluster cannot host the run."""
     from trainforge.workloads import resolve_workload, train_samples  # the registry
 
-    scaling = resolve_scaling(cfg.scaling, available, cfg.precision.cuda_graphs)
+    graphs = cfg.precision.cuda_graphs == "true"  # auto falls back to eager in the worker
+    scaling = resolve_scaling(cfg.scaling, available, graphs)
     # before the data stage (which may simulate for minutes), with the recipe's sizes…
     check_batch_fits(cfg.train, scaling.num_workers, train_samples(cfg.workload))
     workload = resolve_workload(cfg.workload, cfg.run.seed, storage_root)

@@ -147,10 +147,14 @@ class PrecisionSection(Section):
     """NHWC memory format for convolution models (faster with tensor cores)."""
     compile: bool = False
     """torch.compile the model (the first steps pay the compilation)."""
-    cuda_graphs: bool = False
-    """Capture the whole optimizer step (forward, backward, clipping, optimizer) as one CUDA
-    graph and replay it: for small, launch-bound models such as SBI flows. GPU workers (with
-    several, DDP's all-reduce is captured too), no gradient accumulation, not with fp16."""
+    cuda_graphs: Switch = "false"
+    """false | true | auto. Capture the whole optimizer step (forward, backward, clipping,
+    optimizer update; with several GPU workers DDP's all-reduce too) as one CUDA graph and
+    replay it: for launch-bound steps (SBI flows, ResNet-18 on CIFAR-sized images). Every
+    optimizer (sgd, adam, adamw), with the LR schedule. Not with gradient accumulation, fp16 or
+    precision.compile, and GPU workers only: ``true`` refuses those recipes; ``auto`` takes
+    eager steps then, and when the training data streams through a DataLoader, saying why in
+    one line."""
     compile_mode: CompileMode = "default"
     """default | reduce-overhead (CUDA graphs: for small, launch-bound models) |
     max-autotune-no-cudagraphs."""
@@ -263,19 +267,24 @@ def check_batch_fits(train: TrainSection, num_workers: int, train_samples: int |
 
 def check_across_sections(recipe: Recipe) -> None:
     """Rules that span sections (a workload's own such rules are its spec's ``check``)."""
+    if recipe.precision.cuda_graphs == "true":
+        blocker = cuda_graph_blocker(recipe)
+        if blocker is not None:
+            raise RecipeError(f"precision.cuda_graphs: {blocker}")
+
+
+def cuda_graph_blocker(recipe: Recipe) -> str | None:
+    """Why the recipe's step cannot be captured as a CUDA graph ("needs …"), or None.
+
+    A graph replays one fixed step: no micro-step loop (gradient accumulation), no dynamic loss
+    scale (fp16's GradScaler decides on the host whether to step), no second compiler."""
     train, precision = recipe.train, recipe.precision
-    if precision.cuda_graphs:
-        # A graph replays one fixed step: no micro-step loop, no dynamic loss scale, no second
-        # compiler, and an optimizer whose step is capturable.
-        if train.grad_accum_steps != 1:
-            raise RecipeError("precision.cuda_graphs: needs train.grad_accum_steps=1")
-        if precision.dtype == "fp16":
-            raise RecipeError("precision.cuda_graphs: not with fp16 (loss scaling); use bf16")
-        if precision.compile:
-            raise RecipeError("precision.cuda_graphs: choose it or precision.compile, not both")
-        if train.optimizer not in ("adam", "adamw"):
-            raise RecipeError("precision.cuda_graphs: needs train.optimizer adam or adamw")
-        if recipe.scaling.use_gpu == "false":
-            raise RecipeError(
-                "precision.cuda_graphs: needs GPU workers, and scaling.use_gpu is false"
-            )
+    if train.grad_accum_steps != 1:
+        return "needs train.grad_accum_steps=1"
+    if precision.dtype == "fp16":
+        return "needs bf16 or fp32 (fp16's loss scaling is not captured)"
+    if precision.compile:
+        return "needs precision.compile=false"
+    if recipe.scaling.use_gpu == "false":
+        return "needs GPU workers, and scaling.use_gpu is false"
+    return None

@@ -69,6 +69,12 @@ def shard_order(
     return indices[ctx.rank : total : ctx.world_size].contiguous()
 
 
+def streams(split: Split) -> bool:
+    """Whether the split's training batches come through a DataLoader (a map-style Dataset)
+    rather than being gathered by index from tensors."""
+    return not isinstance(split, TensorData | ChunkedData)
+
+
 def micro_batches_per_epoch(length: int, ctx: WorkerContext, batch_size: int) -> int:
     """Full micro-batches each rank sees per epoch (the last partial one is dropped)."""
     per_rank = -(-length // ctx.world_size)  # DistributedSampler pads to equal shards
@@ -100,7 +106,7 @@ class TrainBatches:
         # graph. Data on a GPU gets its order from the GPU, in about a millisecond.
         self.orders = ThreadPoolExecutor(1, "trainforge-shard-order")
         self.next_order: tuple[int, Future[torch.Tensor]] | None = None
-        if not isinstance(split, TensorData | ChunkedData):
+        if not isinstance(split, TensorData | ChunkedData):  # streams(split), narrowed for mypy
             self.loader = DataLoader(
                 split,
                 batch_size=batch_size,

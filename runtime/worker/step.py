@@ -23,8 +23,18 @@ setting up its buckets and logging in the first ten). The notes also ask for NCC
 asynchronous error handling off; capture and replay work with Ray Train's default
 (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
 
-Limits (checked before workers start): GPU workers, no gradient accumulation, no fp16 loss
-scaling, and every training batch the same shape (the loop drops partial batches anyway).
+Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
+its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
+GPU-side augmentation run inside the graph: the running statistics are buffers updated in
+place; the augmentation's random numbers come from the device generator, which a replay
+advances by what the captured step draws, as an eager step would. The warm-up's draws are
+undone too (``Snapshot``), so a graphed run crops and flips exactly as the eager run would.
+
+Limits: GPU workers, no gradient accumulation (one fixed step per graph), no fp16 (its
+GradScaler decides on the host whether to step), no ``precision.compile``, and every training
+batch the same shape (the loop drops partial batches anyway). ``precision.cuda_graphs: true``
+refuses a recipe outside them when it is loaded; ``auto`` takes eager steps and says why in
+one line (``cuda_graph_choice``), also when the training data streams through a DataLoader.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainforge import distributed
+from trainforge.config.schema import Recipe, cuda_graph_blocker
 from trainforge.data.types import Batch
 from trainforge.precision import Precision
 from trainforge.workloads.base import Workload
@@ -68,8 +79,7 @@ class GraphedStep:
             optimizer.step()
             return loss.detach().float(), norm
 
-        saved_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        saved_optimizer = _clone_state(optimizer)
+        snapshot = Snapshot(model, optimizer)
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -90,12 +100,7 @@ class GraphedStep:
             self.graph, self.error = None, " ".join(str(exc).split())[:200]
             optimizer.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
-
-        # Undo the warm-up steps, in place (the graph holds these tensors' addresses).
-        with torch.no_grad():
-            for key, value in model.state_dict().items():
-                value.copy_(saved_model[key])
-            _restore_state(optimizer, saved_optimizer)
+        snapshot.restore()  # in place: the graph holds these tensors' addresses
 
     @property
     def captured(self) -> bool:
@@ -110,6 +115,40 @@ class GraphedStep:
         return self.loss.clone(), self.norm.clone()
 
 
+class Snapshot:
+    """What the warm-up steps before capture change, to put back after it: the model's weights
+    and buffers (BatchNorm's running statistics and batch counts), the optimizer's state and
+    the random stream of the parameters' device (augmentation draws from it).
+
+    Put back in place, since the graph holds these tensors' addresses. Optimizer state that the
+    warm-up created is zeroed: what a first step starts from — Adam's step 0 and zero moments;
+    SGD's momentum buffer, which its first step sets to the gradient and a later step to
+    ``momentum × 0 + gradient`` (no dampening: ``build_optimizer`` never sets one)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.state = _clone_state(optimizer)
+        self.device = next(model.parameters()).device
+        self.rng = _rng_state(self.device)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for key, value in self.model.state_dict().items():
+                value.copy_(self.weights[key])
+            _restore_state(self.optimizer, self.state)
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(self.rng, self.device)
+        else:
+            torch.set_rng_state(self.rng)
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
 def _clone_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
     return {
         id(p): {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in state.items()}
@@ -118,8 +157,7 @@ def _clone_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
 
 
 def _restore_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> None:
-    """Back to the saved optimizer state; state created by the warm-up is reset to zeros, which
-    is what Adam's first step starts from (step 0, zero moments)."""
+    """Back to the saved optimizer state; state the warm-up created is reset to zeros."""
     for param, state in optimizer.state.items():
         before = saved.get(id(param), {})
         for key, value in state.items():
@@ -142,18 +180,40 @@ def optimizer_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over a window of micro-batches. Returns (mean loss, grad norm)."""
     micro_steps = len(window)
-    loss_total = torch.zeros((), device=window[0][0].device)
+    losses: list[torch.Tensor] = []
     for i, batch in enumerate(window):
         # forward and backward both inside no_sync: DDP decides at backward whether to reduce
         with distributed.sync_context(model, sync=i == micro_steps - 1):
             with precision.autocast():
                 loss = workload.loss(model, workload.prepare_batch(batch, train=True))
-            precision.backward(loss / micro_steps)
-        loss_total += loss.detach().float()
-    params = [p for p in model.parameters() if p.grad is not None]
+            # one micro-batch (the usual case): no division, no extra kernels
+            precision.backward(loss if micro_steps == 1 else loss / micro_steps)
+        losses.append(loss.detach())
+    mean = losses[0].float() if micro_steps == 1 else torch.stack(losses).float().mean()
+    norm_wanted = clip_grad_norm is not None or measure_norm
+    params = [p for p in model.parameters() if p.grad is not None] if norm_wanted else []
     grad_norm = precision.step(optimizer, params, clip_grad_norm, measure_norm)
     optimizer.zero_grad(set_to_none=True)
-    return loss_total / micro_steps, grad_norm
+    return mean, grad_norm
+
+
+def cuda_graph_choice(recipe: Recipe, device: torch.device, streamed: bool) -> tuple[bool, str]:
+    """Whether the steps are captured as a CUDA graph, by ``precision.cuda_graphs``: ``true``
+    (its limits were checked when the recipe loaded), ``false``, or ``auto`` — when the recipe
+    allows it (``cuda_graph_blocker``), the worker has a GPU and the training batches are
+    gathered by the loop rather than streamed through a DataLoader (whose host-side decoding
+    and copies a graph does not speed up). For ``auto`` without graphs, one line saying why."""
+    setting = recipe.precision.cuda_graphs
+    if setting != "auto":
+        return setting == "true", ""
+    blocker = cuda_graph_blocker(recipe)
+    if blocker is None and device.type != "cuda":
+        blocker = "needs GPU workers"
+    if blocker is None and streamed:
+        blocker = "needs batches gathered on the device, and the data streams through a DataLoader"
+    if blocker is None:
+        return True, ""
+    return False, f"precision.cuda_graphs=auto: eager steps, as the graphed step {blocker}"
 
 
 class Stepper:

@@ -28,7 +28,7 @@ from torch import nn
 from trainforge import config, distributed
 from trainforge.checkpoint import RayReporter, Reporter
 from trainforge.config.schema import PrecisionSection, Recipe, TrainSection
-from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch
+from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch, streams
 from trainforge.data.types import Split
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
@@ -41,7 +41,7 @@ from trainforge.worker import faults, restarts
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 from trainforge.worker.rng import seed_everything
 from trainforge.worker.state import Checkpointer, TrainState
-from trainforge.worker.step import Stepper
+from trainforge.worker.step import Stepper, cuda_graph_choice
 from trainforge.workloads import build_workload
 from trainforge.workloads.base import Workload
 
@@ -129,7 +129,8 @@ class Trainer:
         with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
             self.train_split, self.val_split = self.workload.datasets(ctx.device)
         self.plan = Plan.of(cfg.train, len(self.train_split), ctx)  # type: ignore[arg-type]
-        self.state = build_state(cfg, self.workload, self.plan, ctx)
+        graphs, eager_why = cuda_graph_choice(cfg, ctx.device, streams(self.train_split))
+        self.state = build_state(cfg, self.workload, self.plan, ctx, graphs)
         self.state.resume(resume_from, ctx)
         self.batches = TrainBatches(
             self.train_split,
@@ -139,7 +140,7 @@ class Trainer:
             loader_workers=self.workload.loader_workers,
             pin_memory=self.workload.pin_memory,
         )
-        self.train_model = wrap(self.state.model, cfg.precision, ctx)
+        self.train_model = wrap(self.state.model, cfg.precision, ctx, graphs)
         tracker.start()
         self.profiler = StepProfiler(
             cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx
@@ -149,9 +150,11 @@ class Trainer:
             self.workload.describe(), self.state.stopper.patience > 0,
         )  # fmt: skip
         self.progress.start(self.state.position)
+        if eager_why:
+            self.progress.note(eager_why)
         self.step = Stepper(
             self.train_model, self.workload, self.state.precision, self.state.optimizer,
-            cfg.train.clip_grad_norm, cfg.precision.cuda_graphs, self.progress.note,
+            cfg.train.clip_grad_norm, graphs, self.progress.note,
         )  # fmt: skip
         self.loss_sum = torch.zeros((), device=ctx.device)  # train loss since the last log line
         self.steps_since_log = 0
@@ -290,14 +293,17 @@ class Trainer:
         self.tracker.close()
 
 
-def build_state(cfg: Recipe, workload: Workload, plan: Plan, ctx: WorkerContext) -> TrainState:
-    """A fresh train state: the model, optimizer, LR schedule, precision and early stopping."""
+def build_state(
+    cfg: Recipe, workload: Workload, plan: Plan, ctx: WorkerContext, graphs: bool = False
+) -> TrainState:
+    """A fresh train state: the model, optimizer (capturable for ``graphs``), LR schedule,
+    precision and early stopping."""
     torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
     model = workload.build_model().to(ctx.device)
     if cfg.precision.channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     lr = config.scaled_lr(cfg.train, plan.global_batch)
-    optimizer = build_optimizer(model, cfg.train, lr, cfg.precision.cuda_graphs)
+    optimizer = build_optimizer(model, cfg.train, lr, capturable=graphs)
     return TrainState(
         model=model,
         optimizer=optimizer,
@@ -307,9 +313,12 @@ def build_state(cfg: Recipe, workload: Workload, plan: Plan, ctx: WorkerContext)
     )
 
 
-def wrap(model: nn.Module, precision_cfg: PrecisionSection, ctx: WorkerContext) -> nn.Module:
-    """The module the steps run: DDP over several ranks, compiled when asked."""
-    train_model = distributed.wrap(model, ctx, precision_cfg.cuda_graphs)
+def wrap(
+    model: nn.Module, precision_cfg: PrecisionSection, ctx: WorkerContext, graphs: bool = False
+) -> nn.Module:
+    """The module the steps run: DDP over several ranks (built for capture with ``graphs``),
+    compiled when asked."""
+    train_model = distributed.wrap(model, ctx, graphs)
     if precision_cfg.compile:
         compiled = torch.compile(train_model, mode=precision_cfg.compile_mode)
         train_model = cast(nn.Module, compiled)

@@ -92,7 +92,7 @@ def test_cuda_graphs_need_gpu_workers() -> None:
     # (with scaling.use_gpu=false the recipe is refused when loaded: test_config_schema)
     cfg = config.load(SBI_DEBUG, ["precision.cuda_graphs=true", "scaling.use_gpu=auto"])
     with pytest.raises(RecipeError, match="cuda_graphs: needs GPU workers"):
-        resolve_scaling(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs)
+        resolve_scaling(cfg.scaling, {"CPU": 8}, cfg.precision.cuda_graphs == "true")
     two_gpus = dataclasses.replace(cfg.scaling, num_workers=2, use_gpu="true")  # DDP captured too
     assert resolve_scaling(two_gpus, {"CPU": 8, "GPU": 2}, True).use_gpu == "true"
 

@@ -20,6 +20,7 @@ from trainforge.config.schema import (
     ScalingSection,
     TrackingSection,
     TrainSection,
+    cuda_graph_blocker,
 )
 from trainforge.errors import RecipeError
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
@@ -28,6 +29,7 @@ from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig,
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 SBI_DEBUG = REPO / "recipes" / "sbi" / "two_moons_debug.yaml"
+CIFAR = REPO / "recipes" / "cnn" / "cifar10_resnet18.yaml"
 
 
 def test_load_returns_dataclasses_all_the_way_down() -> None:
@@ -112,6 +114,35 @@ def test_sbi_switches_accept_yaml_bools(tmp_path: Path) -> None:
 def test_cuda_graphs_against_cpu_workers_is_refused_when_loading() -> None:
     with pytest.raises(RecipeError, match=r"precision\.cuda_graphs: needs GPU workers"):
         config.load(SBI_DEBUG, ["precision.cuda_graphs=true", "scaling.use_gpu=false"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(["train.grad_accum_steps=2"], "needs train.grad_accum_steps=1"),
+     (["precision.dtype=fp16"], "needs bf16 or fp32 (fp16's loss scaling is not captured)"),
+     (["precision.compile=true"], "needs precision.compile=false")],
+)  # fmt: skip
+def test_cuda_graphs_true_refuses_what_auto_leaves_to_eager_steps(
+    overrides: list[str], message: str
+) -> None:
+    """``true`` is a demand: a step that cannot be captured is refused in one line. ``auto``
+    loads the same recipe (the worker takes eager steps and says why)."""
+    with pytest.raises(RecipeError) as info:
+        config.load(CIFAR, ["precision.cuda_graphs=true", *overrides])
+    assert str(info.value) == f"precision.cuda_graphs: {message}"
+    cfg = config.load(CIFAR, ["precision.cuda_graphs=auto", *overrides])
+    assert cuda_graph_blocker(cfg) == message
+
+
+def test_cuda_graphs_take_every_optimizer_and_yaml_bools(tmp_path: Path) -> None:
+    for optimizer in ("sgd", "adam", "adamw"):
+        cfg = config.load(CIFAR, ["precision.cuda_graphs=true", f"train.optimizer={optimizer}"])
+        assert cfg.precision.cuda_graphs == "true" and cuda_graph_blocker(cfg) is None
+    assert config.load(CIFAR).precision.cuda_graphs == "auto"  # the shipped recipe's choice
+    assert config.load(DIGITS).precision.cuda_graphs == "false"  # the schema's default
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("run:\n  name: x\nprecision:\n  cuda_graphs: true\nworkload:\n  kind: cnn\n")
+    assert config.load(recipe).precision.cuda_graphs == "true"
 
 
 def test_a_gpu_per_worker_without_gpus_is_refused() -> None:

@@ -32,7 +32,7 @@ DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
         ("train.early_stopping_patience=-1", "train.early_stopping_patience: must be >= 0"),
         ("train.lr_scaling=cubic", "train.lr_scaling: 'cubic' is not one of"),
         ("precision.cuda_graphs=true train.grad_accum_steps=2", "needs train.grad_accum_steps=1"),
-        ("precision.cuda_graphs=true train.optimizer=sgd", "needs train.optimizer adam or adamw"),
+        ("precision.cuda_graphs=true precision.compile=true", "needs precision.compile=false"),
         ("workload.prior=a:b", "only used with task: custom"),
     ],
 )

@@ -1,21 +1,27 @@
 """The optimizer step (``trainforge.worker.step``): the eager step over an accumulation window,
-and the ``Stepper`` that chooses between it and a CUDA-graph replay (capture itself needs a GPU:
-tests/gpu/test_sbi_gpu.py)."""
+the ``Stepper`` that chooses between it and a CUDA-graph replay, the ``Snapshot`` that undoes
+capture's warm-up, and the choice ``precision.cuda_graphs`` makes (capture itself needs a GPU:
+tests/gpu/test_gpu_step.py, tests/gpu/test_sbi_gpu.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
 from torch import nn
 
+from trainforge import config
 from trainforge.data.types import Batch
+from trainforge.optim import build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.worker import step as step_module
-from trainforge.worker.step import Stepper, optimizer_step
+from trainforge.worker.step import Snapshot, Stepper, cuda_graph_choice, optimizer_step
+from trainforge.workloads.cnn.datasets import augment_batch
 
 CPU = torch.device("cpu")
+CIFAR = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "cifar10_resnet18.yaml"
 
 
 class Regression:
@@ -150,3 +156,102 @@ def test_a_failed_capture_goes_on_with_eager_steps(
     ]
     for p, q in zip(reference.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+class AugmentedBatchNormNet(nn.Module):
+    """BatchNorm (running statistics: buffers the warm-up changes) after a random crop and
+    flip (draws from the device's random stream, as the CNN workload's augmentation does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = self.norm(self.conv(augment_batch(images))).relu()
+        return self.head(features.mean(dim=(2, 3)))
+
+
+def sgd_training(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The CIFAR recipe's optimizer (SGD, Nesterov momentum, weight decay, cosine schedule with
+    warm-up), built as the graphed step builds it: the LR in a tensor."""
+    torch.manual_seed(seed)
+    model = AugmentedBatchNormNet()
+    train = config.load(CIFAR, ["train.warmup_steps=2"]).train
+    optimizer = build_optimizer(model, train, lr=0.1, capturable=True)
+    return model, optimizer, build_schedule(optimizer, train, total_steps=8)
+
+
+def image_steps(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(6, 3, 8, 8, generator=generator), torch.randn(6, generator=generator))
+        for _ in range(count)
+    ]
+
+
+def sgd_steps(
+    model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, count: int
+) -> list[float]:
+    losses = []
+    for images, values in image_steps(count):
+        loss = (model(images).squeeze(1) - values).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_undoing_the_warm_up_starts_training_where_it_would_have_started() -> None:
+    """What capture needs before it — steps that create SGD's momentum buffers, move
+    BatchNorm's running statistics and draw augmentation — undone by the snapshot: the run
+    then goes on bitwise as a run without them (zeroed momentum is what a first step starts
+    from), and the schedule still drives the LR tensor the graph reads."""
+    model, optimizer, schedule = sgd_training()
+    lr = optimizer.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor)
+    torch.manual_seed(7)
+    snapshot = Snapshot(model, optimizer)
+    for images, values in image_steps(3):  # the warm-up: no schedule step, as in capture
+        (model(images).squeeze(1) - values).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert model.norm.num_batches_tracked.item() == 3
+    assert all("momentum_buffer" in state for state in optimizer.state.values())
+    snapshot.restore()
+    assert model.norm.num_batches_tracked.item() == 0
+    warmed = sgd_steps(model, optimizer, schedule, 6)
+    assert optimizer.param_groups[0]["lr"] is lr  # updated in place, never replaced
+
+    reference, reference_optimizer, reference_schedule = sgd_training()
+    torch.manual_seed(7)
+    assert warmed == sgd_steps(reference, reference_optimizer, reference_schedule, 6)
+    for got, expected in zip(
+        model.state_dict().values(), reference.state_dict().values(), strict=True
+    ):
+        assert torch.equal(got, expected)
+    assert len(set(warmed)) == len(warmed)  # it did train: every step's loss differs
+
+
+def test_cuda_graph_choice() -> None:
+    cuda, cpu = torch.device("cuda", 0), CPU
+    shipped = config.load(CIFAR)  # cuda_graphs: auto
+    assert cuda_graph_choice(shipped, cuda, streamed=False) == (True, "")
+    graphs, why = cuda_graph_choice(shipped, cuda, streamed=True)
+    assert not graphs and why == (
+        "precision.cuda_graphs=auto: eager steps, as the graphed step needs batches gathered "
+        "on the device, and the data streams through a DataLoader"
+    )
+    assert cuda_graph_choice(shipped, cpu, streamed=False) == (
+        False, "precision.cuda_graphs=auto: eager steps, as the graphed step needs GPU workers",
+    )  # fmt: skip
+    accumulating = config.load(CIFAR, ["train.grad_accum_steps=2"])
+    graphs, why = cuda_graph_choice(accumulating, cuda, streamed=False)
+    assert not graphs and why.endswith("needs train.grad_accum_steps=1") and "\n" not in why
+    # true and false are the recipe's word, with no line (true's limits were checked at load)
+    for setting, expected in (("true", True), ("false", False)):
+        recipe = config.load(CIFAR, [f"precision.cuda_graphs={setting}"])
+        assert cuda_graph_choice(recipe, cuda, streamed=True) == (expected, "")

@@ -1,0 +1,177 @@
+"""GPU tier for the CUDA-graph step on the CNN workload (``trainforge.worker.step``).
+
+The CIFAR recipe's step — ResNet-18 with BatchNorm, random crop and flip on the GPU,
+channels_last — replayed from a CUDA graph is the eager step, loss by loss, with SGD (Nesterov
+momentum, weight decay) and with AdamW, under a warm-up + cosine LR schedule: on one GPU, and
+under DDP on two (the all-reduce and BatchNorm's buffer broadcast captured too).
+
+Step by step: before each step the eager model and optimizer take the graphed run's state, the
+two take the same step from it, and their losses, weight updates, BatchNorm running-statistics
+updates and random draws must agree. Comparing whole trajectories instead would compare float
+rounding amplified by training (the eager step reads a float LR, the graph a float32 tensor;
+AdamW's first updates are gradient signs). fp32, deterministic cuDNN, no TF32.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from trainforge import config, distributed
+from trainforge.data.types import Batch, TensorData
+from trainforge.distributed import WorkerContext
+from trainforge.optim import build_optimizer, build_schedule
+from trainforge.precision import Precision
+from trainforge.worker.step import Stepper
+from trainforge.workloads.cnn.config import CNNWorkloadConfig
+from trainforge.workloads.cnn.workload import CNNWorkload
+
+pytestmark = [pytest.mark.gpu]
+
+CIFAR = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "cifar10_resnet18.yaml"
+STEPS, BATCH = 8, 64
+OPTIMIZERS = [("sgd", 0.05), ("adamw", 1e-3)]  # (train.optimizer, peak LR)
+
+
+@pytest.fixture(autouse=True)
+def deterministic() -> Iterator[None]:
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = (
+        True, False, False, False,
+    )  # fmt: skip
+    yield
+    cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before
+
+
+def cifar_like(device: torch.device, seed: int) -> tuple[CNNWorkload, list[Batch]]:
+    """The CIFAR recipe's workload (augmentation on) over synthetic images: 8 batches of 64."""
+    section = CNNWorkloadConfig(
+        model="resnet18_cifar", dataset="synthetic", synthetic_train_size=STEPS * BATCH,
+        synthetic_val_size=BATCH, augment=True,
+    )  # fmt: skip
+    workload = CNNWorkload(section, seed=seed, channels_last=True)
+    train, _ = workload.datasets(device)
+    assert isinstance(train, TensorData)
+    images, labels = train.tensors
+    return workload, [
+        (images[i : i + BATCH], labels[i : i + BATCH]) for i in range(0, STEPS * BATCH, BATCH)
+    ]
+
+
+def train_graphed(
+    device: torch.device, optimizer: str, lr: float, ctx: WorkerContext, seed: int = 0
+) -> nn.Module:
+    """Eight graphed steps, each checked against the eager step from the same state; returns
+    the graphed model."""
+    workload, batches = cifar_like(device, seed)
+    train = config.load(
+        CIFAR, [f"train.optimizer={optimizer}", f"train.lr={lr}", "train.warmup_steps=3"]
+    ).train  # cosine after the warm-up, weight decay 5e-4, Nesterov momentum 0.9 for sgd
+    precision = Precision("fp32", device)
+    built = {}
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        model = workload.build_model().to(device, memory_format=torch.channels_last)
+        opt = build_optimizer(model, train, capturable=graphs)
+        notes: list[str] = []  # the Stepper captures at its first call, or says why not
+        step = Stepper(
+            distributed.wrap(model, ctx, cuda_graphs=graphs), workload, precision, opt, None,
+            graphs, notes.append,
+        )  # fmt: skip
+        built[graphs] = (model, opt, step, notes)
+    (eager_model, eager_opt, eager_step, _), (model, opt, step, notes) = built.values()
+    schedule = build_schedule(opt, train, total_steps=STEPS)
+    torch.cuda.manual_seed(100 + seed)  # the crops and flips
+    lrs, losses = [], []
+    for i, batch in enumerate(batches):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        eager_model.load_state_dict(before)
+        if i:  # at the first step: the graph's zeroed state against a fresh optimizer's
+            take_optimizer_state(eager_opt, opt)
+        lrs.append(float(opt.param_groups[0]["lr"]))
+        eager_opt.param_groups[0]["lr"] = lrs[-1]
+        rng = torch.cuda.get_rng_state(device)
+        losses.append(step([batch])[0].item())
+        drawn = torch.cuda.get_rng_state(device)
+        torch.cuda.set_rng_state(rng, device)
+        eager_loss = eager_step([batch])[0].item()
+        assert not notes and step.graphed is not None, notes
+        assert torch.equal(torch.cuda.get_rng_state(device), drawn), i  # the same draws
+        assert losses[-1] == pytest.approx(eager_loss, rel=1e-5), i
+        assert_same_update(before, eager_model, model, i)
+        schedule.step()
+    assert len(set(lrs)) == STEPS - 1 and len(set(losses)) == STEPS  # the LR moved; it trained
+    return model
+
+
+def take_optimizer_state(eager: torch.optim.Optimizer, graphed: torch.optim.Optimizer) -> None:
+    pairs = zip(eager.param_groups[0]["params"], graphed.param_groups[0]["params"], strict=True)
+    for mine, theirs in pairs:
+        eager.state[mine] = {k: v.clone() for k, v in graphed.state[theirs].items()}
+
+
+def assert_same_update(
+    before: dict[str, torch.Tensor], eager: nn.Module, graphed: nn.Module, step: int
+) -> None:
+    """The step moved the weights, and BatchNorm's running statistics, as the eager step did:
+    the difference of the two updates is under 1e-4 of the update (in norm, over all tensors
+    of the kind; a frozen LR or a stale momentum buffer would be tens of percent)."""
+    eager_state, graphed_state = eager.state_dict(), graphed.state_dict()
+    kinds: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for key, old in before.items():
+        if not old.is_floating_point():  # BatchNorm's batch counts
+            assert torch.equal(graphed_state[key], eager_state[key]), (step, key)
+            continue
+        kind = kinds.setdefault("running" if "running_" in key else "weights", ([], []))
+        kind[0].append((eager_state[key] - old).flatten())
+        kind[1].append((graphed_state[key] - old).flatten())
+    for kind, (eager_deltas, graphed_deltas) in kinds.items():
+        expected, got = torch.cat(eager_deltas), torch.cat(graphed_deltas)
+        error = ((got - expected).norm() / expected.norm()).item()
+        assert expected.norm() > 0 and error < 1e-4, (step, kind, error)
+
+
+@pytest.mark.parametrize(("optimizer", "lr"), OPTIMIZERS)
+def test_graphed_cnn_step_is_the_eager_step(optimizer: str, lr: float) -> None:
+    device = torch.device("cuda", 0)
+    train_graphed(device, optimizer, lr, WorkerContext(0, 0, 1, 0, device))
+
+
+def _ddp_rank(rank: int, world: int, port: int) -> None:
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        device_id=device,
+    )  # fmt: skip
+    try:
+        ctx = WorkerContext(rank, rank, world, 0, device)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        for optimizer, lr in OPTIMIZERS:
+            model = train_graphed(device, optimizer, lr, ctx, seed=rank)  # each rank its data
+            # the captured all-reduce kept the ranks' weights bitwise equal, as eager DDP does
+            flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+            gathered = [torch.empty_like(flat) for _ in range(world)]
+            dist.all_gather(gathered, flat)
+            for other in gathered[1:]:
+                assert torch.equal(other, gathered[0]), optimizer
+    finally:
+        dist.destroy_process_group()
+
+
+def test_graphed_cnn_ddp_step_is_the_eager_ddp_step() -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.start_processes(_ddp_rank, (2, port), nprocs=2, start_method="spawn")
