@@ -1,0 +1,174 @@
+"""The lasting local cluster for real (``trainforge`` commands in subprocesses, each user's
+home its own), and what those commands show on the console: started, reused, stale replaced,
+stopped, two homes apart, stopped when idle; only trainforge's lines unless -v; a live bar in a
+terminal.
+
+The tests of this file share one home and run in order on one xdist worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES
+
+pytestmark = pytest.mark.xdist_group("local_cluster")
+
+DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+SHORT = ["train.epochs=2", "scaling.num_workers=2", "train.log_every_steps=5"]
+OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory):
+    """One user's home; its cluster is stopped at the end whatever happened."""
+    path = tmp_path_factory.mktemp("home")
+    yield path
+    subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
+
+
+def trainforge() -> list[str]:
+    return [sys.executable, "-m", "trainforge"]
+
+
+def env_for(home: Path, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "TRAINFORGE_HOME": str(home), "TRAINFORGE_KEEP_CLUSTER": "1", **extra}
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        env.pop(key, None)
+    return env
+
+
+def state_of(home: Path) -> dict:
+    return json.loads((home / "local-cluster" / "state.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Running (an exited process that nobody reaped yet is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def run(home: Path, *args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*trainforge(), *args], env=env_for(home, **extra), cwd=cwd, capture_output=True,
+        text=True, timeout=400,
+    )  # fmt: skip
+
+
+def test_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines(
+    home: Path, tmp_path: Path
+) -> None:
+    # what a session that died leaves behind: a state naming a dead supervisor and a closed port
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = home / "local-cluster"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({
+        "gcs_address": "127.0.0.1:1", "dashboard_url": "http://127.0.0.1:2",
+        "supervisor_pid": dead.pid, "temp_dir": "/nonexistent", "python": sys.executable,
+        "ray_version": "2.60.0", "started_at": 0.0,
+    }))  # fmt: skip
+
+    out = run(home, "train", str(DIGITS), "run.name=first", *SHORT, cwd=tmp_path)
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    console = out.stdout + out.stderr
+    assert f"(its supervisor (pid {dead.pid}) is gone); replacing it" in console
+    state = state_of(home)
+    assert f"ray: started a local cluster at {state['gcs_address']}" in console
+    assert alive(state["supervisor_pid"])
+    lines = [line for line in console.splitlines() if line.strip()]
+    strangers = [line for line in lines if not OWN_LINE.match(line)]
+    assert strangers == [], strangers  # no Ray, Ray Train or MLflow internals
+    assert "\x1b[" not in console  # no colour codes into a pipe
+    for phase in ("mlflow: run ", "workers: 2 started, process group up ("):
+        assert phase in console
+    assert "epoch 2/2 step" in console  # plain step lines when not a terminal
+    assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
+    kept = (tmp_path / "runs" / "first" / "worker-output.log").read_text()
+    assert "Reporting training result" in kept  # Ray Train's lines: in the file, not shown
+
+
+def test_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
+    home: Path, tmp_path: Path
+) -> None:
+    state = state_of(home)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [*trainforge(), "train", str(DIGITS), "run.name=second", *SHORT,
+         "train.log_every_steps=2"],
+        env=env_for(home), cwd=tmp_path, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the command ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert process.wait(timeout=400) == 0
+    console = b"".join(chunks).decode()
+    assert f"ray: connected to the local cluster at {state['gcs_address']}" in console
+    assert state_of(home)["supervisor_pid"] == state["supervisor_pid"]  # the same cluster
+    assert "\r\x1b[2K" in console  # the bar is redrawn in place …
+    assert re.search(r"epoch 2/2 \[#+\.*\] \d+/44", console)
+    assert "[trainforge] epoch 2/2 step" not in console  # … instead of the step lines
+    assert "[trainforge] epoch 2/2 done" in console  # epoch lines still print above it
+
+
+def test_verbose_shows_ray_lines_again(home: Path, tmp_path: Path) -> None:
+    out = run(home, "train", "-v", str(DIGITS), "run.name=loud", *SHORT, cwd=tmp_path)
+
+    assert out.returncode == 0, out.stderr
+    console = out.stdout + out.stderr
+    assert "(RayTrainWorker pid=" in console
+    assert "Connected to Ray cluster" in console
+
+
+def test_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
+    home: Path, tmp_path: Path
+) -> None:
+    first = state_of(home)
+    other = tmp_path / "other-user"
+    started = run(other, "cluster", "start", cwd=tmp_path, TRAINFORGE_CLUSTER_IDLE_S="2")
+    assert started.returncode == 0, started.stderr
+    second = state_of(other)
+    assert second["gcs_address"] != first["gcs_address"]
+    tokens = [(h / "local-cluster" / "token").read_text() for h in (home, other)]
+    assert tokens[0] != tokens[1]
+    assert oct((other / "local-cluster" / "token").stat().st_mode & 0o777) == "0o600"
+
+    deadline = time.monotonic() + 60  # idle 2 s, checked every 5 s
+    while alive(second["supervisor_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(second["supervisor_pid"])
+    assert not (other / "local-cluster" / "state.json").exists()
+    assert alive(first["supervisor_pid"])  # the first home's cluster is untouched
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert status.returncode == 0 and first["gcs_address"] in status.stdout
+
+
+def test_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path) -> None:
+    state = state_of(home)
+    stopped = run(home, "cluster", "stop", cwd=tmp_path)
+
+    assert stopped.returncode == 0 and "local cluster stopped" in stopped.stdout
+    assert not alive(state["supervisor_pid"])
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert state["temp_dir"] not in ps  # no raylet or GCS of that cluster is left
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert status.returncode == 1 and "no local cluster is running" in status.stdout
