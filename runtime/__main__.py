@@ -1,8 +1,6 @@
 """``python -m trainforge``: the same CLI as the ``trainforge`` script. Job entrypoints use it
 (`trainforge submit`): it works wherever the package imports, even with no script on PATH."""
 
-import sys
+from trainforge.cli import run
 
-from trainforge.cli import main
-
-sys.exit(main())
+run()

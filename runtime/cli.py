@@ -147,6 +147,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The `trainforge` script and `python -m trainforge`: main, then a prompt exit.
+
+    After a run everything that matters is written (MLflow run ended, checkpoints persisted,
+    output flushed); what remains is the interpreter tearing down torch, Ray's threads and
+    MLflow's clients, ~1.5 s on a 2-core machine that every command paid. Ray is left first
+    (so the driver's job ends cleanly on the cluster), then the process exits directly."""
+    code = main()
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def set_loudness(level: int) -> None:
     """-q / -v for this command: trainforge's own lines, and whether Ray's and MLflow's
     INFO lines reach the console (MLflow reads its level when it is imported)."""

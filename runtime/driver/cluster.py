@@ -40,14 +40,16 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
                **init_options}  # fmt: skip
     address = None if local_only else os.environ.get("RAY_ADDRESS")
     if address:
+        ray_compat.poll_controller_fast()
         _init_pinned(ray, address, address, options)
+        return
+    if not local_only and local_cluster.keep_cluster():
+        _join_lasting_cluster(ray, options)
         return
     # Ray Train's preemption watcher is an extra actor process per run (and an error line on
     # the console); one machine has no node to be preempted.
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
-    if not local_only and local_cluster.keep_cluster():
-        _join_lasting_cluster(ray, options)
-        return
+    ray_compat.poll_controller_fast()
     # "local": a new instance even when a `ray start` cluster runs on this machine (a bare
     # ray.init() would join that one). The local dashboard stays on loopback.
     started_at = time.time()
@@ -75,10 +77,11 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> None:
     state, started = local_cluster.ensure(log.say)
     ray_compat.use_auth_token(state.token_path)
     _held.enter_context(local_cluster.in_use())
-    # The workers are children of a Ray started by an earlier command: they get this
-    # command's settings (threads, MLflow, Python path) and the cluster's address explicitly.
-    env_vars = {**local_cluster.worker_env(), "RAY_ADDRESS": state.gcs_address}
-    ray.init(address=state.gcs_address, runtime_env={"env_vars": env_vars}, **options)
+    # The workers' processes are children of a Ray started by an earlier command: this
+    # command's settings (threads, MLflow, Python path) reach them through the payload
+    # (launch.py, local_cluster.worker_env); the cluster's address and Ray Train's settings are
+    # in the cluster's own environment.
+    ray.init(address=state.gcs_address, **options)
     took = time.monotonic() - started_at
     if started:
         idle_min = local_cluster.idle_stop_s() / 60

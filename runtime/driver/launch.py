@@ -16,7 +16,7 @@ from typing import Any
 from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
-from trainforge.driver import console, out_of_memory, recipe_change
+from trainforge.driver import console, local_cluster, out_of_memory, recipe_change
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
@@ -105,7 +105,7 @@ def train(cfg: Recipe) -> Outcome:
             uri = redact(handle.tracking_uri)
             log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", mlflow_started)
 
-    ray_compat.poll_controller_fast()
+    payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
     payload["workers_requested_at"] = time.time()  # the workers say how long they took
     trainer = _Trainer(
         train_loop_per_worker=_worker_entry,
@@ -196,6 +196,8 @@ def simulate(cfg: Recipe) -> int:
 
 def _worker_entry(payload: dict[str, Any]) -> None:
     import ray.train
+
+    local_cluster.apply_worker_env(payload.get("env", {}))
 
     context = ray.train.get_context()
     if context.get_world_rank() == 0 and "workers_requested_at" in payload:

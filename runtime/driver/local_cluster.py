@@ -176,6 +176,21 @@ def worker_env() -> dict[str, str]:
     }
 
 
+def apply_worker_env(env: dict[str, str]) -> None:
+    """In a worker: take on the command's settings (``worker_env``). The worker may have been
+    started by Ray before the command, with torch already imported: its thread count is set
+    through torch, the Python path extended in place."""
+    os.environ.update(env)
+    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 # --- the supervisor (python -m trainforge.driver.local_cluster) -------------------------------
 
 
@@ -198,9 +213,13 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
     ]  # fmt: skip
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
+    # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
+    # the State API, which without it would ask the last `ray start` cluster on the machine.
+    ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}"}
     ray_process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=ray_env,
+    )  # fmt: skip
     ready = threading.Event()
     threading.Thread(target=_relay, args=(ray_process.stdout, ready), daemon=True).start()
     stopping = False
@@ -278,7 +297,18 @@ def _supervisor_env() -> dict[str, str]:
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         env.pop(key, None)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Ray Train's settings for every run on this cluster: its controller reads them from its own
+    # environment, which is the cluster's.
+    env |= RUN_SETTINGS
     return env
+
+
+RUN_SETTINGS = {
+    # ray.train.report waits for the controller's next poll (2 s by default)
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    # an extra actor process per run; one machine has no node to be preempted
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
 
 
 def _wait_for_state(home: Path) -> ClusterState:

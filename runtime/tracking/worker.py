@@ -239,7 +239,8 @@ class WorkerTracker:
                     key="unsent",
                 )
         if self.system_monitor is not None:
-            self.system_monitor.finish()
+            _stop_soon(self.system_monitor)
+            self.system_monitor = None
 
     def _start_system_metrics(self) -> None:
         try:
@@ -276,6 +277,20 @@ def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
     mlflow.set_tracking_uri(handle.tracking_uri)
     with mlflow.start_run(run_id=handle.run_id):
         log()
+
+
+def _stop_soon(monitor: Any, wait_s: float = 0.3) -> None:
+    """Stop MLflow's system-metrics thread without waiting out its last round: on being told
+    to stop it asks the run's status through a new MLflow client (for a SQLite store ~2 s of
+    engine and schema checks) before it exits — time every command's end paid. It is a daemon
+    thread: at most its last, unpublished sample is lost. Relies on the monitor's private
+    ``_shutdown_event`` and ``_process`` (MLflow 3.17)."""
+    monitor._shutdown_event.set()
+    thread = monitor._process
+    if thread is not None:
+        thread.join(wait_s)
+    if thread is None or not thread.is_alive():
+        monitor.mlflow_logger.flush()  # what it sampled and had not sent yet
 
 
 def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor) -> None:

@@ -1,0 +1,158 @@
+"""Start-up benchmark: where the seconds of a whole `trainforge train` command go.
+
+Each repeat runs, in one invocation on one machine and in this order:
+  cold     — no Ray running: the command starts the lasting local cluster (stopped before)
+  warm     — the same command again: it connects to that cluster
+  private  — TRAINFORGE_KEEP_CLUSTER=0: a private Ray started and stopped by the command
+  baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
+             e.g. the commit before the start-up work), run like `private`
+  torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
+             batch: the anchor for time to the first optimizer step (optional, --torchrun)
+
+Every line a command prints is timestamped on arrival; the phases come from trainforge's own
+phase lines (ray, mlflow, workers), the first step from `train.log_every_steps=1`, the loop time
+from the worker's `finished at step N in X s` line. Worker lines reach the driver through Ray's
+log relay, so worker-side times carry its latency (≤ ~0.5 s).
+
+    python bench/startup.py --recipe cnn/digits_simple_cnn --repeats 3 --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MARKS = {
+    "ray": re.compile(r"\[trainforge\] ray: .*\((?P<s>[\d.]+) s\)"),
+    "mlflow": re.compile(r"\[trainforge\] mlflow: .*\((?P<s>[\d.]+) s\)"),
+    "workers": re.compile(r"\[trainforge\] workers: .*\((?P<s>[\d.]+) s\)"),
+    "setup_done": re.compile(r"\[trainforge\] training \d+ steps"),
+    "first_step": re.compile(r"\[trainforge\] epoch 1/\d+ step 1/"),
+    "loop_end": re.compile(r"\[trainforge\] finished at step \d+ in (?P<s>[\d.]+) s"),
+    "summary": re.compile(r"\[trainforge\] run '.*' finished in"),
+    "anchor_first_step": re.compile(r"^\[anchor\] first step"),  # startup_torchrun_digits.py
+}
+
+
+def timed_command(command: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """Run ``command``; the arrival time of each mark (s after start) and its own duration."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    seen: dict[str, Any] = {}
+    lines = []
+    for line in process.stdout:
+        now = time.perf_counter() - started
+        lines.append(f"{now:7.2f} {line.rstrip()}")
+        for name, pattern in MARKS.items():
+            match = pattern.search(line)
+            if match and name not in seen:
+                seen[name] = round(now, 2)
+                if "s" in pattern.groupindex:
+                    seen[f"{name}_took_s"] = float(match["s"])
+    seen["exit_code"] = process.wait()
+    seen["wall_s"] = round(time.perf_counter() - started, 2)
+    if "loop_end_took_s" in seen:
+        seen["overhead_s"] = round(seen["wall_s"] - seen["loop_end_took_s"], 2)
+        seen["teardown_s"] = round(seen["wall_s"] - seen["loop_end"], 2)
+    if "ray" in seen:
+        seen["before_ray_s"] = round(seen["ray"] - seen["ray_took_s"], 2)  # imports, checks
+    seen["log_tail"] = lines[-3:] if seen["exit_code"] else []
+    return seen
+
+
+def trainforge_run(recipe: str, name: str, overrides: list[str], env: dict[str, str],
+                   cwd: Path) -> dict[str, Any]:  # fmt: skip
+    command = [sys.executable, "-m", "trainforge", "train", recipe, f"run.name={name}",
+               "train.log_every_steps=1", *overrides]  # fmt: skip
+    return timed_command(command, env, cwd)
+
+
+def stop_cluster(env: dict[str, str]) -> None:
+    subprocess.run([sys.executable, "-m", "trainforge", "cluster", "stop"], env=env,
+                   capture_output=True, timeout=120)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recipe", default="cnn/digits_simple_cnn")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--torchrun",
+        help="a torchrun script to time as the anchor (bench/startup_torchrun_digits.py on CPU)",
+    )
+    parser.add_argument("--torchrun-procs", type=int, default=2)
+    parser.add_argument("--baseline", help="a folder holding another `trainforge` package")
+    parser.add_argument("--out", default="startup.json")
+    parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tf-startup-"))
+    env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
+    env.pop("RAY_ADDRESS", None)
+    env.pop("TRAINFORGE_KEEP_CLUSTER", None)
+    modes = ["cold", "warm", "private"] + (["baseline"] if args.baseline else [])
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    if args.torchrun:
+        runs["torchrun"] = []
+    for repeat in range(args.repeats):
+        stop_cluster(env)
+        for mode in modes:
+            mode_env = env
+            if mode in ("private", "baseline"):
+                mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
+            if mode == "baseline":
+                mode_env["PYTHONPATH"] = args.baseline
+            result = trainforge_run(args.recipe, f"{mode}{repeat}", args.overrides, mode_env,
+                                    work)  # fmt: skip
+            runs[mode].append(result)
+            print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
+                  flush=True)  # fmt: skip
+        if args.torchrun:
+            command = ["torchrun", "--standalone", f"--nproc_per_node={args.torchrun_procs}",
+                       args.torchrun]  # fmt: skip
+            result = timed_command(command, env, work)
+            runs["torchrun"].append(result)
+            print("torchrun", json.dumps(result), flush=True)
+    stop_cluster(env)
+
+    medians = {
+        mode: {
+            key: round(statistics.median(r[key] for r in results if key in r), 2)
+            for key in sorted({k for r in results for k in r})
+            if all(isinstance(r.get(key), (int, float)) for r in results if key in r)
+            and any(key in r for r in results)
+        }
+        for mode, results in runs.items()
+    }
+    report = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "recipe": args.recipe,
+        "overrides": args.overrides,
+        "repeats": args.repeats,
+        "medians": medians,
+        "runs": runs,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    for mode, values in medians.items():
+        print(mode, values)
+
+
+if __name__ == "__main__":
+    main()
