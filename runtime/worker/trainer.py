@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -57,6 +58,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
     tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
+    tracker.prewarm()  # MLflow's import and store, while the data and model are built
     reporter = reporter or RayReporter()
     checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg), reporter, tracker)
     trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
@@ -126,7 +128,9 @@ class Trainer:
     ) -> None:
         self.cfg, self.ctx, self.tracker = cfg, ctx, tracker
         self.workload = build_workload(cfg.workload, seed=cfg.run.seed, precision=cfg.precision)
-        with distributed.main_first(ctx):  # rank 0 fills any on-disk cache first
+        # rank 0 fills an on-disk cache first, when loading can write one
+        first = distributed.main_first(ctx) if self.workload.fills_cache else nullcontext()
+        with first:
             self.train_split, self.val_split = self.workload.datasets(ctx.device)
         self.plan = Plan.of(cfg.train, len(self.train_split), ctx)  # type: ignore[arg-type]
         graphs, eager_why = cuda_graph_choice(cfg, ctx.device, streams(self.train_split))

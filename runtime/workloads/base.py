@@ -34,6 +34,9 @@ class Workload(ABC):
     """DataLoader worker processes for a streamed (Dataset) training split."""
     pin_memory: bool = False
     """Pinned host memory for a streamed training split's batches."""
+    fills_cache: bool = True
+    """Whether loading the data may write an on-disk cache (a download): rank 0 then loads
+    first while the others wait. False lets every rank load at once."""
     finish: Finish | None = None
     """Rank 0 after training: the workload's own evaluation and export, as ``finish(model,
     run_dir, folder) -> (metrics, files written under folder)``. None: the workload has no

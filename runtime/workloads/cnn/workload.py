@@ -59,6 +59,8 @@ class CNNWorkload(Workload):
         # Used only when the training split is a Dataset (imagefolder) streamed by a DataLoader.
         self.loader_workers = cfg.loader_workers
         self.pin_memory = cfg.pin_memory
+        # only CIFAR-10 is fetched into a folder; digits, synthetic and ImageFolder only read
+        self.fills_cache = cfg.dataset == "cifar10"
 
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         on_device = self.cfg.data_on_device != "false"

@@ -1,0 +1,65 @@
+"""trainforge.tracking.worker, the parts a run's start and end wait for: MLflow imported and its
+store opened on a background thread while the data are built, and the system-metrics thread
+told to stop without waiting out its round (a real SQLite MLflow run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from trainforge import config
+from trainforge.distributed import WorkerContext
+from trainforge.tracking import driver
+from trainforge.tracking.worker import WorkerTracker
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+CPU = torch.device("cpu")
+
+
+def _tracked_run(tmp_path: Path, system_metrics: bool) -> tuple[config.Recipe, dict]:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    metrics = str(system_metrics).lower()
+    overrides = [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
+                 f"tracking.system_metrics={metrics}"]  # fmt: skip
+    cfg = config.load(DIGITS, overrides)
+    recipe = config.to_container(cfg)
+    handle = driver.start_run(cfg.tracking, "t", recipe, config.to_yaml(cfg), str(tmp_path / "s"))
+    return cfg, handle.for_workers()
+
+
+def _ctx(rank: int) -> WorkerContext:
+    return WorkerContext(rank=rank, local_rank=rank, world_size=1, node_rank=0, device=CPU)
+
+
+def test_rank_0_opens_mlflow_in_the_background_and_start_waits_for_it(tmp_path: Path) -> None:
+    cfg, handle = _tracked_run(tmp_path, system_metrics=True)
+    tracker = WorkerTracker(handle, cfg.tracking, _ctx(0))
+    tracker.prewarm()
+    warming = tracker._warming
+    assert warming is not None and warming.name == "mlflow-prewarm"
+    tracker.start()
+    assert not warming.is_alive()  # start() joined it before using MLflow
+    assert "mlflow.system_metrics.system_metrics_monitor" in sys.modules
+    monitor = tracker.system_monitor
+    assert monitor is not None
+    tracker.log({"train/loss": 1.5}, step=3)
+    tracker.close()
+    assert monitor._shutdown_event.is_set() and tracker.system_monitor is None
+    client = MlflowClient(handle["tracking_uri"])
+    history = client.get_metric_history(handle["run_id"], "train/loss")
+    assert [(m.step, m.value) for m in history] == [(3, 1.5)]  # close() still commits
+
+
+def test_ranks_that_never_talk_to_mlflow_do_not_warm_it(tmp_path: Path) -> None:
+    cfg, handle = _tracked_run(tmp_path, system_metrics=False)
+    other = WorkerContext(rank=1, local_rank=1, world_size=2, node_rank=0, device=CPU)
+    tracker = WorkerTracker(handle, cfg.tracking, other)
+    tracker.prewarm()
+    assert tracker._warming is None
+    offline = WorkerTracker(None, cfg.tracking, _ctx(0))
+    offline.prewarm()
+    assert offline._warming is None
