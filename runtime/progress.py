@@ -70,7 +70,9 @@ class Progress:
         )
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
-        shown = {k: v for k, v in metrics.items() if k.startswith(("val/", "train/loss"))}
+        # the epoch's mean training loss when there is one, not the last logging window's
+        train_key = "train/epoch_loss" if "train/epoch_loss" in metrics else "train/loss"
+        shown = {k: v for k, v in metrics.items() if k == train_key or k.startswith("val/")}
         text = " ".join(f"{k} {v:.4f}" for k, v in shown.items())
         self._print(f"epoch {epoch + 1}/{self.epochs} done: {text}")
 

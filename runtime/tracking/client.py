@@ -117,8 +117,11 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def find_or_create_run(client: Any, experiment: str, run_name: str) -> tuple[str, bool]:
-    """(run_id, created) of the run tagged with ``run_name`` in ``experiment``."""
+def find_or_create_run(
+    client: Any, experiment: str, run_name: str, user: str | None = None
+) -> tuple[str, bool]:
+    """(run_id, created) of the run tagged with ``run_name`` in ``experiment``; a new run is
+    created by ``user`` (its ``user_id``, which the UI's "Created by" link searches for)."""
     found_experiment = client.get_experiment_by_name(experiment)
     experiment_id = (
         found_experiment.experiment_id if found_experiment else client.create_experiment(experiment)
@@ -128,5 +131,6 @@ def find_or_create_run(client: Any, experiment: str, run_name: str) -> tuple[str
     )
     if found:
         return found[0].info.run_id, False
-    run = client.create_run(experiment_id, run_name=run_name, tags={RUN_NAME_TAG: run_name})
+    tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
+    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     return run.info.run_id, True

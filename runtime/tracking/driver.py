@@ -147,7 +147,8 @@ def start_run(
         if not reachable(uri):
             raise ConnectionError(f"{redact(uri)}/health did not answer")
         client = MlflowClient(tracking_uri=uri)
-        run_id, created = find_or_create_run(client, section.experiment, run_name)
+        user = tags["mlflow.user"]
+        run_id, created = find_or_create_run(client, section.experiment, run_name, user)
         handle.run_id, handle.resumed = run_id, not created
         if created:
             items = [Param(k, v) for k, v in params.items()]

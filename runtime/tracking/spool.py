@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.tracking.client import RunHandle, find_or_create_run, redact
+from trainforge.tracking.datasets import TrainingData
 
 SPOOL_FILE = "tracking-spool.jsonl"
 _lock = threading.Lock()
@@ -57,8 +58,8 @@ def with_credentials(recorded: str) -> str:
 
 def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     """Send every spooled record to MLflow; returns counts by kind. Raises on failure, leaving
-    the spool in place (replay is idempotent for params, tags, status and artifacts; metrics
-    are only sent once because the file is removed after a complete replay)."""
+    the spool in place (replay is idempotent for params, tags, status, artifacts and dataset
+    inputs; metrics are only sent once because the file is removed after a complete replay)."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
@@ -90,6 +91,8 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
             client.log_artifact(run_id, record["local_path"], record.get("artifact_path"))
         elif kind == "text":
             client.log_text(run_id, record["text"], record["artifact_file"])
+        elif kind == "dataset":
+            client.log_inputs(run_id, [TrainingData.from_record(record["dataset"]).as_input()])
         elif kind == "status":
             client.set_terminated(run_id, status=record["status"])
         counts[kind] = counts.get(kind, 0) + 1

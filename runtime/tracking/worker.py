@@ -27,6 +27,7 @@ from torch import nn
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
 from trainforge.tracking.client import RunHandle, configure_client_env, redact
+from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
 
 MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step
@@ -226,6 +227,19 @@ class WorkerTracker:
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_bytes(path.read_bytes())
             self._spool().write("artifact", local_path=str(kept), artifact_path=artifact_path)
+
+    def log_training_data(self, data: TrainingData | None) -> None:
+        """Rank 0, after ``start``: the training data as the run's dataset input (MLflow keeps
+        one per name and digest, so a restart or a resumed run adds none)."""
+        if data is None or not self.logs_metrics:
+            return
+        if self.sender is not None:
+            try:
+                self.sender.client.log_inputs(self.sender.run_id, [data.as_input()])
+                return
+            except Exception as exc:
+                warn(f"could not log the training data as an MLflow input ({exc}); spooled")
+        self._spool().write("dataset", dataset=data.to_record())
 
     def log_model(
         self,

@@ -146,6 +146,7 @@ class Trainer:
         )
         self.train_model = wrap(self.state.model, cfg.precision, ctx, graphs)
         tracker.start()
+        tracker.log_training_data(self.workload.training_data())
         self.profiler = StepProfiler(
             cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx
         )

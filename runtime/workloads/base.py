@@ -19,6 +19,7 @@ from torch import nn
 
 from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
 from trainforge.data.types import Batch, Split
+from trainforge.tracking.datasets import TrainingData
 
 # (model, run_dir, folder) -> (metrics, files): see Workload.finish
 Finish = Callable[[nn.Module, str | None, Path], tuple[dict[str, float], list[Path]]]
@@ -79,6 +80,12 @@ class Workload(ABC):
         """How the final model goes to MLflow when not as ``mlflow.pytorch`` with the first
         input tensor as its example (None, the default): a function that logs it into the
         active MLflow run, using files it writes under ``folder`` now."""
+        return None
+
+    def training_data(self) -> TrainingData | None:
+        """The training split as an MLflow dataset input (name, digest, size), called after
+        ``datasets``. The digest comes from what determines the data, not from reading them.
+        None, the default: no dataset input is logged."""
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def test_a_run_in_a_real_store_has_source_user_commit_and_comparable_params(
     tags, params = run.data.tags, run.data.params
     assert tags["mlflow.source.git.commit"] == "fedcba9876543210"
     assert tags["mlflow.source.name"] == str(DIGITS)
-    assert tags["mlflow.user"] == getpass.getuser()
+    assert tags["mlflow.user"] == run.info.user_id == getpass.getuser()  # "Created by" links
     assert tags["mlflow.note.content"].startswith(f"`trainforge train {DIGITS}`")
     assert tags["run.storage_path"] == str(tmp_path / "runs")
     assert tags["tracking.tracking_uri"] == uri

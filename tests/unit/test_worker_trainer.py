@@ -9,6 +9,7 @@ run ends, with augmentation on so that the RNG streams matter.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,17 @@ def test_a_loss_that_turns_nan_stops_the_run_and_keeps_only_finite_checkpoints(
     for state in states:
         assert all(torch.isfinite(w).all() for w in state["model"].values())
     assert [state["global_step"] for state in states] == [5]
+
+
+def test_the_epoch_line_carries_the_epochs_mean_train_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reporter = train(tmp_path, "train.epochs=1", "train.log_every_steps=1")
+    out = capsys.readouterr().out
+    losses = [float(value) for value in re.findall(r"step \d+/44 loss (\S+)", out)]
+    assert len(losses) == 44
+    epoch_end = next(r for r in reporter.reports if "val/loss" in r)
+    mean = epoch_end["train/epoch_loss"]
+    assert mean == pytest.approx(sum(losses) / len(losses), abs=1e-4)  # lines round to 1e-4
+    assert mean != pytest.approx(losses[-1], abs=1e-2)  # not the last window's loss
+    assert f"epoch 1/1 done: train/epoch_loss {mean:.4f} val/loss" in out

@@ -13,6 +13,7 @@ from torch import nn
 from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.errors import RecipeError
+from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
@@ -71,7 +72,30 @@ class CNNWorkload(Workload):
         val = self._place(data.val, device)
         assert isinstance(train, Sized) and isinstance(val, Sized)  # tensors or image folders
         self.info = {"train_samples": len(train), "val_samples": len(val)}
+        self.data_device = device.type if on_device else "cpu"  # where synthetic data are drawn
         return train, val
+
+    def training_data(self) -> TrainingData:
+        """Named after the data set; its digest from what makes it: the name, the split's
+        sizes and image shape, the seed where it draws the split (digits) or the images
+        (synthetic, whose generator also depends on the device type)."""
+        cfg, rows, val_rows = self.cfg, self.info["train_samples"], self.info["val_samples"]
+        shape = [self.in_channels, self.image_size, self.image_size]
+        identity: dict[str, Any] = {
+            "dataset": cfg.dataset, "rows": rows, "val_rows": val_rows, "shape": shape,
+            "classes": self.num_classes,
+        }  # fmt: skip
+        if cfg.dataset in ("digits", "synthetic"):
+            identity |= {"seed": self.seed, "val_fraction": cfg.val_fraction}
+        if cfg.dataset == "synthetic":
+            identity["device"] = self.data_device
+        on_disk = cfg.dataset in ("cifar10", "imagefolder") and cfg.data_root
+        return TrainingData.of(
+            cfg.dataset, identity, rows,
+            source=str(cfg.data_root) if on_disk else f"trainforge:{cfg.dataset}",
+            source_type="local" if on_disk else "code",
+            profile={"val_rows": val_rows, "shape": shape, "classes": self.num_classes},
+        )  # fmt: skip
 
     def _place(self, split: TensorSplit | Split, device: torch.device) -> Split:
         if not isinstance(split, TensorSplit):

@@ -26,6 +26,7 @@ from trainforge import log, storage
 from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.errors import RecipeError, did_you_mean
+from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import simulate, sources, stream
@@ -159,6 +160,33 @@ class SBIWorkload(Workload):
             TensorData(place(val_theta), place(val_x)),
         )
 
+    def training_data(self) -> TrainingData:
+        """Named after the task (or the user's simulator); its digest from the simulation
+        cache's key (which hashes the task or the user's code, N, chunking, seed and device)
+        with what selects the training rows: invalid rows dropped or not, the split's fraction
+        and seed."""
+        folder = Path(str(self.cfg.simulation.path))
+        manifest = simulate.read_manifest(folder)
+        # the cache's key; for a folder made otherwise, what its manifest says of it
+        made_of = manifest.get("key") or {k: v for k, v in manifest.items() if k != "created"}
+        identity = {
+            "simulations": made_of,
+            "num_simulations": manifest["num_simulations"],
+            "drop_invalid": self.cfg.simulation.drop_invalid,
+            "val_fraction": self.cfg.val_fraction,
+            "split_seed": self.seed,
+        }
+        profile = {"val_rows": self.info["val_samples"]} | {
+            k: manifest[k] for k in ("num_simulations", "invalid", "dim_theta", "dim_x")
+        }
+        return TrainingData.of(
+            self._source_name(), identity, self.info["train_samples"], source=str(folder),
+            source_type="local", profile=profile,
+        )  # fmt: skip
+
+    def _source_name(self) -> str:
+        return self.cfg.task if self.cfg.task != sources.CUSTOM else str(self.cfg.simulator)
+
     def _streams(self, folder: Path) -> bool:
         if self.cfg.stream_from_disk != "auto":
             return self.cfg.stream_from_disk == "true"
@@ -257,8 +285,7 @@ class SBIWorkload(Workload):
         return lambda: pyfunc.log(spec)
 
     def describe(self) -> dict[str, Any]:
-        source = self.cfg.task if self.cfg.task != "custom" else self.cfg.simulator
-        return {"task": source, "estimator": self.cfg.estimator.model, **self.info}
+        return {"task": self._source_name(), "estimator": self.cfg.estimator.model, **self.info}
 
 
 def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:
