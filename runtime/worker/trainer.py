@@ -163,6 +163,9 @@ class Trainer:
         )  # fmt: skip
         self.loss_sum = torch.zeros((), device=ctx.device)  # train loss since the last log line
         self.steps_since_log = 0
+        # the epoch's logged steps (a resumed epoch counts from the resume)
+        self.epoch_loss_sum = torch.zeros((), device=ctx.device)
+        self.epoch_steps = 0
         self.metrics: dict[str, float] = {}  # the latest of each, reported with checkpoints
         self.eval_sums: dict[str, torch.Tensor] = {}  # the last validation's, for the figures
 
@@ -203,6 +206,8 @@ class Trainer:
             self.state.scheduler, self.ctx,
         )  # fmt: skip
         metrics.update(self.progress.step_metrics(position, self.steps_since_log))
+        self.epoch_loss_sum += self.loss_sum
+        self.epoch_steps += self.steps_since_log
         self.loss_sum.zero_()
         self.steps_since_log = 0
         self.tracker.log(metrics, position.global_step)
@@ -222,6 +227,7 @@ class Trainer:
         epoch = position.epoch
         last = position.global_step >= self.plan.total_steps or epoch + 1 >= self.plan.epochs
         metrics: dict[str, float] = {"epoch": epoch + 1, "perf/elapsed_s": self.progress.elapsed()}
+        metrics |= self.epoch_train_loss()
         if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0:
             val_metrics = self.evaluate()
             metrics |= val_metrics
@@ -234,6 +240,18 @@ class Trainer:
         position.epoch, position.step_in_epoch = epoch + 1, 0
         self.progress.log_epoch(epoch, self.metrics)
         return last
+
+    def epoch_train_loss(self) -> dict[str, float]:
+        """The mean training loss over this epoch's steps and ranks (one collective), so the
+        epoch's line does not repeat the last logging window's loss."""
+        steps = self.epoch_steps + self.steps_since_log
+        total = self.epoch_loss_sum + self.loss_sum
+        summed = distributed.all_reduce_sums({"loss": total}, self.ctx.device)["loss"]
+        self.epoch_loss_sum.zero_()
+        self.epoch_steps = 0
+        if steps == 0:
+            return {}
+        return {"train/epoch_loss": summed.item() / (steps * self.ctx.world_size)}
 
     def evaluate(self) -> dict[str, float]:
         state = self.state
