@@ -8,6 +8,8 @@ comes back with `trainforge tracking-sync`.
 
 from __future__ import annotations
 
+import getpass
+import json
 import os
 import shutil
 import signal
@@ -22,6 +24,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from tests.git_repo import commit_all
 from tests.integration.mlflow_server import MlflowServer, free_port
 from trainforge.cli import main as cli_main
 
@@ -44,37 +47,42 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def served_run(ray_cluster, server: MlflowServer, tmp_path_factory: pytest.TempPathFactory):
-    """One real training run through the CLI, tracked by the server."""
+    """One real training run through the CLI, tracked by the server, from a project folder
+    under git (its commit is the run's) holding the recipe."""
     workdir = tmp_path_factory.mktemp("served-run")
+    shutil.copy(DIGITS, workdir / DIGITS.name)
+    commit = commit_all(workdir)
     previous = Path.cwd()
     os.chdir(workdir)
-    os.environ["TRAINFORGE_GIT_COMMIT"] = "0123456789abcdef"
     try:
         code = cli_main(
-            ["train", str(DIGITS), "run.name=served", "train.epochs=4",
+            ["train", DIGITS.name, "run.name=served", "train.epochs=4",
              f"tracking.tracking_uri={server.url}", "tracking.system_metrics_interval_s=1",
              "tracking.profile_steps=2"]
         )  # fmt: skip
     finally:
         os.chdir(previous)
-        del os.environ["TRAINFORGE_GIT_COMMIT"]
     assert code == 0
     client = MlflowClient(tracking_uri=server.url)
     experiment = client.get_experiment_by_name("trainforge")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`trainforge.run_name` = 'served'")
-    return client, run
+    return client, run, commit
 
 
 def test_run_is_complete_in_the_mlflow_server(
     served_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, run = served_run
+    client, run, commit = served_run
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
     params, tags = run.data.params, run.data.tags
     assert params["train.epochs"] == "4" and params["workload.model"] == "simple_cnn"
     assert params["scaling.num_workers"] == "2"
-    assert tags["git.commit"] == "0123456789abcdef"
+    assert tags["mlflow.source.git.commit"] == tags["git.commit"] == commit
+    assert tags["mlflow.source.name"] == DIGITS.name and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.user"] == run.info.user_id == getpass.getuser()
+    (dataset,) = run.inputs.dataset_inputs
+    assert json.loads(dataset.dataset.profile)["num_rows"] == 1437  # digits' training split
     assert tags["world_size"] == "2" and tags["node_count"] == "1"
     assert (
         tags["version.torch"] == torch.__version__ and tags["version.mlflow"] == mlflow.__version__
@@ -118,9 +126,14 @@ def test_run_is_complete_in_the_mlflow_server(
 
 
 def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_path: Path) -> None:
+    """The run page's "About this run" as MLflow 3.17 renders it: Source is the recipe with the
+    commit's short hash beside it (the whole hash in its popover), Created by the user, and
+    Datasets the training data's name and digest, each value in its label's row."""
     from playwright.sync_api import sync_playwright
 
-    _, run = served_run
+    _, run, commit = served_run
+    tags = run.data.tags
+    (dataset,) = run.inputs.dataset_inputs
     url = f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -130,9 +143,34 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_pa
             page.get_by_text("served").first.wait_for(timeout=60_000)
             page.get_by_text("val/accuracy").first.wait_for(timeout=60_000)
             page.screenshot(path=str(tmp_path / "mlflow_run.png"), full_page=True)
+            rows = {
+                label: page.get_by_test_id(f"key-value-{label}").inner_text().split("\n")
+                for label in ("Source", "Created by")
+            }
+            datasets = page.locator("xpath=//h4[text()='Datasets']/..").inner_text().split("\n")
+            commit_tag = page.locator(
+                "[data-component-id='mlflow.run_details.overview.source.commit_hash']"
+            ).first
+            shown_commit = commit_tag.inner_text().strip()
+            commit_tag.hover()
+            page.get_by_text(commit).first.wait_for(timeout=10_000)  # the popover: all of it
         finally:
             browser.close()
     assert (tmp_path / "mlflow_run.png").stat().st_size > 10_000
+    assert [line.strip() for line in rows["Source"] if line.strip()] == [
+        "Source",
+        tags["mlflow.source.name"],
+        commit[:7],
+    ]
+    assert tags["mlflow.source.name"] == DIGITS.name and shown_commit == commit[:7]
+    assert rows["Created by"] == ["Created by", tags["mlflow.user"]]
+    assert tags["mlflow.user"] == getpass.getuser()
+    assert [line.strip() for line in datasets if line.strip()] == [
+        "Datasets",
+        f"{dataset.dataset.name} ({dataset.dataset.digest})",
+        "Training",  # the context tag, capitalised by the UI's style
+    ]
+    assert dataset.dataset.name == "digits" and len(dataset.dataset.digest) == 8
 
 
 def test_server_unreachable_at_start_spools_and_syncs(
