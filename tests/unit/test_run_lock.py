@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainforge import cli
-from trainforge.driver import run_lock
+from trainforge.driver import launch, run_lock
 from trainforge.errors import RecipeError
 
 DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -30,8 +30,14 @@ with run_lock.held(Path(sys.argv[1]), "busy"):
 
 
 def test_a_second_command_with_the_same_run_name_refuses_before_ray(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Ray may be up in this test process already (another test's); the command must not
+    # even ask for it
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the refused command connected to Ray")
+
+    monkeypatch.setattr(launch, "connect", no_ray)
     lock = run_lock.lock_path(str(tmp_path), "busy")
     assert lock == tmp_path / ".busy.lock"
     holder = subprocess.Popen(
@@ -47,7 +53,6 @@ def test_a_second_command_with_the_same_run_name_refuses_before_ray(
         assert len(err) == 1, err
         assert f"in use by another trainforge command (pid {holder.pid} on " in err[0]
         assert not (tmp_path / "busy").exists()  # refused before anything was started
-        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     finally:
         holder.communicate("done\n", timeout=30)
     assert not lock.exists()  # the holder released it when it ended
