@@ -3,9 +3,11 @@ a Ray upgrade has one file to check (written against Ray 2.60)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 CHECKPOINT_DIR_GLOB = "checkpoint_*"
@@ -91,23 +93,38 @@ def use_token_mode() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def replace_worker_log_printer(handler: Any) -> Callable[[], None]:
+def replace_worker_log_printer(handler: Any) -> None:
     """Route the worker output Ray relays to the driver through ``handler`` instead of Ray's
-    printer; returns the function that puts Ray's printer back. Ray registers its printer
-    under the name "ray_print_logs" on a private dispatcher; its log-level settings do not
-    reach Ray Train's per-report lines or the core's C++ lines."""
-    import functools
-
+    printer. Ray registers its printer under the name "ray_print_logs" on a private
+    dispatcher; its log-level settings do not reach Ray Train's per-report lines or the core's
+    C++ lines."""
     from ray._private import worker
 
     dispatcher = worker.global_worker_stdstream_dispatcher
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.add_handler("ray_print_logs", handler)
 
-    def restore() -> None:
-        dispatcher.remove_handler("ray_print_logs")
-        ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
-        printer = functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
-        dispatcher.add_handler("ray_print_logs", printer)
 
-    return restore
+def restore_worker_log_printer() -> None:
+    """Ray's own printer back (as ray.init registers it), for a -v run after another run in
+    the same process."""
+    import functools
+
+    from ray._private import worker
+
+    ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
+    printer = functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
+    replace_worker_log_printer(printer)
+
+
+@contextlib.contextmanager
+def keeping_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` installs Ray core's own SIGTERM handler in the driver, which prints the
+    process's stack through abseil and aborts: a driver with a Python handler of its own (the
+    CLI's: stop with one line) gets it back afterwards."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if callable(previous) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)

@@ -34,6 +34,11 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
 
     if ray.is_initialized():
         return
+    with ray_compat.keeping_sigterm_handler():
+        _connect(ray, local_only, init_options)
+
+
+def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> None:
     # Ray's own INFO lines ("Connecting to existing Ray cluster…") only under -v
     level = logging.INFO if log.verbosity() > 0 else logging.WARNING
     options = {"log_to_driver": True, "dashboard_host": "127.0.0.1", "logging_level": level,

@@ -16,7 +16,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,12 +40,12 @@ class Console:
         self.log_file = log_file
         self._file: IO[str] | None = None
         self._bar = ""  # the progress bar currently drawn (terminal only)
-        self.detach: Callable[[], None] | None = None  # puts Ray's printer back
+        self.closed = False  # after the run: late lines (a stopped run's) are dropped
         self._lock = threading.Lock()  # Ray's log thread and the driver both write
 
     def handle(self, data: dict[str, Any]) -> None:
         pid = data.get("pid")
-        if pid == "autoscaler":  # the autoscaler's periodic status table: not about the run
+        if pid == "autoscaler" or self.closed:  # the autoscaler's status table; a late line
             return
         source = f"({data.get('actor_name') or data.get('task_name') or 'pid'} {pid})"
         with self._lock:
@@ -63,9 +62,7 @@ class Console:
             self._print(text)
 
     def close(self) -> None:
-        if self.detach is not None:
-            self.detach()
-            self.detach = None
+        self.closed = True
         with self._lock:
             self._clear_bar()
             if self._file is not None:
@@ -123,13 +120,15 @@ def step_bar_fields(text: str) -> dict[str, str] | None:
 
 def attach(run_folder: Path | None, run_name: str) -> Console | None:
     """Put the console between Ray's relayed worker output and the terminal for this run
-    (not under -v: then Ray prints as it always does). Returns it, to be closed at the end."""
+    (not under -v: then Ray prints as it always does). Returns it, to be closed at the end;
+    it stays Ray's printer after that, dropping what a stopped run's workers still print."""
     from trainforge import ray_compat
 
     if log.verbosity() > 0:
+        ray_compat.restore_worker_log_printer()  # in case an earlier run replaced it
         return None
     output = Console(run_folder / run_name / "worker-output.log" if run_folder else None)
-    output.detach = ray_compat.replace_worker_log_printer(output.handle)
+    ray_compat.replace_worker_log_printer(output.handle)
     return output
 
 
