@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -80,6 +81,11 @@ def trainforge_run(recipe: str, name: str, overrides: list[str], env: dict[str, 
     return timed_command(command, env, cwd)
 
 
+def spin() -> None:
+    while True:
+        pass
+
+
 def stop_cluster(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-m", "trainforge", "cluster", "stop"], env=env,
                    capture_output=True, timeout=120)  # fmt: skip
@@ -96,6 +102,17 @@ def main() -> None:
     parser.add_argument("--torchrun-procs", type=int, default=2)
     parser.add_argument("--baseline", help="a folder holding another `trainforge` package")
     parser.add_argument("--out", default="startup.json")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="keep this many cores busy with spinning processes throughout",
+    )
+    parser.add_argument(
+        "--modes",
+        default="cold,warm,private",
+        help="which of cold, warm, private to run, in this order",
+    )
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
 
@@ -103,12 +120,16 @@ def main() -> None:
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     env.pop("TRAINFORGE_KEEP_CLUSTER", None)
-    modes = ["cold", "warm", "private"] + (["baseline"] if args.baseline else [])
+    modes = args.modes.split(",") + (["baseline"] if args.baseline else [])
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
+    for spinner in spinners:  # a laptop running a simulation in the background
+        spinner.start()
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     if args.torchrun:
         runs["torchrun"] = []
     for repeat in range(args.repeats):
-        stop_cluster(env)
+        if "cold" in modes:
+            stop_cluster(env)
         for mode in modes:
             mode_env = env
             if mode in ("private", "baseline"):
@@ -137,6 +158,8 @@ def main() -> None:
         }
         for mode, results in runs.items()
     }
+    for spinner in spinners:
+        spinner.terminate()
     report = {
         "machine": {
             "platform": platform.platform(),
@@ -146,6 +169,7 @@ def main() -> None:
         "recipe": args.recipe,
         "overrides": args.overrides,
         "repeats": args.repeats,
+        "busy_cores": args.busy,
         "medians": medians,
         "runs": runs,
     }
