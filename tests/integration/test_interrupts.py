@@ -18,6 +18,9 @@ from tests.conftest import RECIPES
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 
 
+pytestmark = pytest.mark.ray  # with the other tests that start a Ray: no port races
+
+
 def start(tmp_path: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TRAINFORGE_KEEP_CLUSTER": "0"}
     env.pop("RAY_ADDRESS", None)
@@ -25,6 +28,8 @@ def start(tmp_path: Path) -> subprocess.Popen[str]:
         [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=stopped",
          "train.epochs=50"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # as from a terminal: an xdist worker ignores SIGINT, and a child inherits that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 

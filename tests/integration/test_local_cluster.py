@@ -3,7 +3,8 @@ home its own), and what those commands show on the console: started, reused, sta
 stopped, two homes apart, stopped when idle; only trainforge's lines unless -v; a live bar in a
 terminal.
 
-The tests of this file share one home and run in order on one xdist worker."""
+The tests of this file share one home and run in order on one xdist worker: the one of the
+"ray" group, so no other test starts a Ray (and picks ports) at the same time."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 from tests.conftest import RECIPES
 
-pytestmark = pytest.mark.xdist_group("local_cluster")
+pytestmark = pytest.mark.ray
 
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 SHORT = ["train.epochs=2", "scaling.num_workers=2", "train.log_every_steps=5"]
