@@ -3,8 +3,9 @@ home its own), and what those commands show on the console: started, reused, sta
 stopped, two homes apart, stopped when idle; only trainforge's lines unless -v; a live bar in a
 terminal.
 
-The tests of this file share one home and run in order on one xdist worker: the one of the
-"ray" group, so no other test starts a Ray (and picks ports) at the same time."""
+One test runs the steps in order in one home (steps of one test cannot land on two xdist
+workers); it is in the "ray" group, so no other test starts a Ray (and picks ports) at the same
+time."""
 
 from __future__ import annotations
 
@@ -28,12 +29,24 @@ SHORT = ["train.epochs=2", "scaling.num_workers=2", "train.log_every_steps=5"]
 OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def home(tmp_path_factory: pytest.TempPathFactory):
     """One user's home; its cluster is stopped at the end whatever happened."""
     path = tmp_path_factory.mktemp("home")
     yield path
     subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
+
+
+def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> None:
+    steps = [step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines,
+             step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar,
+             step_verbose_shows_ray_lines_again,
+             step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
+             step_stop_ends_the_cluster_and_its_ray_processes]  # fmt: skip
+    for number, step in enumerate(steps):
+        folder = tmp_path / f"step{number}"
+        folder.mkdir()
+        step(home, folder)
 
 
 def trainforge() -> list[str]:
@@ -67,7 +80,7 @@ def run(home: Path, *args: str, cwd: Path, **extra: str) -> subprocess.Completed
     )  # fmt: skip
 
 
-def test_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines(
+def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines(
     home: Path, tmp_path: Path
 ) -> None:
     # what a session that died leaves behind: a state naming a dead supervisor and a closed port
@@ -101,7 +114,7 @@ def test_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
     assert "Reporting training result" in kept  # Ray Train's lines: in the file, not shown
 
 
-def test_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
+def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     home: Path, tmp_path: Path
 ) -> None:
     state = state_of(home)
@@ -131,7 +144,7 @@ def test_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert "[trainforge] epoch 2/2 done" in console  # epoch lines still print above it
 
 
-def test_verbose_shows_ray_lines_again(home: Path, tmp_path: Path) -> None:
+def step_verbose_shows_ray_lines_again(home: Path, tmp_path: Path) -> None:
     out = run(home, "train", "-v", str(DIGITS), "run.name=loud", *SHORT, cwd=tmp_path)
 
     assert out.returncode == 0, out.stderr
@@ -140,7 +153,7 @@ def test_verbose_shows_ray_lines_again(home: Path, tmp_path: Path) -> None:
     assert "Connected to Ray cluster" in console
 
 
-def test_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
+def step_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
     home: Path, tmp_path: Path
 ) -> None:
     first = state_of(home)
@@ -163,7 +176,7 @@ def test_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
     assert status.returncode == 0 and first["gcs_address"] in status.stdout
 
 
-def test_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path) -> None:
+def step_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path) -> None:
     state = state_of(home)
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
 
