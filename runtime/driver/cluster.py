@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 from typing import Any
 
@@ -35,10 +34,13 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
     if ray.is_initialized():
         return
     with ray_compat.keeping_sigterm_handler():
-        _connect(ray, local_only, init_options)
+        said = _connect(ray, local_only, init_options)
+    if said:  # once the handler is back: a stop right after this line ends with one line too
+        log.say(said)
 
 
-def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> None:
+def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | None:
+    """Join or start Ray; returns the phase line to show, if any."""
     # Ray's own INFO lines ("Connecting to existing Ray cluster…") only under -v
     level = logging.INFO if log.verbosity() > 0 else logging.WARNING
     options = {"log_to_driver": True, "dashboard_host": "127.0.0.1", "logging_level": level,
@@ -47,10 +49,9 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> None:
     if address:
         ray_compat.poll_controller_fast()
         _init_pinned(ray, address, address, options)
-        return
+        return None
     if not local_only and local_cluster.keep_cluster():
-        _join_lasting_cluster(ray, options)
-        return
+        return _join_lasting_cluster(ray, options)
     # Ray Train's preemption watcher is an extra actor process per run (and an error line on
     # the console); one machine has no node to be preempted.
     os.environ.setdefault(PREEMPTION_WATCHER_ENV, "0")
@@ -60,7 +61,7 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> None:
     started_at = time.time()
     if "RAY_AUTH_MODE" not in os.environ:
         ray_compat.use_token_mode()
-    port = os.environ.get(GCS_PORT_ENV) or str(_free_port())
+    port = os.environ.get(GCS_PORT_ENV) or str(local_cluster.free_port())
     previous = os.environ.get(GCS_PORT_ENV)
     os.environ[GCS_PORT_ENV] = port  # read by Ray when it starts the local GCS
     try:
@@ -68,8 +69,9 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> None:
     finally:
         if previous is None:
             del os.environ[GCS_PORT_ENV]
-    if not local_only:  # a command's own Ray (TRAINFORGE_KEEP_CLUSTER=0), not a test session's
-        log.phase("ray", "started a private local Ray for this command", started_at)
+    if local_only:  # a test session's Ray, not a command's
+        return None
+    return f"ray: started a private local Ray for this command ({time.time() - started_at:.1f} s)"
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
@@ -77,7 +79,7 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
 
 
-def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> None:
+def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     started_at = time.monotonic()
     state, started = local_cluster.ensure(log.say)
     ray_compat.use_auth_token(state.token_path)
@@ -90,12 +92,11 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> None:
     took = time.monotonic() - started_at
     if started:
         idle_min = local_cluster.idle_stop_s() / 60
-        log.say(
+        return (
             f"ray: started a local cluster at {state.gcs_address} ({took:.1f} s); later commands "
             f"reuse it, it stops after {idle_min:.0f} min unused or on `trainforge cluster stop`"
         )
-    else:
-        log.say(f"ray: connected to the local cluster at {state.gcs_address} ({took:.1f} s)")
+    return f"ray: connected to the local cluster at {state.gcs_address} ({took:.1f} s)"
 
 
 def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> None:
@@ -108,12 +109,6 @@ def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> N
         if not ray_compat.is_runtime_env_conflict(exc):
             raise
         ray.init(address=address, **options)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def storage_root(run: RunSection) -> str:

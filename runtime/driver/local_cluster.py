@@ -197,7 +197,7 @@ def apply_worker_env(env: dict[str, str]) -> None:
 def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
     """Run `ray start --head --block` and stop it when idle or asked to (SIGTERM)."""
     home = folder()
-    ports = {name: _free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc",
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc",
                                              "runtime_env", "metrics")}  # fmt: skip
     temp_dir = Path(f"/tmp/trainforge-{os.getuid()}-{ports['gcs']}")
     command = [
@@ -374,7 +374,8 @@ def _port_open(host: str, port: int) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free on loopback now (the caller binds it soon after)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
