@@ -58,12 +58,25 @@ def test_bf16_autocast_on_cpu() -> None:
 
 
 def test_fp32_autocast_is_a_no_op() -> None:
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
-    outside = a @ b
+    """A matmul (which CPU autocast runs in bf16) gives the very bits it gives outside any
+    autocast context; under bf16 autocast the same matmul gives other values, so the
+    comparison can tell the two apart."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=generator), torch.randn(16, 16, generator=generator)
+    outside = a @ b  # before any Precision exists: no autocast anywhere
+    assert not torch.is_autocast_enabled("cpu")
     with Precision("fp32", CPU).autocast():
         assert not torch.is_autocast_enabled("cpu")
-        assert torch.equal(a @ b, outside)  # the same kernel, the same bits
-        assert (a @ b).dtype == torch.float32
+        inside = a @ b
+    assert inside.dtype == torch.float32 and torch.equal(inside, outside)
+    with Precision("bf16", CPU).autocast():
+        lowered = a @ b
+    assert lowered.dtype == torch.bfloat16
+    assert not torch.equal(lowered.float(), outside)
+    torch.testing.assert_close(lowered.float(), outside, rtol=0.05, atol=0.1)  # the same product
+
     precision = Precision("fp32", CPU)
     assert not precision.scaler.is_enabled()
+    assert precision.state_dict() == {}
     precision.load_state_dict(precision.state_dict())  # empty state: nothing to load
+    assert not precision.scaler.is_enabled()

@@ -3,6 +3,8 @@ throughput and an ETA that is an upper bound under early stopping."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -20,9 +22,15 @@ def progress(rank: int = 0, early_stopping: bool = False) -> Progress:
 
 def test_lines_from_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     lines = progress(early_stopping=True)
+    before = time.perf_counter()
     lines.start(Position(1, 5, 30))
+    time.sleep(0.05)  # 5 steps "took" at least this long
     metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
-    assert metrics["perf/samples_per_s"] > 0 and metrics["perf/step_ms"] > 0
+    elapsed = time.perf_counter() - before
+    # step_ms is the time since start() over the 5 steps; samples/s is 5 global batches of 64
+    # over that same time
+    assert 0.05 * 1000 / 5 <= metrics["perf/step_ms"] <= elapsed * 1000 / 5
+    assert metrics["perf/samples_per_s"] * metrics["perf/step_ms"] / 1000 == pytest.approx(64)
     lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
     lines.log_epoch(1, {"train/loss": 0.5, "val/loss": 0.25, "perf/step_ms": 1.0})
     lines.note("early stop")

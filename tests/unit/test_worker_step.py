@@ -96,8 +96,14 @@ def test_the_norm_is_measured_only_when_asked_or_clipping() -> None:
     model, optimizer = model_and_optimizer()
     step = stepper(model, optimizer)
     assert step(window(1))[1] is None  # no clipping, not asked: no norm, no extra kernels
+    # the norm of the gradient at the weights the second step starts from, computed here
+    reference = nn.Linear(4, 1)
+    reference.load_state_dict(model.state_dict())
+    Regression().loss(reference, window(1)[0]).backward()
+    expected = torch.cat([p.grad.flatten() for p in reference.parameters()]).norm()  # type: ignore[union-attr]
     norm = step(window(1), measure_norm=True)[1]
-    assert norm is not None and norm.item() > 0
+    assert norm is not None
+    torch.testing.assert_close(norm, expected)
 
 
 class FakeGraph:
