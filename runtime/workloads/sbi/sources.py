@@ -155,7 +155,7 @@ def resolve(cfg: SBIWorkloadConfig) -> SimulationSource:
             dim_theta=task.dim_theta,
             dim_x=task.dim_x,
             vectorized=True,
-            fingerprint={"task": task.name},
+            fingerprint=task.fingerprint(),
             task=task,
         )
     if cfg.prior is None or cfg.simulator is None:

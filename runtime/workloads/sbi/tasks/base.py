@@ -33,6 +33,9 @@ class Task(ABC):
     dim_theta: int
     dim_x: int
     num_observations: int = NUM_OBSERVATIONS
+    revision: int = 1
+    """Raised whenever a change makes the simulator give other x for the same seed: it is part
+    of the simulation cache's key, so simulations made by an older definition are not reused."""
 
     def __init__(self) -> None:
         # Constants moved to a device/dtype once, not on every simulator call (a host-to-device
@@ -89,11 +92,13 @@ class Task(ABC):
         return torch.where(inside & ~torch.isnan(value), value, -math.inf)
 
     def observation(self, num: int) -> tuple[Tensor, Tensor]:
-        """(θ_true ``[dim_theta]``, x_obs ``[dim_x]``) of observation ``num`` (1-based), on CPU.
+        """(θ_true ``[dim_theta]``, x_obs ``[dim_x]``) of this project's own observation ``num``
+        (1-based), on CPU (``workload.evaluation.observations_from: own``).
 
-        sbibm's stored observations cannot be downloaded here, so these are this project's own,
-        drawn by sbibm's protocol (θ from the prior, x simulated from it) with a fixed seed per
-        task and number: deterministic across machines, but not sbibm's numbers.
+        Drawn by sbibm's protocol (θ from the prior, x simulated from it) with a fixed seed per
+        task and number: deterministic across machines and available offline, but not sbibm's
+        numbers. sbibm's stored observations, which its published scores use, are read from
+        its wheel by ``trainforge.workloads.sbi.sbibm_data``.
         """
         if not isinstance(num, int) or not 1 <= num <= self.num_observations:
             raise ValueError(
@@ -103,6 +108,11 @@ class Task(ABC):
         theta = self.prior_sample(1, generator)
         x = self.simulate(theta, generator)
         return theta[0], x[0]
+
+    def fingerprint(self) -> dict[str, object]:
+        """What identifies the simulator's output in the simulation cache's key (the revision
+        only once one was raised, so the other tasks keep their cache entries)."""
+        return {"task": self.name} | ({"revision": self.revision} if self.revision > 1 else {})
 
     def _check_theta(self, theta: Tensor) -> Tensor:
         if theta.dim() != 2 or theta.shape[1] != self.dim_theta:

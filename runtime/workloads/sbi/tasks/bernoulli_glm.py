@@ -15,15 +15,17 @@ log_likelihood(θ, x) = θᵀx - Σ_t softplus(V_t·θ). As a function of θ thi
 to a θ-free constant (log #{y : Vᵀy = x}), which is all a posterior needs; for a continuous
 stimulus the map y → x is almost surely one-to-one and the constant is 0.
 
-sbibm loads its stimulus from a stored file; here it is N(0, 1) white noise drawn from a
-torch generator seeded with 42 (sbibm's stimulus seed), so the design matrix is fixed and
-reproducible but not numerically sbibm's.
+The stimulus is sbibm's own: N(0, 1) white noise from numpy's legacy ``RandomState(42)``, cast to
+float32, as sbibm drew it (its stored ``design_matrix.pt`` equals this matrix bit for bit, and
+x = Vᵀy reproduces its ten stored observations from their spike trains; see
+``sbibm_data``). With it, the simulator, prior and likelihood are sbibm's bernoulli_glm.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -35,15 +37,21 @@ FILTER_TAPS = 9
 STIMULUS_SEED = 42
 
 
+def stimulus(num_bins: int = NUM_BINS, seed: int = STIMULUS_SEED) -> Tensor:
+    """sbibm's white-noise stimulus I, float32 values in float64 ``[num_bins]``."""
+    # numpy's legacy RandomState stream is frozen across numpy versions (NEP 19), so this is
+    # sbibm's stimulus on every machine
+    values = np.random.RandomState(seed).randn(num_bins).astype(np.float32)
+    return torch.from_numpy(values).to(torch.float64)
+
+
 def design_matrix(num_bins: int = NUM_BINS, seed: int = STIMULUS_SEED) -> Tensor:
     """V, float64 ``[num_bins, 1 + FILTER_TAPS]``: an intercept column and lagged stimulus."""
-    stimulus = torch.randn(
-        num_bins, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
-    )
+    stimulus_values = stimulus(num_bins, seed)
     v = torch.zeros(num_bins, 1 + FILTER_TAPS, dtype=torch.float64)
     v[:, 0] = 1.0
     for lag in range(FILTER_TAPS):
-        v[lag:, 1 + lag] = stimulus[: num_bins - lag]
+        v[lag:, 1 + lag] = stimulus_values[: num_bins - lag]
     return v
 
 
@@ -62,6 +70,8 @@ class BernoulliGLM(Task):
     name = "bernoulli_glm"
     dim_theta = 1 + FILTER_TAPS
     dim_x = 1 + FILTER_TAPS
+    # 2: sbibm's stimulus (numpy's RandomState) replaced a torch-generated one
+    revision = 2
 
     def __init__(self) -> None:
         super().__init__()
