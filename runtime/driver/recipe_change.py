@@ -29,6 +29,8 @@ PASS_ANY_CHANGE = (
     "tracking.",  # where and what is recorded
     "run.max_failures",  # how often Ray Train restarts workers
     "scaling.timeout_s",  # how long a collective may hang before the run fails
+    # where this machine keeps sbibm's files (a checked copy of the same pinned wheel)
+    "workload.evaluation.sbibm_path",
 )
 """Dotted keys (or prefixes ending in '.') that may change freely on resume."""
 

@@ -16,6 +16,7 @@ from trainforge.errors import RecipeError
 
 SimulationDevice = Literal["auto", "cpu", "cuda"]
 ZScore = Literal["independent", "structured", "none"]
+ObservationsFrom = Literal["sbibm", "own"]
 Embedding = Literal["none", "fully_connected", "cnn", "permutation_invariant"]
 
 
@@ -91,8 +92,18 @@ class EvaluationSection(Section):
 
     observations: list[int] = field(default_factory=lambda: [1])
     """Task observations (1..10) to sample the posterior at after training (built-in tasks)."""
+    observations_from: ObservationsFrom = "sbibm"
+    """sbibm | own. sbibm: the sbibm benchmark's stored observations, scored against its stored
+    reference posterior samples (what its published C2ST values use; read from the sbibm 1.1.0
+    wheel, fetched once into a cache). own: this project's seeded observations and reference
+    samplers (offline)."""
+    sbibm_path: str | None = None
+    """observations_from sbibm: the sbibm 1.1.0 wheel, or a folder holding its sbibm/tasks/, to
+    read them from (default: $TRAINFORGE_SBIBM, else the cache; `trainforge train` fills in
+    what it found)."""
     num_samples: int = 10_000
-    """Posterior samples per observation (and reference samples for C2ST)."""
+    """Posterior samples per observation (and reference samples for C2ST; sbibm stores 10,000,
+    so C2ST at sbibm's observations compares at most 10,000 of each)."""
     c2st: bool = True
     """C2ST against reference posterior samples (sbibm's definition; 10-d costs ~1-2 min per
     observation on one core)."""

@@ -1,6 +1,10 @@
 """After training: the posterior at the task's observations, scored against reference samples
 (C2ST, sbibm's definition), simulation-based calibration, and a pair plot.
 
+The observations and reference samples are sbibm's stored ones or this project's own
+(``workload.evaluation.observations_from``, see ``observations``); which ones is said on every
+evaluation line and recorded in ``observations.json``.
+
 Runs on rank 0 on the CPU, through sbi's ``DirectPosterior`` — the object users get — so what
 is scored includes its rejection of samples outside the prior's support.
 """
@@ -34,7 +38,7 @@ def run(
     """Metrics (``c2st/obs<k>``, ``c2st/mean``, ``sbc/…``) and the figures written to
     ``folder``."""
     from trainforge.workloads.sbi.c2st import c2st
-    from trainforge.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi.observations import Observations
 
     posterior = posterior_of(estimator, source)
     metrics: dict[str, float] = {}
@@ -42,25 +46,30 @@ def run(
     scores = []
     labels = [f"θ{i + 1}" for i in range(source.dim_theta)]
     task = source.task
-    observations = list(cfg.observations) if task is not None else []
-    for rank, number in enumerate(observations):
-        assert task is not None  # observations exist only for benchmark tasks
-        theta_true, x_obs = task.observation(number)
+    # observations exist for benchmark tasks only
+    observed = Observations.of(task, cfg) if task is not None and cfg.observations else None
+    numbers = list(cfg.observations) if observed is not None else []
+    if observed is not None:
+        files.append(observed.write(numbers, folder / "observations.json"))
+    for rank, number in enumerate(numbers):
+        assert observed is not None
+        theta_true, x_obs = observed.observation(number)
         torch.manual_seed(seed + number)
         samples = posterior.sample((cfg.num_samples,), x=x_obs, show_progress_bars=False)
         sets = {"NPE": samples}
         if cfg.c2st:
             started = time.perf_counter()
-            reference = reference_samples(task, number, cfg.num_samples, seed=seed + number)
-            score = c2st(reference, samples, seed=seed)
+            reference = observed.reference(number, cfg.num_samples, seed=seed + number)
+            # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
+            score = c2st(reference, samples[: len(reference)], seed=seed)
             metrics[f"c2st/obs{number}"] = score
             metrics["c2st/seconds"] = metrics.get("c2st/seconds", 0.0) + (
                 time.perf_counter() - started
             )
             scores.append(score)
-            sets["reference"] = reference
+            sets[f"reference ({observed.label})"] = reference
             say(
-                f"evaluation: observation {number} ({rank + 1}/{len(observations)}): "
+                f"evaluation: {observed.label} observation {number} ({rank + 1}/{len(numbers)}): "
                 f"c2st {score:.3f} ({time.perf_counter() - started:.0f} s)"
             )
         if cfg.pair_plot and rank == 0:

@@ -29,7 +29,7 @@ from trainforge.errors import RecipeError, did_you_mean
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload, WorkloadSpec
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import simulate, sources, stream
+from trainforge.workloads.sbi import observations, simulate, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.split import split_order
 
@@ -68,7 +68,9 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
 
 
 def check_data(cfg: SBIWorkloadConfig) -> None:
-    """Import and probe a user's prior and simulator; check a given simulation folder."""
+    """Import and probe a user's prior and simulator; check a given simulation folder and a
+    given copy of sbibm's files."""
+    observations.check(cfg)
     source = sources.resolve(cfg)
     if cfg.simulation.path is not None:
         folder = Path(cfg.simulation.path)
@@ -106,7 +108,9 @@ def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWor
     """The simulation stage, unless the recipe points at finished simulations. Returns the
     section with ``code_dir`` (a custom task: where its prior and simulator were imported
     from, for Ray tasks and workers on other machines) and ``simulation.path`` filled in;
-    refuses NaN/inf simulations unless the recipe drops them."""
+    refuses NaN/inf simulations unless the recipe drops them. sbibm's observations are located
+    (fetched once) first: a machine that cannot get them fails before simulating."""
+    cfg = observations.prepare(cfg)
     if cfg.task == sources.CUSTOM and cfg.code_dir is None and cfg.simulator is not None:
         sources.resolve(cfg)  # imports the user's modules, so their folder is known
         cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
