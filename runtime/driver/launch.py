@@ -60,7 +60,9 @@ class Outcome:
     checkpoint_path: str | None = None
     mlflow_run_id: str | None = None
     backend: str = ""
+    """The process group's backend, as the workers reported it (nccl, gloo)."""
     num_workers: int = 0
+    """The process group's world size, as the workers reported it."""
     recipe: Recipe | None = None
     """The resolved recipe the run trained (worker count, device, data paths filled in)."""
 
@@ -129,7 +131,6 @@ def train(cfg: Recipe) -> Outcome:
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
         ),
     )
-    backend = "nccl" if use_gpu else "gloo"
     status, checkpoint_path, reason = "FAILED", None, None
     worker_output = console.attach(storage.local_folder(root), cfg.run.name)
     try:
@@ -164,19 +165,23 @@ def train(cfg: Recipe) -> Outcome:
         if handle is not None:
             tracking.finish_run(handle, status, checkpoint_path, reason)
 
+    metrics = dict(result.metrics)
+    # what the workers' process group was, as they reported it (worker/state.py's keys)
+    backend = str(metrics.pop("worker/backend", ""))
+    num_workers = int(metrics.pop("worker/world_size", 0))
     console.summary(
         cfg.run.name,
-        dict(result.metrics),
+        metrics,
         checkpoint_path,
         (handle.run_id, handle.tracking_uri) if handle and handle.run_id else None,
     )
     return Outcome(
         0,
-        dict(result.metrics),
+        metrics,
         checkpoint_path,
         handle.run_id if handle else None,
         backend=backend,
-        num_workers=cfg.scaling.num_workers,
+        num_workers=num_workers,
         recipe=cfg,
     )
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainforge import checkpoint, log
@@ -75,6 +76,18 @@ class TrainState:
             resume_rng(saved["rng"], self.position.global_step, ctx)
 
 
+BACKEND_KEY, WORLD_SIZE_KEY = "worker/backend", "worker/world_size"
+"""Reported with every checkpoint; the driver's ``Outcome`` reads them from Ray's result."""
+
+
+def process_group_report() -> dict[str, Any]:
+    """The backend and size of the process group this worker trained in, as torch.distributed
+    reports them ({} without one): what the run ran on, not what the recipe asked for."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return {}
+    return {BACKEND_KEY: str(dist.get_backend()), WORLD_SIZE_KEY: dist.get_world_size()}
+
+
 class Checkpointer:
     """Saves the train state when due (``maybe_save``) and finds the run's latest (``latest``)."""
 
@@ -94,6 +107,7 @@ class Checkpointer:
         self.tracker = tracker
         self.before_save: Callable[[], None] | None = None
         """Called on every rank when a save is due, before it (raises to refuse the save)."""
+        self.process_group = process_group_report()
 
     def latest(self, run_dir: str | None) -> dict[str, Any] | None:
         """The state to resume from; rank 0 says in one line which broken checkpoints it
@@ -121,13 +135,14 @@ class Checkpointer:
         """After an optimizer step (``epoch_end`` False) or an epoch: save and report when due,
         or whenever ``last``. Returns whether it saved. Every rank calls this at the same points.
 
-        The reported metrics carry ``epoch``: the epochs done when the checkpoint was taken.
+        The reported metrics carry ``epoch``: the epochs done when the checkpoint was taken,
+        and the process group's backend and world size (``process_group_report``).
         """
         if not self.due(state.position, epoch_end, last):
             return False
         if self.before_save is not None:
             self.before_save()
-        metrics = metrics | {"epoch": state.position.epoch}
+        metrics = metrics | {"epoch": state.position.epoch} | self.process_group
         with self.tracker.committing():  # these metrics are covered by this checkpoint
             rng_states = gather_rng(self.ctx)  # a collective: before rank 0 goes its own way
             if self.ctx.is_main:

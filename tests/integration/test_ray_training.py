@@ -34,6 +34,7 @@ def _params(outcome: launch.Outcome) -> dict[str, torch.Tensor]:
 def test_digits_two_workers_reach_95_percent(ray_cluster, in_tmp: Path) -> None:
     outcome = _train("run.name=digits-acc", "scaling.num_workers=2")
     assert outcome.exit_code == 0
+    assert (outcome.backend, outcome.num_workers) == ("gloo", 2)  # the workers' process group
     assert outcome.metrics["val/accuracy"] >= 0.95, outcome.metrics
     assert outcome.metrics["epoch"] == 15
 
@@ -60,6 +61,7 @@ def test_accumulation_matches_more_workers(ray_cluster, in_tmp: Path) -> None:
         "run.name=ddp", "scaling.num_workers=2", "train.grad_accum_steps=1", *common
     )
     assert accumulated.exit_code == data_parallel.exit_code == 0
+    assert (accumulated.num_workers, data_parallel.num_workers) == (1, 2)  # as they reported
     a, b = _params(accumulated), _params(data_parallel)
     assert checkpoint.load(accumulated.checkpoint_path)["global_step"] == 12
     assert checkpoint.load(data_parallel.checkpoint_path)["global_step"] == 12

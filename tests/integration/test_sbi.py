@@ -5,11 +5,15 @@ C2ST and exported to sbi, and a user's simulator named by import path."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from scipy import stats
 
 from trainforge import config
 from trainforge.cli import main as cli_main
@@ -88,41 +92,78 @@ def _write_user_files(folder: Path, name: str) -> Path:
     return recipe
 
 
+def _prior_draws(manifest: dict, prior: torch.distributions.Distribution) -> torch.Tensor:
+    """The θ the simulation stage must have drawn, by its contract and not by its code: chunk i
+    of ``chunk_size`` rows (the last one what is left) seeds the global torch RNG, which a
+    user's prior draws from, with SeedSequence([seed, i]) (63 bits)."""
+    total, rows = manifest["num_simulations"], manifest["chunk_size"]
+    draws = []
+    with torch.random.fork_rng(devices=[]):  # the test's own seeding stays here
+        for index, start in enumerate(range(0, total, rows)):
+            state = np.random.SeedSequence([manifest["seed"], index]).generate_state(1, np.uint64)
+            torch.manual_seed(int(state[0] >> 1))
+            draws.append(prior.sample((min(rows, total - start),)).float())
+    assert len(draws) == manifest["chunks"]
+    return torch.cat(draws)
+
+
 def test_nan_simulations_stop_the_run_unless_dropped(ray_cluster, in_tmp: Path, capsys) -> None:
     recipe = _write_user_files(in_tmp, "nan_sim")
     code = cli_main(["train", str(recipe), "workload.simulation.num_simulations=800"])
     assert code == 2
     error = capsys.readouterr().err
-    assert "of 800 simulations have NaN or inf in x" in error
     assert "workload.simulation.drop_invalid=true" in error
     assert not (in_tmp / "runs" / "user-sim").exists()  # no worker started, nothing written
 
     cfg = config.load(recipe, ["workload.simulation.num_simulations=800"]).workload
     folder = simulate.run(cfg, seed=0, storage_root=str(in_tmp / "runs"), quiet=True)
     manifest = simulate.read_manifest(folder)
-    chunks = [
-        simulate.read_chunk(simulate.chunk_file(folder, i)) for i in range(manifest["chunks"])
-    ]
-    invalid = manifest["invalid"]
-    # exactly the rows whose θ0 > 1.5, where the simulator returns NaN (about 1/8 of 800)
-    assert invalid == sum(int((theta[:, 0] > 1.5).sum()) for theta, _ in chunks) > 0
-    with pytest.raises(RecipeError, match=f"{invalid} of 800"):
+    # the expected count, from the seeded prior draws and the simulator's rule (NaN where
+    # θ0 > 1.5: about 1/8 of 800, but exactly this many for this seed)
+    user_code: dict = {}
+    exec(USER_SIMULATOR, user_code)
+    theta_drawn = _prior_draws(manifest, user_code["prior"]())
+    expected = int((theta_drawn[:, 0] > 1.5).sum())
+    assert f"{expected} of 800 simulations have NaN or inf in x" in error
+    assert manifest["invalid"] == expected
+    with pytest.raises(RecipeError, match=f"{expected} of 800"):
         simulate.load(folder, drop_invalid=False)
     theta, x = simulate.load(folder, drop_invalid=True)
-    assert len(theta) == 800 - invalid and bool(torch.isfinite(x).all())
+    keep = theta_drawn[:, 0] <= 1.5
+    assert torch.equal(theta, theta_drawn[keep])  # exactly the rows with θ0 ≤ 1.5 are kept
+    assert len(theta) == 800 - expected and bool(torch.isfinite(x).all())
     sys.modules.pop("nan_sim", None)
+
+
+def _sbc_pvalue(posterior: Any, runs: int, samples: int, seed: int = 10_007) -> float:
+    """The smallest over θ's dimensions of the KS p-value of SBC ranks (posterior samples
+    below the true θ, over ``samples``) against Uniform(0, 1)."""
+    task = get_task("two_moons")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the posterior's sampling
+        generator = torch.Generator().manual_seed(seed)  # the task's prior and simulator
+        theta = task.prior_sample(runs, generator)
+        x = task.simulate(theta, generator)
+        with warnings.catch_warnings():  # sbi caps its sampling batch for many x at once
+            warnings.simplefilter("ignore", UserWarning)
+            drawn = posterior.sample_batched((samples,), x=x, show_progress_bars=False)
+    ranks = (drawn.transpose(0, 1) < theta.unsqueeze(1)).sum(dim=1).numpy()
+    return min(stats.kstest(ranks[:, i] / samples, "uniform").pvalue for i in range(2))
 
 
 def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: Path) -> None:
     outcome = launch.train(config.load(DEBUG, ["run.name=npe-2w"]))
-    assert outcome.exit_code == 0 and outcome.num_workers == 2
+    assert outcome.exit_code == 0
     metrics = outcome.metrics
     # a trained posterior, still far from converged at this budget; an untrained one scores ~1.0
     assert metrics["c2st/obs1"] < 0.9, metrics
     assert metrics["val/loss"] < -1.0, metrics
-    assert 0 <= metrics["sbc/ks_pvalue_min"] <= 1
+    assert (outcome.backend, outcome.num_workers) == ("gloo", 2)  # as the workers reported
 
     posterior = load_posterior(in_tmp / "runs" / "npe-2w" / "posterior.pt")
+    # the SBC p-value is that of the exported posterior: ranks of 50 prior draws among 100
+    # posterior samples each, drawn as the evaluation draws them (seed run.seed + 10,007)
+    assert metrics["sbc/ks_pvalue_min"] == pytest.approx(_sbc_pvalue(posterior, 50, 100))
     _, x_obs = get_task("two_moons").observation(1)
     samples = posterior.sample((500,), x=x_obs, show_progress_bars=False)
     assert samples.shape == (500, 2) and bool(samples.abs().le(1).all())
@@ -151,7 +192,7 @@ def test_npe_streamed_from_disk_trains_on_two_workers(ray_cluster, in_tmp: Path)
         "workload.evaluation.pair_plot=false", "tracking.enabled=false",
     ]  # fmt: skip
     outcome = launch.train(config.load(DEBUG, overrides))
-    assert outcome.exit_code == 0 and outcome.num_workers == 2
+    assert outcome.exit_code == 0 and (outcome.backend, outcome.num_workers) == ("gloo", 2)
     assert outcome.metrics["val/loss"] < -0.8, outcome.metrics  # an untrained MAF: about 1.5
 
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainforge import checkpoint
@@ -176,6 +177,22 @@ def test_maybe_save_reports_the_epochs_done(tmp_path: Path) -> None:
     state.position = Position(1, 6, 20)  # mid-epoch: one epoch done
     saver.maybe_save(state, {"train/loss": 0.3})
     assert saver.reporter.reports == [{"train/loss": 0.3, "epoch": 1}]  # type: ignore[attr-defined]
+
+
+def test_reports_carry_the_process_group_the_worker_is_in(tmp_path: Path) -> None:
+    """The backend and world size come from torch.distributed, not from the recipe: the driver's
+    Outcome reads them from the result (without a process group there are none: above)."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        saver, _ = checkpointer(tmp_path / "run")
+        saver.maybe_save(train_state(seed=0), {"val/loss": 0.5}, last=True)
+    finally:
+        dist.destroy_process_group()
+    assert saver.reporter.reports == [  # type: ignore[attr-defined]
+        {"val/loss": 0.5, "epoch": 0, "worker/backend": "gloo", "worker/world_size": 1}
+    ]
 
 
 def test_other_ranks_report_without_a_checkpoint(tmp_path: Path) -> None:
