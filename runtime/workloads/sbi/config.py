@@ -28,7 +28,8 @@ class SimulationSection(Section):
     """Number of (θ, x) pairs to simulate (before dropping invalid ones)."""
     chunk_size: int = 100_000
     """Simulations per chunk: one seed and one file per chunk; an interrupted simulation resumes
-    from its finished chunks."""
+    from its finished chunks. A simulator that is not vectorised gets smaller chunks (N/1024,
+    at least 16, at most this) so that every CPU of the cluster gets some."""
     device: SimulationDevice = "auto"
     """auto | cpu | cuda. Where torch simulators run: auto takes a GPU when the Ray cluster has
     one and the simulator is vectorised torch code (built-in tasks, or vectorized: true)."""
@@ -41,7 +42,7 @@ class SimulationSection(Section):
     """A finished simulation folder to train on. `trainforge train` fills it in after the
     simulation stage; set it to train on an entry made by another recipe or machine."""
     cpus_per_chunk: float = 1.0
-    """Ray CPUs each CPU simulation chunk reserves."""
+    """Ray CPUs each CPU simulation task reserves (more for a simulator that uses threads)."""
 
     def check(self) -> None:
         self.at_least("num_simulations", 2)

@@ -1,11 +1,19 @@
 """The simulation stage: N (θ, x) pairs, simulated once and kept in a hash-addressed cache.
 
 The N simulations are cut into chunks with one seed each, so the result does not depend on how
-many machines ran them. Every chunk is a Ray task — one CPU each for ordinary simulators, one
-GPU each for vectorised torch simulators when the cluster has GPUs — and the driver writes each
-finished chunk to ``<cache>/<key>/chunk-NNNNNN.pt`` (write to a temporary name, then rename, so
-a file that exists is complete). ``manifest.json`` is written last: its presence means the
-entry is whole. Interrupted, the stage resumes by simulating only the missing chunks.
+many machines ran them (``chunking.py``: chunk sizes depend on N and the recipe only). Ray tasks
+simulate them — each holding one CPU (``cpus_per_chunk``) for ordinary simulators, one GPU for
+vectorised torch simulators when the cluster has GPUs — a few chunks per task, sized from the
+cluster's slots and the simulator's measured cost so that every core of every node stays busy
+to the end. The driver writes each finished chunk to ``<cache>/<key>/chunk-NNNNNN.pt`` (write
+to a temporary name, then rename, so a file that exists is complete). ``manifest.json`` is
+written last: its presence means the entry is whole. Interrupted, the stage resumes by
+simulating only the missing chunks.
+
+A simulation is invalid when its x holds NaN or inf, or when a per-sample simulator raised on
+its parameters (``sources.Failures``: x is stored as NaN); the manifest counts both, and the
+recipe drops them or stops (``drop_invalid``). Each chunk also records the node and process
+that simulated it, so the manifest says where the work ran.
 
 The key hashes what determines the data: the task (or the user's prior and simulator, with a
 digest of their source code), N, the chunk size, the seed and the simulating device (CPU and
@@ -18,7 +26,9 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +38,11 @@ import torch
 from trainforge import log, storage
 from trainforge.atomic import replacing
 from trainforge.errors import RecipeError
-from trainforge.workloads.sbi import sources
+from trainforge.workloads.sbi import chunking, sources
 
 FORMAT = 1  # bump when the chunk layout changes, so old entries are not misread
 MANIFEST = "manifest.json"
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
@@ -41,6 +52,10 @@ class Plan:
     spec: dict[str, Any]
     chunks: list[tuple[int, int]]  # (index, size)
     device: str
+
+    @property
+    def rows_per_chunk(self) -> int:
+        return int(self.spec["chunk_size"])
 
     def chunk_path(self, index: int) -> Path:
         return chunk_file(self.folder, index)
@@ -74,18 +89,19 @@ def simulation_device(cfg: Any, source: sources.SimulationSource, cluster_gpus: 
 
 def plan(cfg: Any, source: sources.SimulationSource, seed: int, root: Path, device: str) -> Plan:
     sim = cfg.simulation
+    rows = chunking.chunk_rows(sim.num_simulations, sim.chunk_size, source.vectorized)
     spec = {
         "format": FORMAT,
         "source": source.fingerprint,
         "num_simulations": sim.num_simulations,
-        "chunk_size": sim.chunk_size,
+        "chunk_size": rows,
         "seed": seed,
         "device": device,
     }
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
     name = source.name.replace(":", "-").replace("/", "-").replace(".", "-")
     folder = root / f"{name}-{key}"
-    sizes = chunk_sizes(sim.num_simulations, sim.chunk_size)
+    sizes = chunk_sizes(sim.num_simulations, rows)
     return Plan(folder, key, spec, list(enumerate(sizes)), device)
 
 
@@ -95,17 +111,29 @@ def chunk_file(folder: Path, index: int) -> Path:
 
 def chunk_sizes(num_simulations: int, chunk_size: int) -> list[int]:
     """Simulations per chunk: ``chunk_size`` each, the last one what is left."""
-    return [min(chunk_size, num_simulations - s) for s in range(0, num_simulations, chunk_size)]
+    return chunking.chunk_sizes(num_simulations, chunk_size)
 
 
 def chunk_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+_sources: dict[str, sources.SimulationSource] = {}
+
+
+def _source(cfg: Any) -> sources.SimulationSource:
+    """The recipe's source, resolved once per process: a Ray worker runs many tasks of one
+    stage, and resolving imports the user's code and probes it."""
+    key = json.dumps([cfg.task, cfg.prior, cfg.simulator, cfg.code_dir, cfg.vectorized])
+    if key not in _sources:
+        _sources[key] = sources.resolve(cfg)
+    return _sources[key]
+
+
 def simulate_chunk(cfg: Any, seed: int, index: int, size: int, device: str) -> dict[str, Any]:
-    """One chunk, in a Ray task: θ from the prior, x from the simulator, NaN/inf counted."""
+    """One chunk: θ from the prior, x from the simulator; NaN/inf and raised rows counted."""
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    source = sources.resolve(cfg)
+    source = _source(cfg)
     s = chunk_seed(seed, index)
     torch.manual_seed(s)  # user priors/simulators draw from the global RNGs
     np.random.seed(s % 2**32)
@@ -113,14 +141,28 @@ def simulate_chunk(cfg: Any, seed: int, index: int, size: int, device: str) -> d
     started = time.perf_counter()
     with torch.no_grad():
         theta = source.sample_prior(size, generator)
-        x = source.simulate(theta if source.vectorized else theta.cpu(), generator)
+        x, failures = source.simulate_recording(
+            theta if source.vectorized else theta.cpu(), generator
+        )
     invalid = int((~torch.isfinite(x).all(dim=1)).sum())
     return {
         "theta": theta.float().cpu().contiguous(),
         "x": x.float().cpu().contiguous(),
         "invalid": invalid,
+        "failed": len(failures.rows),
+        "first_failure": failures.first,
         "seconds": time.perf_counter() - started,
     }
+
+
+def simulate_chunks(
+    cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str
+) -> list[dict[str, Any]]:
+    """One Ray task: a few chunks, each tagged with the node and process that simulated it."""
+    import ray
+
+    worker = f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
+    return [simulate_chunk(cfg, seed, i, n, device) | {"worker": worker} for i, n in chunks]
 
 
 def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
@@ -128,7 +170,8 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     import ray
 
     source = sources.resolve(cfg)
-    device = simulation_device(cfg, source, ray.cluster_resources().get("GPU", 0))
+    cluster = ray.cluster_resources()
+    device = simulation_device(cfg, source, cluster.get("GPU", 0))
     job = plan(cfg, source, seed, cache_root(cfg, storage_root), device)
     say = (lambda _: None) if quiet else log.say
     if (job.folder / MANIFEST).is_file():
@@ -138,55 +181,139 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     _write_json(job.folder / "spec.json", job.spec)
     todo = job.missing()
     total = cfg.simulation.num_simulations
-    done_sims = total - sum(n for _, n in todo)
+    progress = Progress(total, total - sum(n for _, n in todo), say)
+    slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
+    where = f"{slots} GPUs" if device == "cuda" else f"{cluster.get('CPU', 0):g} CPUs"
     say(
-        f"simulations: {len(todo)} of {len(job.chunks)} chunks to simulate for {total:,} "
-        f"{source.name} simulations on {device} → {job.folder}"
-        + (f" (resuming: {done_sims:,} done)" if done_sims else "")
+        f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} to "
+        f"simulate for {total:,} {source.name} simulations on {where} → {job.folder}"
+        + (f" (resuming: {progress.done:,} done)" if progress.done else "")
     )
-    resources = {"num_gpus": 1} if device == "cuda" else {"num_cpus": cfg.simulation.cpus_per_chunk}
-    remote = ray.remote(**resources)(simulate_chunk)
-    # The section is a plain dataclass: Ray pickles it as it is.
-    pending = {remote.remote(cfg, seed, i, n, device): i for i, n in todo}
-    started, last_print = time.monotonic(), 0.0
-    while pending:
+    _spread(cfg, seed, job, todo, slots, progress)
+    manifest = summarize(job)
+    _write_json(job.folder / MANIFEST, manifest)
+    progress.finish(manifest)
+    return job.folder
+
+
+def _spread(
+    cfg: Any, seed: int, job: Plan, todo: list[tuple[int, int]], slots: int, progress: Progress
+) -> None:
+    """Every missing chunk through Ray tasks, at most IN_FLIGHT per slot, each task sized by
+    ``chunking.TaskSizer``; each finished chunk is written as it arrives."""
+    import ray
+
+    if job.device == "cuda":
+        remote = ray.remote(num_gpus=1)(simulate_chunks)
+    else:
+        remote = ray.remote(num_cpus=cfg.simulation.cpus_per_chunk)(simulate_chunks)
+    cfg_ref = ray.put(cfg)  # the section is a plain dataclass: Ray pickles it as it is
+    queue = deque(todo)
+    sizer = chunking.TaskSizer(slots, job.rows_per_chunk)
+    pending: dict[Any, list[tuple[int, int]]] = {}
+    while queue or pending:
+        while queue and len(pending) < chunking.IN_FLIGHT * slots:
+            chunks = [queue.popleft() for _ in range(sizer.next_size(len(queue)))]
+            pending[remote.remote(cfg_ref, seed, chunks, job.device)] = chunks
         ready, _ = ray.wait(list(pending), num_returns=1)
-        index = pending.pop(ready[0])
+        chunks = pending.pop(ready[0])
         try:
-            result = ray.get(ready[0])
+            results = ray.get(ready[0])
         except ray.exceptions.RayTaskError as exc:
             for ref in pending:
                 ray.cancel(ref)
             cause = exc.cause if isinstance(exc.cause, RecipeError) else None
             if cause is not None:
                 raise cause from None
-            raise RuntimeError(f"simulation chunk {index} failed: {exc}") from None
-        _save_atomic(result, job.chunk_path(index))
-        done_sims += len(result["x"])
+            first = chunks[0][0]
+            raise RuntimeError(f"simulation chunk {first} failed: {exc}") from None
+        for (index, _), result in zip(chunks, results, strict=True):
+            _save_atomic(result, job.chunk_path(index))
+        simulated = sum(len(r["x"]) for r in results)
+        sizer.record(simulated, sum(r["seconds"] for r in results))
+        progress.add(simulated, {r["worker"] for r in results})
+
+
+@dataclass
+class Progress:
+    """The stage's console lines: done / total, rate and ETA every few seconds, where the work
+    ran and what was invalid at the end."""
+
+    total: int
+    done: int
+    say: Callable[[str], None]
+    started: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)
+    simulated: int = 0  # by this run (not a resumed entry's earlier chunks)
+    first: tuple[float, int] | None = None  # (when, simulated) at the first finished task
+    workers: set[str] = field(default_factory=set)
+
+    def add(self, simulations: int, workers: set[str]) -> None:
         now = time.monotonic()
-        if now - last_print > 5 or not pending:
-            last_print = now
-            rate = (done_sims - (total - sum(n for _, n in todo))) / max(now - started, 1e-9)
-            left = (total - done_sims) / rate if rate > 0 else 0
-            say(
-                f"simulations: {done_sims:,}/{total:,} ({done_sims / total:.0%}), "
-                f"{rate:,.0f}/s, ETA {left:.0f} s"
+        self.done += simulations
+        self.simulated += simulations
+        self.workers |= workers
+        if self.first is None:
+            self.first = (now, self.simulated)
+        if now - self.last >= PROGRESS_EVERY_S and self.done < self.total:
+            self.last = now
+            # from the first finished task on: the workers' start-up is not the pace
+            since, before = self.first
+            rate = (self.simulated - before) / max(now - since, 1e-9)
+            eta = f", ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 else ""
+            self.say(
+                f"simulations: {self.done:,}/{self.total:,} ({self.done / self.total:.0%}), "
+                f"{rate:,.0f}/s on {len(self.workers)} processes{eta}"
             )
-    manifest = summarize(job)
-    _write_json(job.folder / MANIFEST, manifest)
-    if manifest["invalid"]:
-        say(f"simulations: {manifest['invalid']:,} of {total:,} have NaN/inf in x")
-    return job.folder
+
+    def finish(self, manifest: dict[str, Any]) -> None:
+        if self.simulated:
+            seconds = time.monotonic() - self.started
+            nodes = {w.split(":")[0] for w in self.workers}
+            self.say(
+                f"simulations: {self.simulated:,} in {seconds:.1f} s "
+                f"({self.simulated / max(seconds, 1e-9):,.0f}/s) by {len(self.workers)} "
+                f"processes on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+            )
+        if manifest["invalid"]:
+            self.say(f"simulations: {invalid_summary(manifest)}")
+
+
+def invalid_summary(manifest: dict[str, Any]) -> str:
+    """``37 of 5,000 are invalid: 25 raised in the simulator (first: …), 12 have NaN/inf in x``"""
+    invalid, failed = manifest["invalid"], manifest.get("failed", 0)
+    parts = []
+    if failed:
+        parts.append(f"{failed:,} raised in the simulator (first: {manifest['first_failure']})")
+    if invalid - failed:
+        parts.append(f"{invalid - failed:,} have NaN/inf in x")
+    return f"{invalid:,} of {manifest['num_simulations']:,} are invalid: " + ", ".join(parts)
 
 
 def summarize(job: Plan) -> dict[str, Any]:
+    """The manifest: the spec, the counts of invalid and raised simulations (the first
+    error), and per node the processes that simulated and how many simulations each node did."""
     chunks = [_load(job.chunk_path(i)) for i, _ in job.chunks]
     first = chunks[0]
+    failures = [str(c["first_failure"]) for c in chunks if c.get("failed")]
+    ran_on: dict[str, dict[str, Any]] = {}
+    for chunk in chunks:
+        node, _, pid = str(chunk.get("worker", "")).rpartition(":")
+        if pid:
+            entry = ran_on.setdefault(node, {"processes": set(), "simulations": 0})
+            entry["processes"].add(pid)
+            entry["simulations"] += len(chunk["x"])
     return {
         **job.spec,
         "key": job.key,
         "chunks": len(job.chunks),
         "invalid": sum(int(c["invalid"]) for c in chunks),
+        "failed": sum(int(c.get("failed", 0)) for c in chunks),
+        "first_failure": failures[0] if failures else "",
+        "ran_on": {
+            node: {"processes": len(e["processes"]), "simulations": e["simulations"]}
+            for node, e in sorted(ran_on.items())
+        },
         "dim_theta": int(first["theta"].shape[1]),
         "dim_x": int(first["x"].shape[1]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -198,13 +325,20 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def check_invalid(folder: Path, drop_invalid: bool) -> None:
-    """Refuse NaN/inf simulations before training unless the recipe drops them."""
+    """Refuse invalid simulations (NaN/inf in x, or the simulator raised) before training
+    unless the recipe drops them; refuse always when none is valid."""
     manifest = read_manifest(folder)
-    invalid = manifest["invalid"]
+    invalid, total = manifest["invalid"], manifest["num_simulations"]
+    failed = manifest.get("failed", 0)
+    raised = f" ({failed:,} raised: {manifest['first_failure']})" if failed else ""
+    if invalid == total:
+        raise RecipeError(
+            f"workload.simulator: all {total:,} simulations have NaN or inf in x{raised}"
+        )
     if invalid and not drop_invalid:
         raise RecipeError(
-            f"workload.simulator: {invalid:,} of {manifest['num_simulations']:,} simulations "
-            "have NaN or inf in x; set workload.simulation.drop_invalid=true to drop them"
+            f"workload.simulator: {invalid:,} of {total:,} simulations have NaN or inf in x"
+            f"{raised}; set workload.simulation.drop_invalid=true to drop them"
         )
 
 
@@ -233,7 +367,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _save_atomic(result: dict[str, Any], path: Path) -> None:
-    chunk = {"theta": result["theta"], "x": result["x"], "invalid": result["invalid"]}
+    chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
+    chunk["worker"] = result.get("worker", "")
     with replacing(path) as temporary:
         torch.save(chunk, temporary)
 

@@ -5,6 +5,11 @@ Both become one ``SimulationSource``: draw θ from the prior, simulate x, check 
 say what the source is (its fingerprint addresses the simulation cache). User code is checked
 once on a two-row probe before anything is scheduled, so a wrong shape or dtype is one clear
 error instead of a failed Ray task.
+
+A simulator that is not vectorised is run as the per-sample code it is: when a call on a batch
+raises, its rows are simulated again one at a time, and the rows that raise on their own get
+NaN for x and are counted (``Failures``), like a solver that fails on some parameters. Breaking
+the contract (shape, dtype) is never such a failure: it stops the run.
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ import torch
 from torch import Tensor
 
 from trainforge.errors import RecipeError, UserCodeError
+from trainforge.log import first_line
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import TASKS, get_task
 from trainforge.workloads.sbi.tasks.base import Task
 
 CUSTOM = "custom"
+PROBE_SEED = 0  # the probe's prior draws: the same ones at every check, not the RNG's state
+PROBE_RETRIES = 16  # single draws tried when the first two fail (a failing region, not a bug)
 
 
 class SimulatorError(UserCodeError):
@@ -113,16 +121,58 @@ class SimulationSource:
         return self.prior.sample((n,)).to(generator.device, torch.float32)
 
     def simulate(self, theta: Tensor, generator: torch.Generator) -> Tensor:
-        """x for each row of θ, float32, checked for shape (NaN/inf are counted by the caller)."""
+        """x for each row of θ, float32, checked for shape (NaN/inf are counted by the caller);
+        rows on which a per-sample simulator raised are NaN."""
+        return self.simulate_recording(theta, generator)[0]
+
+    def simulate_recording(
+        self, theta: Tensor, generator: torch.Generator
+    ) -> tuple[Tensor, Failures]:
+        """``simulate``, and which rows raised (per-sample simulators; a vectorised one's
+        exception propagates)."""
         if self.task is not None:
-            return self.task.simulate(theta, generator)
-        return check_simulator_output(self.simulator(theta), len(theta), self.dim_x)
+            return self.task.simulate(theta, generator), Failures()
+        try:
+            x = self.simulator(theta)
+        except Exception:
+            if self.vectorized:
+                raise
+            return self._row_by_row(theta)
+        return check_simulator_output(x, len(theta), self.dim_x), Failures()
+
+    def _row_by_row(self, theta: Tensor) -> tuple[Tensor, Failures]:
+        """After a batch raised: each row alone (the RNG goes on from where the batch left
+        it, so a chunk's seed still decides every value)."""
+        x = torch.full((len(theta), self.dim_x), float("nan"))
+        failures = Failures()
+        for row in range(len(theta)):
+            try:
+                out = self.simulator(theta[row : row + 1])
+            except Exception as exc:  # the user's code failing on these parameters
+                failures.add(row, theta[row], exc)
+                continue
+            x[row] = check_simulator_output(out, 1, self.dim_x)[0]
+        return x, failures
 
     def prior_distribution(self) -> torch.distributions.Distribution:
         if self.task is not None:
             return self.task.prior_distribution()
         assert self.prior is not None
         return self.prior
+
+
+@dataclass
+class Failures:
+    """Rows of one simulator call that raised (their x is NaN), and the first one's error."""
+
+    rows: list[int] = field(default_factory=list)
+    first: str = ""
+
+    def add(self, row: int, theta: Tensor, exc: Exception) -> None:
+        if not self.rows:
+            values = ", ".join(f"{v:.4g}" for v in theta.tolist())
+            self.first = f"{type(exc).__name__}: {first_line(exc)} at θ = [{values}]"
+        self.rows.append(row)
 
 
 def check_simulator_output(x: Any, rows: int, dim_x: int | None) -> Tensor:
@@ -167,23 +217,11 @@ def resolve(cfg: SBIWorkloadConfig) -> SimulationSource:
     simulator = import_object(cfg.simulator, "workload.simulator", cfg.code_dir)
     if not callable(simulator):
         raise SimulatorError(f"workload.simulator: {cfg.simulator} is not callable")
-    probe_theta = prior.sample((2,))
-    if probe_theta.dim() != 2:
-        raise SimulatorError(
-            f"workload.prior: sample((2,)) gave shape {list(probe_theta.shape)}; expected "
-            "[2, dim_theta] (wrap a scalar prior with torch.distributions.Independent)"
-        )
-    try:
-        probe_x = simulator(probe_theta.to(torch.float32))
-    except Exception as exc:
-        raise SimulatorError(
-            f"workload.simulator: failed on 2 prior draws: {type(exc).__name__}: {exc}"
-        ) from None
-    probe_x = check_simulator_output(probe_x, 2, None)
+    dim_theta, dim_x = _probe(prior, simulator, cfg.vectorized)
     return SimulationSource(
         name=f"{CUSTOM}:{cfg.simulator}",
-        dim_theta=probe_theta.shape[1],
-        dim_x=probe_x.shape[1],
+        dim_theta=dim_theta,
+        dim_x=dim_x,
         vectorized=cfg.vectorized,
         fingerprint={
             "prior": cfg.prior,
@@ -196,6 +234,38 @@ def resolve(cfg: SBIWorkloadConfig) -> SimulationSource:
         prior=prior,
         simulator=simulator,
     )
+
+
+def _probe(
+    prior: torch.distributions.Distribution, simulator: Any, vectorized: bool
+) -> tuple[int, int]:
+    """(dim_theta, dim_x) from x for two prior draws, checked; for a per-sample simulator that
+    raises on both, from the first of up to PROBE_RETRIES more draws it simulates (it may fail
+    on a region of the prior only). Seeded, and without touching the caller's RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(PROBE_SEED)
+        theta = prior.sample((2,))
+        if theta.dim() != 2:
+            raise SimulatorError(
+                f"workload.prior: sample((2,)) gave shape {list(theta.shape)}; expected "
+                "[2, dim_theta] (wrap a scalar prior with torch.distributions.Independent)"
+            )
+        try:
+            x = check_simulator_output(simulator(theta.to(torch.float32)), 2, None)
+            return theta.shape[1], x.shape[1]
+        except SimulatorError:
+            raise
+        except Exception as exc:
+            error = f"failed on 2 prior draws: {type(exc).__name__}: {first_line(exc)}"
+        if not vectorized:
+            for _ in range(PROBE_RETRIES):
+                try:
+                    out = simulator(prior.sample((1,)).to(torch.float32))
+                except Exception:
+                    continue
+                return theta.shape[1], check_simulator_output(out, 1, None).shape[1]
+            error += f" (and on {PROBE_RETRIES} more draws, one at a time)"
+    raise SimulatorError(f"workload.simulator: {error}")
 
 
 KNOWN_TASKS = (*TASKS, CUSTOM)
