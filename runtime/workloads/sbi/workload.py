@@ -183,6 +183,8 @@ class SBIWorkload(Workload):
         profile = {"val_rows": self.info["val_samples"]} | {
             k: manifest[k] for k in ("num_simulations", "invalid", "dim_theta", "dim_x")
         }
+        if manifest.get("failed"):  # of the invalid ones, those whose simulator raised
+            profile["failed"] = manifest["failed"]
         return TrainingData.of(
             self._source_name(), identity, self.info["train_samples"], source=str(folder),
             source_type="local", profile=profile,
