@@ -16,15 +16,20 @@ from typing import Any
 from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
-from trainforge.driver import console, local_cluster, out_of_memory, recipe_change
+from trainforge.driver import (
+    collective_timeout,
+    console,
+    local_cluster,
+    out_of_memory,
+    recipe_change,
+)
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.log import first_line
 from trainforge.tracking import driver as tracking
 from trainforge.tracking.client import redact
-
-FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"  # fault injection, used by the resume tests
+from trainforge.worker import faults
 
 
 def spool_file(cfg: Recipe, storage_path: str) -> Path:
@@ -91,9 +96,7 @@ def train(cfg: Recipe) -> Outcome:
     recipe = config.to_container(cfg)
     recipe_yaml = config.to_yaml(cfg)
     payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{root}/{cfg.run.name}"}
-    if os.environ.get(FAIL_AFTER_EPOCH_ENV):
-        payload["fail_after_epoch"] = int(os.environ[FAIL_AFTER_EPOCH_ENV])
-    payload |= out_of_memory.injected_fault()  # TRAINFORGE_OOM_AT_STEP, for tests
+    payload |= faults.requested()  # TRAINFORGE_FAIL_AFTER_EPOCH and the like, for tests
     payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
     handle = None
     if cfg.tracking.enabled:
@@ -150,7 +153,7 @@ def train(cfg: Recipe) -> Outcome:
             reason = first_line(stopped[0], limit=1000)
             log.error(f"training stopped: {reason}")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
-        reason = out_of_memory.explain(exc, cfg)
+        reason = out_of_memory.explain(exc, cfg) or collective_timeout.explain(exc, cfg)
         if reason is not None:  # one line with what to change, not the worker's traceback
             log.error(f"training failed: {reason}")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)

@@ -4,24 +4,14 @@
 any worker failure; instead of the worker's traceback the command prints the per-worker batch,
 the accumulation and a hint, and exits 1. Checkpoints are untouched (nothing is saved after a
 failed step), so the same command resumes once the recipe fits. ``TRAINFORGE_OOM_AT_STEP=N``
-makes the last rank raise it during step N: how the tests produce one on a CPU.
+makes the last rank raise it during step N (``worker/faults.py``): how the tests produce one
+on a CPU.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 from trainforge import ray_compat
 from trainforge.config import Recipe
-
-OOM_AT_STEP_ENV = "TRAINFORGE_OOM_AT_STEP"
-
-
-def injected_fault() -> dict[str, Any]:
-    """The payload entry that asks the workers for an out-of-memory error, if the env does."""
-    at_step = os.environ.get(OOM_AT_STEP_ENV)
-    return {} if not at_step else {"oom_at_step": int(at_step)}
 
 
 def explain(exc: BaseException, cfg: Recipe) -> str | None:

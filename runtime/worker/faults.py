@@ -1,23 +1,61 @@
 """Faults injected on purpose, so that tests produce on a CPU what happens on real hardware.
-The driver puts them in the payload from environment variables (``trainforge.driver``)."""
+
+Each is asked for with an environment variable of the ``trainforge train`` command;
+``requested`` (called by the driver) turns those into payload entries, ``inject`` (in every
+worker) applies them. Nothing happens unless one is set.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch only in the workers: the driver imports this module too
+    from trainforge.checkpoint import Position
 
-from trainforge.checkpoint import Position
-
+FAIL_AFTER_EPOCH = "fail_after_epoch"
+"""Payload key: every rank raises after this epoch's checkpoint (``trainer.run``)."""
 OOM_AT_STEP = "oom_at_step"
 """Payload key: the optimizer step (1-based) during which the last rank runs out of memory."""
+HANG_AT_STEP = "hang_at_step"
+"""Payload key: the optimizer step (1-based) before which the last rank stops responding."""
+HANG_AT_REPORT = "hang_at_report"
+"""Payload key: the step whose checkpoint report the last rank never reaches."""
+
+FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"
+OOM_AT_STEP_ENV = "TRAINFORGE_OOM_AT_STEP"
+HANG_AT_STEP_ENV = "TRAINFORGE_HANG_AT_STEP"
+HANG_AT_REPORT_ENV = "TRAINFORGE_HANG_AT_REPORT"
+_PAYLOAD_KEYS = {
+    FAIL_AFTER_EPOCH_ENV: FAIL_AFTER_EPOCH,
+    OOM_AT_STEP_ENV: OOM_AT_STEP,
+    HANG_AT_STEP_ENV: HANG_AT_STEP,
+    HANG_AT_REPORT_ENV: HANG_AT_REPORT,
+}
 
 
-def inject(payload: dict[str, Any], trainer: Any) -> None:
-    """Wrap ``trainer.step`` (the ``Stepper``) with the faults ``payload`` asks for."""
-    at_step = payload.get(OOM_AT_STEP)
-    if at_step is not None and trainer.ctx.rank == trainer.ctx.world_size - 1:
-        trainer.step = OutOfMemoryAt(int(at_step), trainer.step, trainer.state.position)
+def requested(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """The payload entries for the faults the environment asks for (none: empty)."""
+    return {key: int(environ[name]) for name, key in _PAYLOAD_KEYS.items() if environ.get(name)}
+
+
+def inject(payload: dict[str, Any], trainer: Any, checkpointer: Any) -> None:
+    """Wrap ``trainer.step`` (the ``Stepper``) and ``checkpointer.reporter`` with the faults
+    ``payload`` asks for; they all happen on the last rank, so that rank 0 (which logs and
+    saves) sees the consequences."""
+    if trainer.ctx.rank != trainer.ctx.world_size - 1:
+        return
+    position = trainer.state.position
+    if payload.get(OOM_AT_STEP) is not None:
+        trainer.step = OutOfMemoryAt(int(payload[OOM_AT_STEP]), trainer.step, position)
+    if payload.get(HANG_AT_STEP) is not None:
+        trainer.step = HangAt(int(payload[HANG_AT_STEP]), trainer.step, position)
+    if payload.get(HANG_AT_REPORT) is not None:
+        at_step = int(payload[HANG_AT_REPORT])
+        checkpointer.reporter = HangAtReport(at_step, checkpointer.reporter, position)
 
 
 class OutOfMemoryAt:
@@ -28,8 +66,53 @@ class OutOfMemoryAt:
 
     def __call__(self, window: list[Any], measure_norm: bool = False) -> Any:
         if self.position.global_step + 1 == self.at_step:
+            import torch
+
             raise torch.OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 20.00 GiB (injected at step "
                 f"{self.at_step} by TRAINFORGE_OOM_AT_STEP)"
             )
         return self.step(window, measure_norm=measure_norm)
+
+
+class HangAt:
+    """A step that never returns at one step, before any of its collectives: the other ranks
+    wait for this one in the step's all-reduce until the process-group timeout
+    (``scaling.timeout_s``) ends it. What a stuck data loader, a deadlock or a wedged device
+    looks like from the other ranks."""
+
+    def __init__(
+        self, at_step: int, step: Any, position: Position, sleep: Any = time.sleep
+    ) -> None:
+        self.at_step, self.step, self.position, self.sleep = at_step, step, position, sleep
+
+    def __call__(self, window: list[Any], measure_norm: bool = False) -> Any:
+        if self.position.global_step + 1 == self.at_step:
+            hang(self.sleep)
+        return self.step(window, measure_norm=measure_norm)
+
+
+class HangAtReport:
+    """A reporter that never reaches one checkpoint's report: rank 0, which saved it, waits in
+    Ray Train's report barrier (not a torch collective) until its timeout, which the driver
+    sets to ``scaling.timeout_s`` too. What a rank stuck between two checkpoints' collectives
+    looks like."""
+
+    def __init__(
+        self, at_step: int, reporter: Any, position: Position, sleep: Any = time.sleep
+    ) -> None:
+        self.at_step, self.reporter, self.position, self.sleep = at_step, reporter, position, sleep
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        if self.position.global_step == self.at_step:
+            hang(self.sleep)
+        self.reporter.report(metrics, folder)
+
+    def registered(self) -> dict[str, Any] | None:
+        return self.reporter.registered()  # type: ignore[no-any-return]
+
+
+def hang(sleep: Any) -> None:
+    """Sleep until killed: Ray Train ends the worker group once another rank gave up."""
+    while True:
+        sleep(3600)

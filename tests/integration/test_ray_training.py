@@ -16,6 +16,7 @@ from trainforge import checkpoint, config
 from trainforge.cli import main as cli_main
 from trainforge.driver import launch
 from trainforge.tracking.client import resolve_uri
+from trainforge.worker import faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -80,12 +81,12 @@ def test_resume_after_failure_is_bitwise_identical(
     reference = _train("run.name=straight", *common)
     assert reference.exit_code == 0
 
-    monkeypatch.setenv(launch.FAIL_AFTER_EPOCH_ENV, "1")
+    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
     crashed = _train("run.name=interrupted", *common)
     assert crashed.exit_code == 1
     client = MlflowClient(tracking_uri=resolve_uri(None))
     assert client.get_run(crashed.mlflow_run_id).info.status == "FAILED"
-    monkeypatch.delenv(launch.FAIL_AFTER_EPOCH_ENV)
+    monkeypatch.delenv(faults.FAIL_AFTER_EPOCH_ENV)
     resumed = _train("run.name=interrupted", *common)
     assert resumed.exit_code == 0
     assert resumed.mlflow_run_id == crashed.mlflow_run_id  # one MLflow run across the restart
@@ -195,10 +196,9 @@ def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     """Rank 1 raises torch.OutOfMemoryError during step 30 (22 steps an epoch, a checkpoint
     after the first). Then the same run with another learning rate is refused before any
     worker starts, naming the key."""
-    from trainforge.driver.out_of_memory import OOM_AT_STEP_ENV
     from trainforge.errors import RecipeError
 
-    monkeypatch.setenv(OOM_AT_STEP_ENV, "30")
+    monkeypatch.setenv(faults.OOM_AT_STEP_ENV, "30")
     common = [
         "run.name=oom",
         "scaling.num_workers=2",
@@ -227,7 +227,7 @@ def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     assert found.state is not None and found.state["global_step"] == 22 and not found.skipped
     assert not (in_tmp / "runs" / ".oom.lock").exists()  # the command's lock went with it
 
-    monkeypatch.delenv(OOM_AT_STEP_ENV)
+    monkeypatch.delenv(faults.OOM_AT_STEP_ENV)
     with pytest.raises(RecipeError, match=r"train\.lr 0\.002 -> 0\.01"):
         _train(*common, "train.lr=0.01")
 
@@ -237,7 +237,7 @@ def test_a_worker_restart_under_max_failures_is_counted(
 ) -> None:
     """The workers fail after epoch 1; with run.max_failures=1 Ray Train restarts them from
     the checkpoint, the run finishes, and its one MLflow run records one restart."""
-    monkeypatch.setenv(launch.FAIL_AFTER_EPOCH_ENV, "1")
+    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
     outcome = _train("run.name=retried", "scaling.num_workers=2", "train.epochs=2",
                      "run.max_failures=1", "tracking.system_metrics=false")  # fmt: skip
     assert outcome.exit_code == 0

@@ -1,14 +1,18 @@
-"""Faults injected for tests (``trainforge.worker.faults``): an out-of-memory error raised by
-the last rank's step at the step asked for, and nothing otherwise."""
+"""Faults injected for tests (``trainforge.worker.faults``): an out-of-memory error raised by,
+or an endless wait in, the last rank's step at the step asked for, an endless wait before the
+last rank's checkpoint report, and nothing otherwise; the environment variables that ask for
+them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from trainforge.checkpoint import Position
+from trainforge.checkpoint import FolderReporter, Position
 from trainforge.distributed import WorkerContext
 from trainforge.worker import faults
 
@@ -19,12 +23,16 @@ def trainer(rank: int, world_size: int) -> SimpleNamespace:
     return SimpleNamespace(ctx=ctx, step=step, state=SimpleNamespace(position=Position()))
 
 
+def checkpointer(root: Path | None = None) -> SimpleNamespace:
+    return SimpleNamespace(reporter=FolderReporter(root or Path("unused")))
+
+
 def test_the_last_rank_runs_out_of_memory_at_the_step_asked_for() -> None:
     first, last = trainer(0, 2), trainer(1, 2)
     for each in (first, last):
-        faults.inject({faults.OOM_AT_STEP: 3}, each)
+        faults.inject({faults.OOM_AT_STEP: 3}, each, checkpointer())
     untouched = trainer(1, 2)
-    faults.inject({}, untouched)
+    faults.inject({}, untouched, checkpointer())
     position = last.state.position
     for done in range(2):
         position.global_step = done
@@ -34,3 +42,71 @@ def test_the_last_rank_runs_out_of_memory_at_the_step_asked_for() -> None:
         last.step([1])
     first.state.position.global_step = untouched.state.position.global_step = 2
     assert first.step([1])[0].item() == untouched.step([1])[0].item() == 1
+
+
+class Hung(Exception):
+    """Stands in for the worker's endless sleep, which nothing but a kill ends."""
+
+
+def sleeps_forever(slept: list[float]) -> Callable[[float], None]:
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:  # it sleeps again and again: never returns to go on
+            raise Hung
+
+    return sleep
+
+
+def test_the_last_rank_stops_responding_before_the_step_asked_for() -> None:
+    first, last = trainer(0, 2), trainer(1, 2)
+    for each in (first, last):
+        faults.inject({faults.HANG_AT_STEP: 3}, each, checkpointer())
+    assert isinstance(last.step, faults.HangAt) and not isinstance(first.step, faults.HangAt)
+    slept: list[float] = []
+    last.step.sleep = sleeps_forever(slept)
+    position = last.state.position
+    for done in range(2):
+        position.global_step = done
+        assert last.step([1, 2])[0].item() == 2  # steps 1 and 2 run
+    assert slept == []
+    position.global_step = 2
+    with pytest.raises(Hung):
+        last.step([1])
+    assert slept == [3600, 3600, 3600]
+
+
+def test_the_last_rank_never_reaches_the_report_of_the_step_asked_for(tmp_path: Path) -> None:
+    """Rank 0's reports go through; the last rank's reports before step 5 go through, the one
+    at step 5 never happens."""
+    first, last = trainer(0, 2), trainer(1, 2)
+    first_saves, last_saves = checkpointer(tmp_path / "0"), checkpointer(tmp_path / "1")
+    faults.inject({faults.HANG_AT_REPORT: 5}, first, first_saves)
+    faults.inject({faults.HANG_AT_REPORT: 5}, last, last_saves)
+    assert isinstance(first_saves.reporter, FolderReporter)
+    hanging = last_saves.reporter
+    assert isinstance(hanging, faults.HangAtReport)
+    slept: list[float] = []
+    hanging.sleep = sleeps_forever(slept)
+    last.state.position.global_step = 4
+    hanging.report({"train/loss": 1.0}, None)
+    last.state.position.global_step = 5
+    with pytest.raises(Hung):
+        hanging.report({"train/loss": 0.5}, None)
+    assert slept == [3600, 3600, 3600]
+    assert hanging.reporter.reports == [{"train/loss": 1.0}]  # the report at step 4 only
+    assert hanging.registered() is None  # no checkpoint folder was reported
+
+
+def test_the_faults_asked_for_by_the_environment_become_payload_entries() -> None:
+    environ = {
+        "TRAINFORGE_FAIL_AFTER_EPOCH": "1",
+        "TRAINFORGE_OOM_AT_STEP": "30",
+        "TRAINFORGE_HANG_AT_STEP": "",  # set but empty: not asked for
+        "HOME": "/root",
+    }
+    assert faults.requested(environ) == {faults.FAIL_AFTER_EPOCH: 1, faults.OOM_AT_STEP: 30}
+    assert faults.requested({faults.HANG_AT_STEP_ENV: "7", faults.HANG_AT_REPORT_ENV: "9"}) == {
+        faults.HANG_AT_STEP: 7,
+        faults.HANG_AT_REPORT: 9,
+    }
+    assert faults.requested({}) == {}

@@ -1,0 +1,193 @@
+"""A worker lost mid-run, as on real hardware, on 2 CPU workers (gloo):
+
+- one Ray Train worker SIGKILLed by this test from outside, mid-epoch after a checkpoint:
+  with run.max_failures=1 Ray Train restarts the workers from the checkpoint, the run finishes
+  in its one MLflow run with the restart counted;
+- one worker that stops responding before a step's all-reduce (TRAINFORGE_HANG_AT_STEP): the
+  process-group timeout (scaling.timeout_s) ends the run with one line and exit 1, no worker
+  process is left behind, and the same command resumes.
+
+Both end bitwise where an uninterrupted run ends. The runs are in this process (the shared
+``ray_cluster``), so the workers are this process's descendants and the console is captured.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import RECIPES
+from trainforge import checkpoint, config
+from trainforge.cli import main as cli_main
+from trainforge.driver import launch
+from trainforge.tracking.client import resolve_uri
+from trainforge.worker import faults
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+# batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s, so that a kill
+# seen to land in epoch 2 lands before its end
+STEPS_PER_EPOCH = 89
+COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
+          "tracking.system_metrics=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The final checkpoint of the same recipe run without a fault."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    outcome = launch.train(config.load(DIGITS, [
+        "run.name=uninterrupted", f"run.storage_path={folder}", "tracking.enabled=false", *COMMON,
+    ]))  # fmt: skip
+    assert outcome.exit_code == 0 and outcome.checkpoint_path is not None
+    return checkpoint.load(outcome.checkpoint_path)
+
+
+def assert_same_weights(final: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert (final["epoch"], final["global_step"]) == (3, 3 * STEPS_PER_EPOCH)
+    for name, weights in reference["model"].items():
+        assert torch.equal(final["model"][name], weights), name
+
+
+def train_workers() -> list[psutil.Process]:
+    """The Ray Train worker processes of this test process's own Ray."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(process.cmdline()):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass  # ended while we looked
+    return found
+
+
+def the_mlflow_run(name: str) -> Any:
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    experiment = client.get_experiment_by_name("trainforge")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`trainforge.run_name` = '{name}'")
+    assert len(runs) == 1, [run.info.run_id for run in runs]  # one MLflow run, however it went
+    return runs[0]
+
+
+def kill_rank_0_in_epoch_2(run_dir: Path, done: threading.Event, killed: list[int]) -> None:
+    """Once rank 0 says a step of epoch 2 (so epoch 1's checkpoint is saved: every rank passed
+    its report), SIGKILL rank 0's process: the one that prints, saves and logs."""
+    log = run_dir / "worker-output.log"
+    while not done.wait(0.05):
+        text = log.read_text() if log.exists() else ""
+        step = re.search(r"^\(RayTrainWorker (\d+)\) \[trainforge\] epoch 2/3 step", text, re.M)
+        if step is not None:
+            os.kill(int(step[1]), signal.SIGKILL)
+            killed.append(int(step[1]))
+            return
+
+
+def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_uninterrupted(
+    uninterrupted: dict[str, Any], in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = in_tmp / "runs" / "killed"
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_rank_0_in_epoch_2, args=(run_dir, done, killed))
+    killer.start()
+    try:
+        outcome = launch.train(config.load(DIGITS, ["run.name=killed", "run.max_failures=1",
+                                                    *COMMON]))  # fmt: skip
+    finally:
+        done.set()
+        killer.join()
+    out = capsys.readouterr().out
+    assert len(killed) == 1, out[-3000:]
+    assert outcome.exit_code == 0, out[-3000:]
+
+    # It was killed in epoch 2, before epoch 2's checkpoint: the workers came back at the
+    # checkpoint of epoch 1 and said so.
+    before, _, after = (
+        run_dir.joinpath("worker-output.log").read_text().partition("workers restarted")
+    )
+    assert f"(RayTrainWorker {killed[0]}) [trainforge] epoch 2/3 step" in before
+    assert f"resuming at epoch 2 step {STEPS_PER_EPOCH};" in out
+    assert "[trainforge] workers restarted (1 so far, run.max_failures), resuming" in out
+    assert f"(RayTrainWorker {killed[0]})" not in after
+    assert not psutil.pid_exists(killed[0])
+
+    assert_same_weights(checkpoint.load(outcome.checkpoint_path), uninterrupted)
+    run = the_mlflow_run("killed")
+    assert run.info.run_id == outcome.mlflow_run_id and run.info.status == "FINISHED"
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    restarts = client.get_metric_history(run.info.run_id, "run/restarts")
+    assert [(m.value, m.step) for m in restarts] == [(1.0, STEPS_PER_EPOCH)]
+    # the history goes on where the checkpoint was: each epoch once, in order
+    epochs = client.get_metric_history(run.info.run_id, "epoch")
+    assert [(int(m.value), m.step) for m in epochs] == [
+        (1, STEPS_PER_EPOCH), (2, 2 * STEPS_PER_EPOCH), (3, 3 * STEPS_PER_EPOCH)
+    ]  # fmt: skip
+
+
+def test_a_worker_that_stops_responding_times_out_in_one_line_and_the_run_resumes(
+    uninterrupted: dict[str, Any],
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Rank 1 stops before step 100 (epoch 2); rank 0 waits for it in the step's all-reduce
+    until gloo gives up after scaling.timeout_s."""
+    timeout_s = 10
+    command = ["train", str(DIGITS), "run.name=hung", f"scaling.timeout_s={timeout_s}", *COMMON]
+    seen: set[int] = set()  # the workers while the run was on, the stuck one among them
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            seen.update(process.pid for process in train_workers())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    monkeypatch.setenv(faults.HANG_AT_STEP_ENV, str(STEPS_PER_EPOCH + 11))
+    try:
+        code = cli_main(command)
+    finally:
+        done.set()
+        watcher.join()
+    captured = capsys.readouterr()
+    assert code == 1, captured.err[-3000:]
+    said = [line for line in captured.err.splitlines() if line.startswith("[trainforge] ")]
+    failed = [line for line in said if not line.startswith("[trainforge] warning:")]
+    assert failed == [
+        f"[trainforge] training failed: rank 0 waited scaling.timeout_s={timeout_s} s in a "
+        "collective for a worker that stopped responding (a deadlock, a stuck data loader or "
+        "device); all workers were stopped. If a worker is only slow at times (a long "
+        "evaluation or checkpoint on one rank), raise scaling.timeout_s; the same command "
+        "resumes from the last checkpoint"
+    ], captured.err[-3000:]
+    assert "Traceback" not in captured.err + captured.out
+    run = the_mlflow_run("hung")
+    assert run.info.status == "FAILED"
+    assert "scaling.timeout_s=10" in run.data.tags["trainforge.failure"]
+
+    # Ray Train stopped the worker group, the stuck worker included: nothing is left running.
+    assert len(seen) >= 2
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) for pid in seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in seen if psutil.pid_exists(pid)] == []
+
+    monkeypatch.delenv(faults.HANG_AT_STEP_ENV)
+    assert cli_main(command) == 0
+    out = capsys.readouterr().out
+    assert f"resuming at epoch 2 step {STEPS_PER_EPOCH};" in out  # epoch 1's checkpoint
+    found = checkpoint.newest_in(in_tmp / "runs" / "hung")
+    assert found.state is not None
+    assert_same_weights(found.state, uninterrupted)
+    resumed = the_mlflow_run("hung")
+    assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
