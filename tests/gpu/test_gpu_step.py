@@ -14,16 +14,14 @@ AdamW's first updates are gradient signs). fp32, deterministic cuDNN, no TF32.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from tests.gpu.ranks import flat_parameters, gather, run_on_gpus
 from trainforge import config, distributed
 from trainforge.data.types import Batch, TensorData
 from trainforge.distributed import WorkerContext
@@ -145,33 +143,16 @@ def test_graphed_cnn_step_is_the_eager_step(optimizer: str, lr: float) -> None:
     train_graphed(device, optimizer, lr, WorkerContext(0, 0, 1, 0, device))
 
 
-def _ddp_rank(rank: int, world: int, port: int) -> None:
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        device_id=device,
-    )  # fmt: skip
-    try:
-        ctx = WorkerContext(rank, rank, world, 0, device)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        for optimizer, lr in OPTIMIZERS:
-            model = train_graphed(device, optimizer, lr, ctx, seed=rank)  # each rank its data
-            # the captured all-reduce kept the ranks' weights bitwise equal, as eager DDP does
-            flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-            gathered = [torch.empty_like(flat) for _ in range(world)]
-            dist.all_gather(gathered, flat)
-            for other in gathered[1:]:
-                assert torch.equal(other, gathered[0]), optimizer
-    finally:
-        dist.destroy_process_group()
+def _ddp_rank(ctx: WorkerContext) -> None:
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    for optimizer, lr in OPTIMIZERS:
+        model = train_graphed(ctx.device, optimizer, lr, ctx, seed=ctx.rank)  # each rank its data
+        # the captured all-reduce kept the ranks' weights bitwise equal, as eager DDP does
+        everyone = gather(flat_parameters(model), ctx.world_size)
+        for other in everyone[1:]:
+            assert torch.equal(other, everyone[0]), optimizer
 
 
 def test_graphed_cnn_ddp_step_is_the_eager_ddp_step() -> None:
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.start_processes(_ddp_rank, (2, port), nprocs=2, start_method="spawn")
+    run_on_gpus(_ddp_rank)
