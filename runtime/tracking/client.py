@@ -3,11 +3,14 @@ how to reach it without long retries, and how a run is found again by its name."
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from trainforge.errors import did_you_mean
 
@@ -17,7 +20,13 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 STORE_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks",
                  "databricks-uc", "uc")  # fmt: skip
 # A down server must cost seconds, not MLflow's default minutes of retries.
-CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+CLIENT_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    # MLflow prints "View run … at <tracking URI>" when a run ends, credentials and all; the
+    # closing table names the run with the URI redacted instead
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
 
 
 @dataclass
@@ -67,6 +76,14 @@ def redact(uri: str) -> str:
     return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
 
 
+CREDENTIALS_IN_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact_all(text: str) -> str:
+    """``text`` (a command line, a log line) with the credentials of every URL in it hidden."""
+    return CREDENTIALS_IN_URL.sub(r"\1***@", text)
+
+
 def uri_problem(uri: str) -> str | None:
     """Why MLflow could not use ``uri`` as a tracking store, or None. Syntax only: whether the
     server answers is decided at run time (training goes on, spooling, when it does not)."""
@@ -110,10 +127,19 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     """HTTP servers answer /health; local stores (sqlite, file) are always reachable."""
     if not uri.startswith(("http://", "https://")):
         return True
+    # urllib cannot open a URL with credentials in it (MLflow's requests can): they go into a
+    # basic-auth header instead, as requests would send them
+    scheme, _, rest = uri.partition("://")
+    userinfo, at, host = rest.partition("@") if "@" in rest.split("/", 1)[0] else ("", "", rest)
+    request = urllib.request.Request(f"{scheme}://{host.rstrip('/')}/health")
+    if at:
+        user, _, password = userinfo.partition(":")
+        token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
             return reply.status == 200
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a URL urllib cannot parse
         return False
 
 

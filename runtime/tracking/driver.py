@@ -26,6 +26,7 @@ from trainforge.tracking.client import (
     flatten,
     reachable,
     redact,
+    redact_all,
     resolve_uri,
 )
 from trainforge.tracking.spool import Spool
@@ -98,7 +99,7 @@ def invocation(argv: list[str]) -> tuple[str, str | None]:
         recipe = args[1] if len(args) > 1 and args[0] in ("train", "simulate") else None
     else:
         recipe = None
-    return shlex.join([program, *args]), recipe
+    return redact_all(shlex.join([program, *args])), recipe
 
 
 def submitter() -> str:
@@ -137,8 +138,7 @@ def start_run(
     configure_client_env()
     uri = resolve_uri(section.tracking_uri)
     handle = RunHandle(uri, section.experiment, run_name, None, False, spool_path)
-    if section.tracking_uri:  # credentials in the URI stay out of params and artifacts
-        recipe_yaml = recipe_yaml.replace(section.tracking_uri, redact(section.tracking_uri))
+    recipe_yaml = redact_all(recipe_yaml)  # credentials stay out of params and artifacts
     params, path_tags = split_params(
         {k: redact(v) if k == "tracking.tracking_uri" else v for k, v in flatten(recipe).items()}
     )

@@ -37,6 +37,7 @@ from trainforge.optim import build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
+from trainforge.tracking.client import redact_all
 from trainforge.tracking.worker import WorkerTracker
 from trainforge.worker import faults, restarts
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
@@ -60,7 +61,8 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
     tracker.prewarm()  # MLflow's import and store, while the data and model are built
     reporter = reporter or RayReporter()
-    checkpointer = Checkpointer(cfg.checkpoint, ctx, config.to_yaml(cfg), reporter, tracker)
+    recipe_yaml = redact_all(config.to_yaml(cfg))  # checkpoints keep no credentials
+    checkpointer = Checkpointer(cfg.checkpoint, ctx, recipe_yaml, reporter, tracker)
     trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
     checkpointer.before_save = trainer.check_finite  # never a checkpoint of a NaN run
     faults.inject(payload, trainer, checkpointer)  # only when a test asks for one

@@ -112,3 +112,11 @@ def test_uri_problem_accepts_what_mlflow_serves(uri: str) -> None:
     if uri == "databricks":
         uri = "databricks://profile"
     assert tracking_client.uri_problem(uri) is None
+
+
+def test_redact_all_hides_the_credentials_of_every_url_in_a_text() -> None:
+    line = "trainforge train r.yaml tracking.tracking_uri=https://al:p%40ss@h:5/x s3://key@bucket/p"
+    assert tracking_client.redact_all(line) == (
+        "trainforge train r.yaml tracking.tracking_uri=https://***@h:5/x s3://***@bucket/p"
+    )
+    assert tracking_client.redact_all("no url here: a@b") == "no url here: a@b"
