@@ -24,6 +24,29 @@ def poll_controller_fast() -> None:
     os.environ.setdefault(HEALTH_CHECK_INTERVAL_ENV, "0.2")
 
 
+COLLECTIVE_TIMEOUT_ENV = "RAY_TRAIN_COLLECTIVE_TIMEOUT_S"
+
+
+def time_out_report_barriers(seconds: float) -> None:
+    """``ray.train.report`` is a barrier of Ray Train's own, not a torch collective: the
+    process-group timeout does not reach it, and by default it waits forever (logging a warning
+    a minute) for a rank that never reports. Ray Train reads its timeout from this variable in
+    the driver and passes it on to its controller and workers (``ENV_VARS_TO_PROPAGATE``); the
+    rank that gave up raises ``BroadcastCollectiveTimeoutError``."""
+    os.environ[COLLECTIVE_TIMEOUT_ENV] = str(seconds)
+
+
+def report_timeout_ranks(error: BaseException) -> list[int] | None:
+    """The ranks that never reached ``ray.train.report`` when ``error`` (a worker's failure)
+    is Ray Train's report barrier timing out, else None. Its class is internal
+    (``ray.train.v2._internal.exceptions``); the ranks are its ``_missing_ranks``."""
+    from ray.train.v2._internal.exceptions import BroadcastCollectiveTimeoutError
+
+    if not isinstance(error, BroadcastCollectiveTimeoutError):
+        return None
+    return sorted(getattr(error, "_missing_ranks", None) or [])
+
+
 def is_runtime_env_conflict(exc: ValueError) -> bool:
     """``ray.init(runtime_env=…)`` inside a submitted job whose runtime env already sets the same
     variable raises a ValueError about failing to merge them; Ray has no type for it."""

@@ -1,13 +1,16 @@
-"""A worker that stopped responding in a collective, told in one line.
+"""A worker that stopped responding while the others waited for it, told in one line.
 
-Every optimizer step ends in an all-reduce that waits for every rank. When one rank stops (a
-deadlock, a stuck data loader, a wedged device), the others wait for it until the process
-group's timeout — ``scaling.timeout_s``, given to Ray Train's ``TorchConfig`` — ends the wait
-with an error in the waiting ranks; Ray Train then stops the whole worker group, the stuck
-worker included. Instead of gloo's traceback the command says what happened and which setting
-decides it, and exits 1; the checkpoints are untouched, so the same command resumes.
-``TRAINFORGE_HANG_AT_STEP=N`` makes the last rank stop before step N (``worker/faults.py``):
-how the tests produce one on a CPU.
+Every optimizer step ends in an all-reduce that waits for every rank, and every checkpoint in
+``ray.train.report``, a barrier of Ray Train's own. When one rank stops (a deadlock, a stuck
+data loader, a wedged device, storage that does not answer), the others wait for it until
+``scaling.timeout_s`` ends the wait with an error in the waiting ranks: the process group's
+timeout (given to Ray Train's ``TorchConfig``) for the all-reduce, and Ray Train's collective
+timeout (``ray_compat.time_out_report_barriers``; without it the barrier waits forever) for the
+report. Ray Train then stops the whole worker group, the stuck worker included. Instead of the
+worker's traceback the command says what happened and which setting decides it, and exits 1;
+the checkpoints are untouched, so the same command resumes. ``TRAINFORGE_HANG_AT_STEP=N`` and
+``TRAINFORGE_HANG_AT_REPORT=N`` make the last rank stop before step N or before the report of
+step N's checkpoint (``worker/faults.py``): how the tests produce both on a CPU.
 """
 
 from __future__ import annotations
@@ -23,21 +26,34 @@ TIMED_OUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation|collective 
 
 
 def explain(exc: BaseException, cfg: Recipe) -> str | None:
-    """One line when workers timed out waiting in a collective behind a failed ``fit()``,
+    """One line when workers gave up waiting for another rank behind a failed ``fit()``,
     else None."""
     failures = ray_compat.worker_failures(exc)
-    ranks = [
+    timeout = f"scaling.timeout_s={cfg.scaling.timeout_s} s"
+    in_collective = [
         rank
         for rank, error in failures.items()
         if isinstance(error, RuntimeError) and TIMED_OUT.search(str(error))
     ]
-    if not ranks:
+    at_report = {rank: ray_compat.report_timeout_ranks(error) for rank, error in failures.items()}
+    missing = sorted({m for ranks in at_report.values() for m in ranks or []})
+    if in_collective:
+        what = f"rank {_ranks(in_collective)} waited {timeout} in a collective for a worker"
+    elif missing:
+        waited = [rank for rank, ranks in at_report.items() if ranks is not None]
+        what = (
+            f"rank {_ranks(waited)} waited {timeout} at a checkpoint report (ray.train.report) "
+            f"for rank {_ranks(missing)}, a worker"
+        )
+    else:
         return None
-    timeout = cfg.scaling.timeout_s
     return (
-        f"rank {', '.join(map(str, ranks))} waited scaling.timeout_s={timeout} s in a "
-        "collective for a worker that stopped responding (a deadlock, a stuck data loader or "
-        "device); all workers were stopped. If a worker is only slow at times (a long "
-        "evaluation or checkpoint on one rank), raise scaling.timeout_s; the same command "
-        "resumes from the last checkpoint"
+        f"{what} that stopped responding (a deadlock, a stuck data loader, device or storage); "
+        "all workers were stopped. If a worker is only slow at times (a long evaluation or "
+        "checkpoint on one rank), raise scaling.timeout_s; the same command resumes from the "
+        "last checkpoint"
     )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

@@ -111,6 +111,7 @@ def train(cfg: Recipe) -> Outcome:
             log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", mlflow_started)
 
     payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
+    ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
     payload["workers_requested_at"] = time.time()  # the workers say how long they took
     trainer = _Trainer(
         train_loop_per_worker=_worker_entry,

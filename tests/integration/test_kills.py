@@ -5,10 +5,13 @@
   in its one MLflow run with the restart counted;
 - one worker that stops responding before a step's all-reduce (TRAINFORGE_HANG_AT_STEP): the
   process-group timeout (scaling.timeout_s) ends the run with one line and exit 1, no worker
-  process is left behind, and the same command resumes.
+  process is left behind, and the same command resumes;
+- one that stops before a checkpoint's report (TRAINFORGE_HANG_AT_REPORT), Ray Train's own
+  barrier: its timeout, set to scaling.timeout_s too, ends the run the same way.
 
-Both end bitwise where an uninterrupted run ends. The runs are in this process (the shared
-``ray_cluster``), so the workers are this process's descendants and the console is captured.
+The runs that finish end bitwise where an uninterrupted run ends. The runs are in this process
+(the shared ``ray_cluster``), so the workers are this process's descendants and the console is
+captured.
 """
 
 from __future__ import annotations
@@ -134,17 +137,19 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_uninterrupte
     ]  # fmt: skip
 
 
-def test_a_worker_that_stops_responding_times_out_in_one_line_and_the_run_resumes(
-    uninterrupted: dict[str, Any],
-    in_tmp: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Rank 1 stops before step 100 (epoch 2); rank 0 waits for it in the step's all-reduce
-    until gloo gives up after scaling.timeout_s."""
-    timeout_s = 10
-    command = ["train", str(DIGITS), "run.name=hung", f"scaling.timeout_s={timeout_s}", *COMMON]
-    seen: set[int] = set()  # the workers while the run was on, the stuck one among them
+WHY = (
+    "that stopped responding (a deadlock, a stuck data loader, device or storage); all workers "
+    "were stopped. If a worker is only slow at times (a long evaluation or checkpoint on one "
+    "rank), raise scaling.timeout_s; the same command resumes from the last checkpoint"
+)
+
+
+def fails_in_one_line(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[str, set[int]]:
+    """Run ``command``, which must fail: its one line on stderr, and the pids of the workers
+    seen while it ran (the stuck one among them)."""
+    seen: set[int] = set()
     done = threading.Event()
 
     def watch() -> None:
@@ -153,7 +158,6 @@ def test_a_worker_that_stops_responding_times_out_in_one_line_and_the_run_resume
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    monkeypatch.setenv(faults.HANG_AT_STEP_ENV, str(STEPS_PER_EPOCH + 11))
     try:
         code = cli_main(command)
     finally:
@@ -163,24 +167,39 @@ def test_a_worker_that_stops_responding_times_out_in_one_line_and_the_run_resume
     assert code == 1, captured.err[-3000:]
     said = [line for line in captured.err.splitlines() if line.startswith("[trainforge] ")]
     failed = [line for line in said if not line.startswith("[trainforge] warning:")]
-    assert failed == [
-        f"[trainforge] training failed: rank 0 waited scaling.timeout_s={timeout_s} s in a "
-        "collective for a worker that stopped responding (a deadlock, a stuck data loader or "
-        "device); all workers were stopped. If a worker is only slow at times (a long "
-        "evaluation or checkpoint on one rank), raise scaling.timeout_s; the same command "
-        "resumes from the last checkpoint"
-    ], captured.err[-3000:]
+    assert len(failed) == 1, captured.err[-3000:]
     assert "Traceback" not in captured.err + captured.out
+    return failed[0], seen
+
+
+def assert_none_left(workers: set[int]) -> None:
+    """Ray Train stopped the worker group, the stuck worker included: none is left running."""
+    assert len(workers) >= 2
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in workers if psutil.pid_exists(pid)] == []
+
+
+def test_a_worker_that_stops_in_a_collective_times_out_in_one_line_and_the_run_resumes(
+    uninterrupted: dict[str, Any],
+    in_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Rank 1 stops before step 100 (epoch 2); rank 0 waits for it in the step's all-reduce
+    until gloo gives up after scaling.timeout_s."""
+    command = ["train", str(DIGITS), "run.name=hung", "scaling.timeout_s=10", *COMMON]
+    monkeypatch.setenv(faults.HANG_AT_STEP_ENV, str(STEPS_PER_EPOCH + 11))
+    line, workers = fails_in_one_line(command, capsys)
+    assert line == (
+        "[trainforge] training failed: rank 0 waited scaling.timeout_s=10 s in a collective "
+        f"for a worker {WHY}"
+    )
     run = the_mlflow_run("hung")
     assert run.info.status == "FAILED"
-    assert "scaling.timeout_s=10" in run.data.tags["trainforge.failure"]
-
-    # Ray Train stopped the worker group, the stuck worker included: nothing is left running.
-    assert len(seen) >= 2
-    deadline = time.monotonic() + 30
-    while any(psutil.pid_exists(pid) for pid in seen) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [pid for pid in seen if psutil.pid_exists(pid)] == []
+    assert run.data.tags["trainforge.failure"] in line
+    assert_none_left(workers)
 
     monkeypatch.delenv(faults.HANG_AT_STEP_ENV)
     assert cli_main(command) == 0
@@ -191,3 +210,20 @@ def test_a_worker_that_stops_responding_times_out_in_one_line_and_the_run_resume
     assert_same_weights(found.state, uninterrupted)
     resumed = the_mlflow_run("hung")
     assert resumed.info.run_id == run.info.run_id and resumed.info.status == "FINISHED"
+
+
+def test_a_worker_that_never_reaches_a_checkpoint_report_times_out_in_one_line(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 stops before reporting epoch 1's checkpoint, after the step's collectives; rank
+    0 saved it and waits in Ray Train's report barrier, which has no timeout of its own (it
+    waited forever before the driver gave it scaling.timeout_s)."""
+    command = ["train", str(DIGITS), "run.name=unreported", "scaling.timeout_s=10", *COMMON]
+    monkeypatch.setenv(faults.HANG_AT_REPORT_ENV, str(STEPS_PER_EPOCH))
+    line, workers = fails_in_one_line(command, capsys)
+    assert line == (
+        "[trainforge] training failed: rank 0 waited scaling.timeout_s=10 s at a checkpoint "
+        f"report (ray.train.report) for rank 1, a worker {WHY}"
+    )
+    assert the_mlflow_run("unreported").info.status == "FAILED"
+    assert_none_left(workers)
