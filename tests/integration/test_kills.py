@@ -48,7 +48,8 @@ COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
 
 @pytest.fixture(scope="module")
 def uninterrupted(ray_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The final checkpoint of the same recipe run without a fault."""
+    """The final checkpoint of the same recipe run without a fault (and without MLflow, which
+    does not change what is computed)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     outcome = launch.train(config.load(DIGITS, [
         "run.name=uninterrupted", f"run.storage_path={folder}", "tracking.enabled=false", *COMMON,
@@ -100,7 +101,7 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_uninterrupte
     uninterrupted: dict[str, Any], in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = in_tmp / "runs" / "killed"
-    done, killed = threading.Event(), []
+    done, killed = threading.Event(), []  # killed: the pid, once it is
     killer = threading.Thread(target=kill_rank_0_in_epoch_2, args=(run_dir, done, killed))
     killer.start()
     try:
