@@ -189,8 +189,8 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
         f"simulate for {total:,} {source.name} simulations on {where} → {job.folder}"
         + (f" (resuming: {progress.done:,} done)" if progress.done else "")
     )
-    _spread(cfg, seed, job, todo, slots, progress)
-    manifest = summarize(job)
+    done = _spread(cfg, seed, job, todo, slots, progress)
+    manifest = summarize(job, done)
     _write_json(job.folder / MANIFEST, manifest)
     progress.finish(manifest)
     return job.folder
@@ -198,9 +198,10 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
 
 def _spread(
     cfg: Any, seed: int, job: Plan, todo: list[tuple[int, int]], slots: int, progress: Progress
-) -> None:
+) -> dict[int, dict[str, Any]]:
     """Every missing chunk through Ray tasks, at most IN_FLIGHT per slot, each task sized by
-    ``chunking.TaskSizer``; each finished chunk is written as it arrives."""
+    ``chunking.TaskSizer``; each finished chunk is written as it arrives. Returns what the
+    manifest needs of each chunk simulated (so it need not read them back)."""
     import ray
 
     if job.device == "cuda":
@@ -211,6 +212,7 @@ def _spread(
     queue = deque(todo)
     sizer = chunking.TaskSizer(slots, job.rows_per_chunk)
     pending: dict[Any, list[tuple[int, int]]] = {}
+    done: dict[int, dict[str, Any]] = {}
     while queue or pending:
         while queue and len(pending) < chunking.IN_FLIGHT * slots:
             chunks = [queue.popleft() for _ in range(sizer.next_size(len(queue)))]
@@ -228,10 +230,11 @@ def _spread(
             first = chunks[0][0]
             raise RuntimeError(f"simulation chunk {first} failed: {exc}") from None
         for (index, _), result in zip(chunks, results, strict=True):
-            _save_atomic(result, job.chunk_path(index))
+            done[index] = chunk_facts(_save_atomic(result, job.chunk_path(index)))
         simulated = sum(len(r["x"]) for r in results)
         sizer.record(simulated, sum(r["seconds"] for r in results))
         progress.add(simulated, {r["worker"] for r in results})
+    return done
 
 
 @dataclass
@@ -290,33 +293,48 @@ def invalid_summary(manifest: dict[str, Any]) -> str:
     return f"{invalid:,} of {manifest['num_simulations']:,} are invalid: " + ", ".join(parts)
 
 
-def summarize(job: Plan) -> dict[str, Any]:
+def summarize(job: Plan, known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The manifest: the spec, the counts of invalid and raised simulations (the first
-    error), and per node the processes that simulated and how many simulations each node did."""
-    chunks = [_load(job.chunk_path(i)) for i, _ in job.chunks]
-    first = chunks[0]
-    failures = [str(c["first_failure"]) for c in chunks if c.get("failed")]
+    error), and per node the processes that simulated and how many simulations each node did.
+    Chunks not in ``known`` (``chunk_facts`` of those simulated by an earlier, interrupted
+    stage) are read back."""
+    known = known or {}
+    chunks = [known.get(i) or chunk_facts(_load(job.chunk_path(i))) for i, _ in job.chunks]
+    failures = [c["first_failure"] for c in chunks if c["failed"]]
     ran_on: dict[str, dict[str, Any]] = {}
     for chunk in chunks:
-        node, _, pid = str(chunk.get("worker", "")).rpartition(":")
+        node, _, pid = chunk["worker"].rpartition(":")
         if pid:
             entry = ran_on.setdefault(node, {"processes": set(), "simulations": 0})
             entry["processes"].add(pid)
-            entry["simulations"] += len(chunk["x"])
+            entry["simulations"] += chunk["rows"]
     return {
         **job.spec,
         "key": job.key,
         "chunks": len(job.chunks),
-        "invalid": sum(int(c["invalid"]) for c in chunks),
-        "failed": sum(int(c.get("failed", 0)) for c in chunks),
+        "invalid": sum(c["invalid"] for c in chunks),
+        "failed": sum(c["failed"] for c in chunks),
         "first_failure": failures[0] if failures else "",
         "ran_on": {
             node: {"processes": len(e["processes"]), "simulations": e["simulations"]}
             for node, e in sorted(ran_on.items())
         },
-        "dim_theta": int(first["theta"].shape[1]),
-        "dim_x": int(first["x"].shape[1]),
+        "dim_theta": chunks[0]["dim_theta"],
+        "dim_x": chunks[0]["dim_x"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def chunk_facts(chunk: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest needs of a chunk, without its tensors."""
+    return {
+        "rows": len(chunk["x"]),
+        "dim_theta": int(chunk["theta"].shape[1]),
+        "dim_x": int(chunk["x"].shape[1]),
+        "invalid": int(chunk["invalid"]),
+        "failed": int(chunk.get("failed", 0)),
+        "first_failure": str(chunk.get("first_failure", "")),
+        "worker": str(chunk.get("worker", "")),
     }
 
 
@@ -366,11 +384,13 @@ def _load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _save_atomic(result: dict[str, Any], path: Path) -> None:
+def _save_atomic(result: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Write one chunk; returns it."""
     chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
     chunk["worker"] = result.get("worker", "")
     with replacing(path) as temporary:
         torch.save(chunk, temporary)
+    return chunk
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
