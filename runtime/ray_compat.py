@@ -47,6 +47,16 @@ def report_timeout_ranks(error: BaseException) -> list[int] | None:
     return sorted(getattr(error, "_missing_ranks", None) or [])
 
 
+def session_dir() -> str | None:
+    """The session folder of the Ray this process started or joined (``/tmp/ray/session_…``),
+    where every process of that Ray writes its logs; None when not connected. Ray has no public
+    API for it: ``ray._private.worker._global_node`` is the node this driver runs on."""
+    import ray._private.worker
+
+    node = ray._private.worker._global_node
+    return None if node is None else str(node.get_session_dir_path())
+
+
 def is_runtime_env_conflict(exc: ValueError) -> bool:
     """``ray.init(runtime_env=…)`` inside a submitted job whose runtime env already sets the same
     variable raises a ValueError about failing to merge them; Ray has no type for it."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainforge import log, ray_compat, storage
 from trainforge.config.schema import RunSection
-from trainforge.driver import local_cluster
+from trainforge.driver import local_cluster, reaper
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
@@ -71,6 +71,9 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
             del os.environ[GCS_PORT_ENV]
     if local_only:  # a test session's Ray, not a command's
         return None
+    session = ray_compat.session_dir()
+    if session is not None:  # its agents would outlive a SIGKILLed command by a minute
+        reaper.watch(session)
     return f"ray: started a private local Ray for this command ({time.time() - started_at:.1f} s)"
 
 
