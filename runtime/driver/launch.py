@@ -198,6 +198,7 @@ def simulate(cfg: Recipe) -> int:
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
+    storage.check_writable(root, cfg.run.name)  # the simulations are written under it
     connect()
     resolve_workload(cfg.workload, cfg.run.seed, root)  # says where the data are
     return 0

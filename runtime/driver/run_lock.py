@@ -57,6 +57,7 @@ def one_at_a_time(train: Callable[[Recipe], T]) -> Callable[[Recipe], T]:
     @functools.wraps(train)
     def locked(cfg: Recipe) -> T:
         storage_path = storage.absolute(cfg.run.storage_path)
+        storage.check_writable(storage_path, cfg.run.name)  # the lock is the first file there
         with held(lock_path(storage_path, cfg.run.name), cfg.run.name):
             return train(cfg)
 

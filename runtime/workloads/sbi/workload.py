@@ -74,6 +74,8 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
     source = sources.resolve(cfg)
     if cfg.simulation.path is not None:
         folder = Path(cfg.simulation.path)
+        if not folder.is_dir():
+            raise RecipeError(f"workload.simulation.path: folder {folder} does not exist")
         if not (folder / simulate.MANIFEST).is_file():
             raise RecipeError(
                 f"workload.simulation.path: {folder} holds no finished simulations "
