@@ -28,6 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from trainforge.workloads.sbi import chunking, sources
 FORMAT = 1  # bump when the chunk layout changes, so old entries are not misread
 MANIFEST = "manifest.json"
 PROGRESS_EVERY_S = 5.0
+WRITERS = 8  # threads writing chunk files (each flushed to disk) while tasks run
 
 
 @dataclass
@@ -200,8 +202,10 @@ def _spread(
     cfg: Any, seed: int, job: Plan, todo: list[tuple[int, int]], slots: int, progress: Progress
 ) -> dict[int, dict[str, Any]]:
     """Every missing chunk through Ray tasks, at most IN_FLIGHT per slot, each task sized by
-    ``chunking.TaskSizer``; each finished chunk is written as it arrives. Returns what the
-    manifest needs of each chunk simulated (so it need not read them back)."""
+    ``chunking.TaskSizer``; each finished chunk is written as it arrives, by a few writer
+    threads (each file is flushed to disk, milliseconds apiece: one thread could not keep up
+    with many cores). Returns what the manifest needs of each chunk simulated (so it need not
+    read them back). Leaving, it waits for the writes: what was simulated is on disk."""
     import ray
 
     if job.device == "cuda":
@@ -213,28 +217,39 @@ def _spread(
     sizer = chunking.TaskSizer(slots, job.rows_per_chunk)
     pending: dict[Any, list[tuple[int, int]]] = {}
     done: dict[int, dict[str, Any]] = {}
-    while queue or pending:
-        while queue and len(pending) < chunking.IN_FLIGHT * slots:
-            chunks = [queue.popleft() for _ in range(sizer.next_size(len(queue)))]
-            pending[remote.remote(cfg_ref, seed, chunks, job.device)] = chunks
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        chunks = pending.pop(ready[0])
-        try:
-            results = ray.get(ready[0])
-        except ray.exceptions.RayTaskError as exc:
-            for ref in pending:
-                ray.cancel(ref)
-            cause = exc.cause if isinstance(exc.cause, RecipeError) else None
-            if cause is not None:
-                raise cause from None
-            first = chunks[0][0]
-            raise RuntimeError(f"simulation chunk {first} failed: {exc}") from None
-        for (index, _), result in zip(chunks, results, strict=True):
-            done[index] = chunk_facts(_save_atomic(result, job.chunk_path(index)))
-        simulated = sum(len(r["x"]) for r in results)
-        sizer.record(simulated, sum(r["seconds"] for r in results))
-        progress.add(simulated, {r["worker"] for r in results})
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="chunk-writer") as writers:
+        writes = []
+        while queue or pending:
+            while queue and len(pending) < chunking.IN_FLIGHT * slots:
+                chunks = [queue.popleft() for _ in range(sizer.next_size(len(queue)))]
+                pending[remote.remote(cfg_ref, seed, chunks, job.device)] = chunks
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            chunks = pending.pop(ready[0])
+            results = _result(ray, ready[0], chunks, pending)
+            for (index, _), result in zip(chunks, results, strict=True):
+                writes.append(writers.submit(_save_atomic, result, job.chunk_path(index)))
+                done[index] = chunk_facts(result)
+            simulated = sum(len(r["x"]) for r in results)
+            sizer.record(simulated, sum(r["seconds"] for r in results))
+            progress.add(simulated, {r["worker"] for r in results})
+        for write in writes:
+            write.result()  # a write that failed fails the stage
     return done
+
+
+def _result(
+    ray: Any, ref: Any, chunks: list[tuple[int, int]], pending: dict[Any, Any]
+) -> list[dict[str, Any]]:
+    """A task's chunks; a failed task cancels the others and fails the stage (a RecipeError
+    raised in the task, such as a broken user simulator, as itself)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        for other in pending:
+            ray.cancel(other)
+        if isinstance(exc.cause, RecipeError):
+            raise exc.cause from None
+        raise RuntimeError(f"simulation chunk {chunks[0][0]} failed: {exc}") from None
 
 
 @dataclass
@@ -296,8 +311,8 @@ def invalid_summary(manifest: dict[str, Any]) -> str:
 def summarize(job: Plan, known: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The manifest: the spec, the counts of invalid and raised simulations (the first
     error), and per node the processes that simulated and how many simulations each node did.
-    Chunks not in ``known`` (``chunk_facts`` of those simulated by an earlier, interrupted
-    stage) are read back."""
+    ``known``: the facts of the chunks just simulated; the others (written by an earlier,
+    interrupted stage) are read back."""
     known = known or {}
     chunks = [known.get(i) or chunk_facts(_load(job.chunk_path(i))) for i, _ in job.chunks]
     failures = [c["first_failure"] for c in chunks if c["failed"]]
@@ -384,13 +399,11 @@ def _load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _save_atomic(result: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Write one chunk; returns it."""
+def _save_atomic(result: dict[str, Any], path: Path) -> None:
     chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
     chunk["worker"] = result.get("worker", "")
     with replacing(path) as temporary:
         torch.save(chunk, temporary)
-    return chunk
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
