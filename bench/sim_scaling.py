@@ -1,0 +1,274 @@
+"""Simulation scaling: simulations/s of a CPU-bound simulator on 1, 2, 4, … all cores, through
+trainforge's Ray simulation stage and through sbi's ``simulate_for_sbi(num_workers=N)``
+(joblib), on the same host in one invocation, interleaved per core count.
+
+The simulator is the shipped SIR example (``trainforge.workloads.sbi.examples.sir``: one SciPy
+ODE solve per simulation, a few ms of one core). First its serial cost is measured in this
+process; then for each core count N (1, all, then 2, 4, … in between):
+
+  trainforge — a private Ray with num_cpus=N, the stage (``simulate.run``) on a small warm-up
+               entry (its workers start and import), then timed on a fresh cache entry of
+               ``M_N`` simulations: chunks written to disk and the manifest, as a run does.
+  sbi        — ``simulate_for_sbi(simulate, prior, M_N, num_workers=N)`` as sbi's docs call
+               it (simulation_batch_size=1, its default), and with batches of M_N / (4 N)
+               (``--sbi-batch 1,auto``: a tuned call), each after a warm-up call that starts
+               joblib's workers.
+
+``M_N`` is sized for about ``--seconds`` of work at linear scaling (a method that falls far
+behind gets at most twice ``--seconds`` at its previous rate). The order of the methods turns
+at every core count. Efficiency is rate / (N × the stage's rate on one core); the target
+"at least sbi's rate" is checked against sbi's best variant at each core count.
+The JSON is rewritten after every measurement, so a run cut short keeps what it measured;
+``--budget-s`` stops starting new core counts when the next one would not fit.
+
+    python bench/sim_scaling.py --out bench/results/sim_scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "sbi" / "sir_custom.yaml"
+SIMULATOR = "trainforge.workloads.sbi.examples.sir:simulate"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def hardware() -> dict[str, Any]:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "load_average_at_start": list(os.getloadavg()),
+        "machine": platform.machine(),
+        "system": platform.platform(),
+    }
+
+
+def software() -> dict[str, str]:
+    import ray
+    import sbi
+    import scipy
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "ray": ray.__version__, "sbi": sbi.__version__, "scipy": scipy.__version__}  # fmt: skip
+
+
+def core_counts(usable: int, asked: str | None) -> list[int]:
+    """1, all, then 2, 4, …: the ends first, so a run cut short keeps them."""
+    if asked:
+        return [int(c) for c in asked.split(",")]
+    counts, n = [1], 2
+    while n < usable:
+        counts.append(n)
+        n *= 2
+    return [1, usable, *counts[1:]] if usable > 1 else [1]
+
+
+def serial_seconds_per_simulation(samples: int) -> float:
+    from trainforge.workloads.sbi.examples import sir
+
+    theta = sir.prior().sample((samples,))
+    sir.simulate(theta[:5])  # SciPy's first call imports and warms up
+    started = time.perf_counter()
+    sir.simulate(theta)
+    return (time.perf_counter() - started) / samples
+
+
+class Writer:
+    """The result document, rewritten whole (temporary file, then rename) after each point."""
+
+    def __init__(self, path: Path, document: dict[str, Any]) -> None:
+        self.path, self.document = path, document
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary.write_text(json.dumps(self.document, indent=2) + "\n")
+        temporary.replace(self.path)
+
+
+def trainforge_stage(cores: int, simulations: int, warmup: int, scratch: Path) -> dict[str, Any]:
+    """The Ray simulation stage on a private Ray of ``cores`` CPUs."""
+    import ray
+
+    from trainforge import config
+    from trainforge.driver.cluster import connect
+    from trainforge.workloads.sbi import simulate
+
+    def section(n: int, folder: Path) -> Any:
+        overrides = [f"workload.simulation.num_simulations={n}",
+                     f"workload.simulation.cache_dir={folder}", "train.batch_size=8"]  # fmt: skip
+        return config.load(RECIPE, overrides).workload
+
+    started = time.perf_counter()
+    connect(local_only=True, num_cpus=cores, num_gpus=0)
+    ray_start_s = time.perf_counter() - started
+    try:
+        started = time.perf_counter()
+        simulate.run(section(warmup, scratch / "warmup"), 1, str(scratch), quiet=True)
+        first_call_s = time.perf_counter() - started
+        started = time.perf_counter()
+        folder = simulate.run(section(simulations, scratch / "timed"), 0, str(scratch), quiet=True)
+        seconds = time.perf_counter() - started
+        manifest = simulate.read_manifest(folder)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(scratch, ignore_errors=True)
+    processes = sum(r["processes"] for r in manifest["ran_on"].values())
+    return {"seconds": seconds, "ray_start_s": ray_start_s, "first_call_s": first_call_s,
+            "chunks": manifest["chunks"], "chunk_size": manifest["chunk_size"],
+            "processes": processes, "invalid": manifest["invalid"]}  # fmt: skip
+
+
+def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int) -> dict[str, Any]:
+    from sbi.inference import simulate_for_sbi
+
+    from trainforge.workloads.sbi.examples import sir
+
+    prior = sir.prior()
+    started = time.perf_counter()
+    simulate_for_sbi(sir.simulate, prior, warmup, num_workers=cores,
+                     simulation_batch_size=min(batch, warmup), seed=1,
+                     show_progress_bar=False)  # fmt: skip
+    first_call_s = time.perf_counter() - started
+    started = time.perf_counter()
+    _, x = simulate_for_sbi(
+        sir.simulate, prior, simulations, num_workers=cores, simulation_batch_size=batch,
+        seed=0, show_progress_bar=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    assert x.shape == (simulations, 10), x.shape
+    return {"seconds": seconds, "first_call_s": first_call_s, "simulation_batch_size": batch}
+
+
+def sbi_batch(choice: str, simulations: int, cores: int) -> int:
+    """An sbi batch size: a number, or auto (four batches per worker, as a tuned call might)."""
+    return max(1, simulations // (4 * cores)) if choice == "auto" else int(choice)
+
+
+def sbi_label(choice: str) -> str:
+    return "sbi_joblib" if choice == "1" else f"sbi_joblib_batch_{choice}"
+
+
+def summarize(document: dict[str, Any]) -> None:
+    """Per core count: the rates, the stage's efficiency against its one-core rate, and its
+    ratio to each sbi variant; then whether the targets were met on what was measured (against
+    sbi's best variant at each core count)."""
+    rates: dict[tuple[str, int], float] = {
+        (r["method"], r["cores"]): r["simulations_per_s"] for r in document["runs"]
+    }
+    base = rates.get(("trainforge", 1))
+    rows = []
+    for cores in sorted({c for _, c in rates}):
+        row: dict[str, Any] = {"cores": cores}
+        ours = rates.get(("trainforge", cores))
+        row["trainforge_per_s"] = ours
+        row["trainforge_efficiency"] = ours / (cores * base) if ours and base else None
+        theirs = {m: r for (m, c), r in rates.items() if c == cores and m.startswith("sbi")}
+        for method, rate in sorted(theirs.items()):
+            row[f"{method}_per_s"] = rate
+        row["trainforge_over_best_sbi"] = ours / max(theirs.values()) if ours and theirs else None
+        rows.append(row)
+    document["summary"] = rows
+    efficiencies = [r["trainforge_efficiency"] for r in rows if r["trainforge_efficiency"]]
+    ratios = [r["trainforge_over_best_sbi"] for r in rows if r["trainforge_over_best_sbi"]]
+    document["targets"] = {
+        "scaling_at_least_0.8_of_linear": bool(efficiencies) and min(efficiencies) >= 0.8,
+        "min_efficiency": min(efficiencies) if efficiencies else None,
+        "at_least_sbi_joblib_at_every_core_count": bool(ratios) and min(ratios) >= 1.0,
+        "min_trainforge_over_best_sbi": min(ratios) if ratios else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--out", type=Path, required=True, help="the JSON result, rewritten as it goes")
+    add("--cores", help="comma-separated core counts (default 1, 2, 4, … all)")
+    add("--seconds", type=float, default=5.0, help="work per point at linear scaling")
+    add("--sbi-batch", default="1,auto", help="simulate_for_sbi simulation_batch_size values")
+    add("--budget-s", type=float, default=270.0, help="start no core count ending after this")
+    add("--note", default="", help="free text stored with the result")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    machine = hardware()
+    cost = serial_seconds_per_simulation(200)
+    document: dict[str, Any] = {
+        "bench": "sim_scaling", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "note": args.note,
+        "hardware": machine, "software": software(), "simulator": SIMULATOR,
+        "serial_ms_per_simulation": cost * 1e3, "seconds_per_point": args.seconds,
+        "runs": [], "complete": False,
+    }  # fmt: skip
+    writer = Writer(args.out, document)
+    writer.save()
+    print(f"[bench] {machine['cpu_model']}, {machine['usable_cpus']} usable CPUs; "
+          f"serial {cost * 1e3:.2f} ms per simulation", flush=True)  # fmt: skip
+    methods = ["trainforge", *args.sbi_batch.split(",")]
+    last_rate: dict[str, float] = {}
+    last_point_s = 0.0
+    for step, cores in enumerate(core_counts(machine["usable_cpus"], args.cores)):
+        elapsed = time.perf_counter() - started
+        if elapsed + 1.3 * max(last_point_s, 4 * args.seconds) > args.budget_s:
+            document["stopped_early"] = f"budget of {args.budget_s:.0f} s before {cores} cores"
+            break
+        point_started = time.perf_counter()
+        simulations = max(64, round(cores * args.seconds / cost))
+        warmup = cores * 64  # four 16-row chunks per core: every worker starts and imports
+        # interleaved: the order turns at every core count
+        for method in methods if step % 2 == 0 else methods[::-1]:
+            label = "trainforge" if method == "trainforge" else sbi_label(method)
+            # a method far from linear would take long: at most twice the seconds at its
+            # last rate
+            n = simulations
+            if label in last_rate:
+                n = min(n, max(warmup, round(2 * args.seconds * last_rate[label])))
+            if method == "trainforge":
+                scratch = Path(tempfile.mkdtemp(prefix="sim_scaling_"))
+                result = trainforge_stage(cores, n, warmup, scratch)
+            else:
+                result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores))
+            rate = last_rate[label] = n / result["seconds"]
+            document["runs"].append({"method": label, "cores": cores, "num_simulations": n,
+                                     "simulations_per_s": rate, **result})  # fmt: skip
+            summarize(document)
+            writer.save()
+            print(f"[bench] {cores:3d} cores {label:24s} {n:8,d} simulations "
+                  f"in {result['seconds']:6.2f} s: {rate:9,.0f}/s", flush=True)  # fmt: skip
+        last_point_s = time.perf_counter() - point_started
+    else:
+        document["complete"] = True
+    document["wall_s"] = time.perf_counter() - started
+    writer.save()
+    print(json.dumps(document["targets"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
