@@ -19,6 +19,7 @@ from trainforge.config.resolve import worker_resources
 from trainforge.driver import (
     collective_timeout,
     console,
+    disk_full,
     local_cluster,
     out_of_memory,
     recipe_change,
@@ -154,7 +155,11 @@ def train(cfg: Recipe) -> Outcome:
             reason = first_line(stopped[0], limit=1000)
             log.error(f"training stopped: {reason}")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
-        reason = out_of_memory.explain(exc, cfg) or collective_timeout.explain(exc, cfg)
+        reason = (
+            out_of_memory.explain(exc, cfg)
+            or collective_timeout.explain(exc, cfg)
+            or disk_full.explain(exc, payload["run_dir"])
+        )
         if reason is not None:  # one line with what to change, not the worker's traceback
             log.error(f"training failed: {reason}")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)

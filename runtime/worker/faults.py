@@ -7,6 +7,7 @@ worker) applies them. Nothing happens unless one is set.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Mapping
@@ -24,16 +25,21 @@ HANG_AT_STEP = "hang_at_step"
 """Payload key: the optimizer step (1-based) before which the last rank stops responding."""
 HANG_AT_REPORT = "hang_at_report"
 """Payload key: the step whose checkpoint report the last rank never reaches."""
+DISK_FULL_AT_CHECKPOINT = "disk_full_at_checkpoint"
+"""Payload key: the checkpoint (1-based, counted per worker process) whose writing on rank 0
+runs out of disk space."""
 
 FAIL_AFTER_EPOCH_ENV = "TRAINFORGE_FAIL_AFTER_EPOCH"
 OOM_AT_STEP_ENV = "TRAINFORGE_OOM_AT_STEP"
 HANG_AT_STEP_ENV = "TRAINFORGE_HANG_AT_STEP"
 HANG_AT_REPORT_ENV = "TRAINFORGE_HANG_AT_REPORT"
+DISK_FULL_AT_CHECKPOINT_ENV = "TRAINFORGE_ENOSPC_AT_CHECKPOINT"
 _PAYLOAD_KEYS = {
     FAIL_AFTER_EPOCH_ENV: FAIL_AFTER_EPOCH,
     OOM_AT_STEP_ENV: OOM_AT_STEP,
     HANG_AT_STEP_ENV: HANG_AT_STEP,
     HANG_AT_REPORT_ENV: HANG_AT_REPORT,
+    DISK_FULL_AT_CHECKPOINT_ENV: DISK_FULL_AT_CHECKPOINT,
 }
 
 
@@ -43,9 +49,13 @@ def requested(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
 
 
 def inject(payload: dict[str, Any], trainer: Any, checkpointer: Any) -> None:
-    """Wrap ``trainer.step`` (the ``Stepper``) and ``checkpointer.reporter`` with the faults
-    ``payload`` asks for; they all happen on the last rank, so that rank 0 (which logs and
-    saves) sees the consequences."""
+    """Wrap ``trainer.step`` (the ``Stepper``), ``checkpointer.reporter`` and
+    ``checkpointer.write`` with the faults ``payload`` asks for. A full disk happens where
+    checkpoints are written, on rank 0; the others on the last rank, so that rank 0 (which logs
+    and saves) sees the consequences."""
+    if payload.get(DISK_FULL_AT_CHECKPOINT) is not None and trainer.ctx.rank == 0:
+        at = int(payload[DISK_FULL_AT_CHECKPOINT])
+        checkpointer.write = DiskFullAt(at, checkpointer.write)
     if trainer.ctx.rank != trainer.ctx.world_size - 1:
         return
     position = trainer.state.position
@@ -110,6 +120,28 @@ class HangAtReport:
 
     def registered(self) -> dict[str, Any] | None:
         return self.reporter.registered()  # type: ignore[no-any-return]
+
+
+class DiskFullAt:
+    """A checkpoint writer whose N-th checkpoint meets a full disk part-way through its state
+    file: some bytes reach the temporary file of the real atomic writer, then the write raises
+    the ``OSError`` (ENOSPC) a full disk raises. The other checkpoints are written as usual."""
+
+    def __init__(self, at: int, write: Any) -> None:
+        self.at, self.write, self.count = at, write, 0
+
+    def __call__(self, folder: Path, state: dict[str, Any], recipe_yaml: str) -> None:
+        self.count += 1
+        if self.count != self.at:
+            self.write(folder, state, recipe_yaml)
+            return
+        from trainforge.atomic import replacing
+        from trainforge.checkpoint import STATE_FILE
+
+        target = folder / STATE_FILE
+        with replacing(target) as temporary:
+            temporary.write_bytes(b"\0" * 4096)  # as far as the disk had room for
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
 
 
 def hang(sleep: Any) -> None:

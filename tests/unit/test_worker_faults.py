@@ -1,10 +1,11 @@
 """Faults injected for tests (``trainforge.worker.faults``): an out-of-memory error raised by,
 or an endless wait in, the last rank's step at the step asked for, an endless wait before the
-last rank's checkpoint report, and nothing otherwise; the environment variables that ask for
-them."""
+last rank's checkpoint report, a full disk while rank 0 writes the checkpoint asked for, and
+nothing otherwise; the environment variables that ask for them."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trainforge import checkpoint
 from trainforge.checkpoint import FolderReporter, Position
 from trainforge.distributed import WorkerContext
 from trainforge.worker import faults
@@ -110,3 +112,31 @@ def test_the_faults_asked_for_by_the_environment_become_payload_entries() -> Non
         faults.HANG_AT_REPORT: 9,
     }
     assert faults.requested({}) == {}
+
+
+def test_rank_0_s_checkpoint_asked_for_meets_a_full_disk_and_leaves_no_part_of_it(
+    tmp_path: Path,
+) -> None:
+    assert faults.requested({faults.DISK_FULL_AT_CHECKPOINT_ENV: "2"}) == {
+        faults.DISK_FULL_AT_CHECKPOINT: 2
+    }
+    writers = []
+    for rank in (0, 1):
+        holder = SimpleNamespace(reporter=FolderReporter(tmp_path), write=checkpoint.save)
+        faults.inject({faults.DISK_FULL_AT_CHECKPOINT: 2}, trainer(rank, 2), holder)
+        writers.append(holder.write)
+    write, other = writers
+    assert other is checkpoint.save  # only rank 0 writes checkpoints
+    folders = [tmp_path / f"checkpoint_{n}" for n in range(3)]
+    for step, folder in enumerate(folders):
+        folder.mkdir()
+        state = {"global_step": step, "model": {"w": torch.full((3,), float(step))}}
+        if step != 1:
+            write(folder, state, "recipe\n")
+            assert checkpoint.load(folder)["global_step"] == step  # whole and verified
+            continue
+        with pytest.raises(OSError) as full:
+            write(folder, state, "recipe\n")
+        assert full.value.errno == errno.ENOSPC
+        assert full.value.filename == str(folder / checkpoint.STATE_FILE)
+        assert list(folder.iterdir()) == []  # the part-written temporary file is gone
