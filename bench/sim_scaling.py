@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OMP_NUM_THREADS"] = "1"  # a one-thread simulator, one process per core, both ways
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import torch

@@ -107,33 +107,22 @@ def test_a_scipy_simulator_spreads_over_processes_and_its_failures_are_counted(
     sys.modules.pop("failing_sir", None)
 
 
-TWO_NODE_STAGE = """
-import json, sys
-from trainforge import config
-from trainforge.driver.cluster import connect
-from trainforge.workloads.sbi import simulate
-
-connect()  # RAY_ADDRESS: the two-node cluster
-cfg = config.load(sys.argv[1], ["workload.simulation.num_simulations=320",
-                                f"workload.simulation.cache_dir={sys.argv[2]}"]).workload
-folder = simulate.run(cfg, seed=0, storage_root=sys.argv[2], quiet=True)
-print(json.dumps(simulate.read_manifest(folder)["ran_on"]))
-"""
-
-
 def test_a_two_node_cluster_simulates_on_both_nodes(tmp_path: Path) -> None:
     nodes = RayNodes(tmp_path).start_head("--num-cpus=1")
     try:
         nodes.add_node("--num-cpus=1")
         done = subprocess.run(
-            [sys.executable, "-c", TWO_NODE_STAGE, str(RECIPE), str(tmp_path / "sims")],
+            [sys.executable, "-m", "trainforge", "simulate", str(RECIPE),
+             "workload.simulation.num_simulations=320", f"run.storage_path={tmp_path / 'runs'}"],
             env={**nodes.env, "RAY_ADDRESS": nodes.gcs}, capture_output=True, text=True,
             timeout=300,
         )  # fmt: skip
     finally:
         nodes.stop()
     assert done.returncode == 0, done.stdout + done.stderr
-    ran_on = json.loads(done.stdout.strip().splitlines()[-1])
+    assert " processes on 2 nodes" in done.stdout, done.stdout
+    (folder,) = (tmp_path / "runs" / "simulations").iterdir()
+    ran_on = simulate.read_manifest(folder)["ran_on"]
     assert len(ran_on) == 2, ran_on  # both raylets' CPUs simulated
     assert all(r["simulations"] > 0 for r in ran_on.values())
     assert sum(r["simulations"] for r in ran_on.values()) == 320

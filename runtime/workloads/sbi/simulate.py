@@ -134,7 +134,12 @@ def _source(cfg: Any) -> sources.SimulationSource:
 
 def simulate_chunk(cfg: Any, seed: int, index: int, size: int, device: str) -> dict[str, Any]:
     """One chunk: θ from the prior, x from the simulator; NaN/inf and raised rows counted."""
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    # as many threads as the task holds CPUs (one by default), whatever the environment says:
+    # more would compete with the other tasks on the machine
+    threads = (
+        cfg.simulation.cpus_per_chunk if device == "cpu" else os.environ.get("OMP_NUM_THREADS")
+    )
+    torch.set_num_threads(max(1, int(float(threads or 1))))
     source = _source(cfg)
     s = chunk_seed(seed, index)
     torch.manual_seed(s)  # user priors/simulators draw from the global RNGs
