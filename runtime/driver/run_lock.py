@@ -6,9 +6,10 @@ The lock is ``.<run.name>.lock`` beside the run folder (``storage_path``), not i
 that is refused or fails before training leaves no run folder behind, and ``checkpoint.resume``
 keeps meaning "this run has started before". It holds the holder's pid and host. It is created
 with O_EXCL (atomic on local file systems and NFSv3+), removed when the command ends however it
-ends, and taken over when its holder is gone: a pid that no longer exists on this host. A holder
-on another host cannot be checked from here; the message says which file to remove. Remote
-storage (``s3://…``) has no folder to hold a lock in: not locked.
+ends, and taken over when its holder is gone: a pid that no longer exists on this host, or one
+that exited and was never reaped. A holder on another host cannot be checked from here; the
+message says which file to remove. Remote storage (``s3://…``) has no folder to hold a lock in:
+not locked.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import psutil
 
 from trainforge import storage
 from trainforge.errors import RecipeError
@@ -108,7 +111,19 @@ def _dead(holder: dict[str, Any]) -> bool:
         return True
     except PermissionError:  # alive, another user's
         return False
-    return False
+    return _exited(holder["pid"])
+
+
+def _exited(pid: int) -> bool:
+    """A zombie: exited (`kill -9`, the OOM killer) but not reaped, so kill(pid, 0) still
+    succeeds. A killed command whose parent is gone stays so under an init that does not reap
+    orphans (a container's), and would keep its lock for ever."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone meanwhile
+        return True
+    except psutil.Error:  # not ours to look at: alive
+        return False
 
 
 def _remove_stale(path: Path, holder: dict[str, Any]) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainforge import cli
@@ -69,6 +71,24 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path: Path) -> None:
             run_lock.acquire(lock, "r")
     assert not lock.exists()
     assert [p.name for p in tmp_path.iterdir()] == []  # nothing stale left beside it
+
+
+def test_a_killed_holder_nobody_reaped_is_dead_too(tmp_path: Path) -> None:
+    """`kill -9` of a command whose parent does not reap it (an orphan under a container's
+    init): a zombie, which kill(pid, 0) still finds."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(holder.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        lock = tmp_path / ".r.lock"
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        with run_lock.held(lock, "r"):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    finally:
+        holder.wait()  # reaped only now
 
 
 def test_a_live_or_unknowable_holder_keeps_it(tmp_path: Path) -> None:
