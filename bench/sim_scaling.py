@@ -14,9 +14,9 @@ process; then for each core count N (1, all, then 2, 4, … in between):
                (``--sbi-batch 1,auto``: a tuned call), each after a warm-up call that starts
                joblib's workers.
 
-``M_N`` is sized for about ``--seconds`` of work at linear scaling (a method that falls far
-behind gets at most twice ``--seconds`` at its previous rate). The order of the methods turns
-at every core count. Efficiency is rate / (N × the stage's rate on one core); the target
+``M_N`` is sized for about ``--seconds`` of work at linear scaling; every method simulates the
+same ``M_N`` (one far from linear takes longer). The order of the methods turns at every core
+count. Efficiency is rate / (N × the stage's rate on one core); the target
 "at least sbi's rate" is checked against sbi's best variant at each core count.
 The JSON is rewritten after every measurement, so a run cut short keeps what it measured;
 ``--budget-s`` stops starting new core counts when the next one would not fit.
@@ -231,7 +231,6 @@ def main() -> int:
     print(f"[bench] {machine['cpu_model']}, {machine['usable_cpus']} usable CPUs; "
           f"serial {cost * 1e3:.2f} ms per simulation", flush=True)  # fmt: skip
     methods = ["trainforge", *args.sbi_batch.split(",")]
-    last_rate: dict[str, float] = {}
     last_point_s = 0.0
     for step, cores in enumerate(core_counts(machine["usable_cpus"], args.cores)):
         elapsed = time.perf_counter() - started
@@ -244,17 +243,13 @@ def main() -> int:
         # interleaved: the order turns at every core count
         for method in methods if step % 2 == 0 else methods[::-1]:
             label = "trainforge" if method == "trainforge" else sbi_label(method)
-            # a method far from linear would take long: at most twice the seconds at its
-            # last rate
             n = simulations
-            if label in last_rate:
-                n = min(n, max(warmup, round(2 * args.seconds * last_rate[label])))
             if method == "trainforge":
                 scratch = Path(tempfile.mkdtemp(prefix="sim_scaling_"))
                 result = trainforge_stage(cores, n, warmup, scratch)
             else:
                 result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores))
-            rate = last_rate[label] = n / result["seconds"]
+            rate = n / result["seconds"]
             document["runs"].append({"method": label, "cores": cores, "num_simulations": n,
                                      "simulations_per_s": rate, **result})  # fmt: skip
             summarize(document)
