@@ -144,12 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             return launch.simulate(cfg)
         return launch.train(cfg).exit_code
     except RecipeError as exc:
-        log.refuse(str(exc))
+        log.refuse(_one_line(str(exc)))
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM before or between runs' own handling
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
         log.error(f"{stopped}; nothing was lost: a run resumes from its last checkpoint")
         return 143 if isinstance(exc, Terminated) else 130
+
+
+def _one_line(text: str) -> str:
+    """A refusal stays one line when it quotes the user's text as typed: a key or a path may
+    hold a newline or other control characters, shown escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class Terminated(KeyboardInterrupt):

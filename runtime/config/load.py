@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import typing
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -25,7 +26,6 @@ from omegaconf.errors import (
     ConfigKeyError,
     GrammarParseError,
     InterpolationResolutionError,
-    MissingMandatoryValue,
     OmegaConfBaseException,
     ValidationError,
 )
@@ -49,7 +49,15 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(f"cannot read recipe {path}: {first_line(exc)}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"recipe {path} must be a mapping of sections, not a list")
-    merged = OmegaConf.merge(user, _parse_overrides(overrides))
+    overriding = _parse_overrides(overrides)
+    try:
+        merged = OmegaConf.merge(user, overriding)
+    except TypeError:  # a list onto a mapping, or a mapping onto a list: OmegaConf names no key
+        key, given = _container_clash(user, overriding)
+        if not key:
+            raise
+        shape = "a list" if isinstance(given, DictConfig) else "a mapping of settings"
+        raise RecipeError(f"{key}: must be {shape}, got {_shown(given)}") from None
     assert isinstance(merged, DictConfig)
     return build(merged)
 
@@ -64,10 +72,15 @@ def build(user: DictConfig) -> Recipe:
     return the typed recipe: every section's checks run as its dataclass is built."""
     from trainforge.workloads import spec_for  # the registry: workload.kind → its schema
 
-    for name in Recipe.__dataclass_fields__:
-        if name in user and name != "workload" and not isinstance(user[name], DictConfig):
-            raise RecipeError(f"{name}: must be a section of settings, got {user[name]!r}")
-    workload_user = user.get("workload") if "workload" in user else None
+    for name in [str(k) for k in user]:
+        if OmegaConf.is_interpolation(user, name):  # `train: ${run}`: a section is written out
+            text = user._get_node(name)._value()  # type: ignore[union-attr]
+            raise RecipeError(f"{name}: must be a section of settings, got {text!r}")
+    with _key_errors(""):
+        for name in Recipe.__dataclass_fields__:
+            if name in user and name != "workload" and not isinstance(user[name], DictConfig):
+                raise RecipeError(f"{name}: must be a section of settings, got {user[name]!r}")
+        workload_user = user.get("workload") if "workload" in user else None
     body = OmegaConf.masked_copy(user, [str(k) for k in user if k != "workload"])
     cfg = _merge(OmegaConf.structured(Recipe), body)
 
@@ -115,6 +128,11 @@ def scaled_lr(train: TrainSection, global_batch_size: int) -> float:
 
 # --- helpers -------------------------------------------------------------------------------
 
+# An override's key: names joined by dots. OmegaConf's own key syntax goes further (``a[0]``,
+# ``a\.b``, empty names from ``a..b``), which on the command line is only ever a typo and then
+# fails far from it (an IndexError for ``[x``, or an unknown key named ``a.``).
+_OVERRIDE_KEY = re.compile(r"[^\s.\[\]\\${}=]+(\.[^\s.\[\]\\${}=]+)*")
+
 
 def yaml_error(path: Path, exc: yaml.MarkedYAMLError) -> str:
     """PyYAML's syntax error as one line that keeps the file, line and column (1-based, as
@@ -129,13 +147,24 @@ def yaml_error(path: Path, exc: yaml.MarkedYAMLError) -> str:
 
 
 def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    """The ``key=value`` items as one config, applied in order; a bad item is named whole."""
+    parsed = OmegaConf.create()
     for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise RecipeError(f"override {item!r}: expected key=value (e.g. train.lr=0.01)")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except (OmegaConfBaseException, ValueError) as exc:
-        raise RecipeError(f"cannot parse overrides: {first_line(exc)}") from None
+        key = item.split("=", 1)[0]
+        if "=" not in item or not (key.isprintable() and _OVERRIDE_KEY.fullmatch(key)):
+            raise RecipeError(
+                f"override {item!r}: expected key=value with a dotted key (e.g. train.lr=0.01)"
+            )
+        try:
+            parsed.merge_with_dotlist([item])
+        except yaml.MarkedYAMLError as exc:  # the value: YAML, as in a recipe file
+            problem = exc.problem or exc.context or "syntax error"
+            raise RecipeError(f"override {item!r}: value is not valid YAML: {problem}") from None
+        except UnicodeError:  # argv bytes that the locale's encoding could not decode
+            raise RecipeError(f"override {item!r}: not valid UTF-8 text") from None
+        except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+            raise RecipeError(f"override {item!r}: {first_line(exc)}") from None
+    return parsed
 
 
 def _workload_kind(workload_user: Any) -> str:
@@ -143,7 +172,8 @@ def _workload_kind(workload_user: Any) -> str:
         raise RecipeError("workload: missing; the recipe needs a workload section with a kind")
     if not isinstance(workload_user, DictConfig):
         raise RecipeError("workload: must be a mapping with a kind (e.g. kind: cnn)")
-    kind = workload_user.get("kind")
+    with _key_errors("workload"):  # `kind: ${nowhere}`
+        kind = workload_user.get("kind")
     if kind is None:
         raise RecipeError("workload.kind: missing required value (e.g. cnn)")
     return str(kind)
@@ -153,8 +183,61 @@ def _merge(base: DictConfig, user: Any, prefix: str = "") -> DictConfig:
     if user is None:
         return base
     with _key_errors(prefix, schema=base):
+        _check_shapes(base, user, prefix)
         user = _switches_as_text(OmegaConf.get_type(base), user)
         return OmegaConf.merge(base, user)  # type: ignore[return-value]
+
+
+def _check_shapes(base: DictConfig, user: Any, prefix: str) -> None:
+    """A mapping where the schema has a mapping, a list where it has a list, and plain values
+    inside the free-form ones (``resources_per_worker``, ``observations``). OmegaConf checks
+    none of this: a list merged onto a mapping is a TypeError with no key, and a list inside
+    ``observations`` reaches the section's checks as a value."""
+    if not isinstance(user, DictConfig):
+        return
+    for name in [str(k) for k in user]:
+        if name not in base or OmegaConf.is_interpolation(user, name):
+            continue
+        key = _full_key(prefix, name)
+        expected, given = base._get_node(name), user._get_node(name)
+        if isinstance(expected, DictConfig) and not isinstance(given, DictConfig):
+            raise RecipeError(f"{key}: must be a mapping of settings, got {_shown(given)}")
+        if isinstance(expected, ListConfig) and not isinstance(given, ListConfig):
+            raise RecipeError(f"{key}: must be a list, got {_shown(given)}")
+        if isinstance(expected, DictConfig) and is_dataclass(OmegaConf.get_type(expected)):
+            _check_shapes(expected, given, key)
+        elif isinstance(given, DictConfig | ListConfig):
+            items = given.items_ex(resolve=False) if isinstance(given, DictConfig) else None
+            names = [str(k) for k, _ in items] if items is not None else range(len(given))
+            for index in names:
+                inner = given._get_node(index)  # type: ignore[arg-type]
+                if isinstance(inner, DictConfig | ListConfig):
+                    where = f"{key}.{index}" if isinstance(index, str) else f"{key}[{index}]"
+                    raise RecipeError(f"{where}: must be a plain value, got {_shown(inner)}")
+
+
+def _container_clash(base: Any, other: Any, prefix: str = "") -> tuple[str, Any]:
+    """The first key where ``other`` has a list and ``base`` a mapping, or the other way round,
+    and ``other``'s node there."""
+    for name in [str(k) for k in other] if isinstance(other, DictConfig) else []:
+        if not isinstance(base, DictConfig) or name not in base:
+            continue
+        key, mine, theirs = _full_key(prefix, name), base._get_node(name), other._get_node(name)
+        if isinstance(mine, DictConfig) and isinstance(theirs, DictConfig):
+            found = _container_clash(mine, theirs, key)
+            if found[0]:
+                return found
+        elif {type(mine), type(theirs)} == {DictConfig, ListConfig}:
+            return key, theirs
+    return "", None
+
+
+def _shown(node: Any) -> str:
+    """A user's value as it reads in a message: plain Python, on one line."""
+    if isinstance(node, DictConfig | ListConfig):
+        return repr(OmegaConf.to_container(node, resolve=False))
+    value = node._value() if hasattr(node, "_value") else node
+    return repr(value)
 
 
 def _switches_as_text(schema: Any, user: Any) -> Any:
@@ -190,7 +273,7 @@ class _key_errors:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or not isinstance(exc, OmegaConfBaseException):
             return  # not ours: it propagates unchanged
-        key = _full_key(self.prefix, getattr(exc, "full_key", "") or "")
+        key = _full_key(self.prefix, getattr(exc, "full_key", "") or "") or "recipe"
         if isinstance(exc, ConfigKeyError | ConfigAttributeError):
             raise RecipeError(f"{key}: unknown key{self._did_you_mean(key)}") from None
         if isinstance(exc, ValidationError):
@@ -202,7 +285,7 @@ class _key_errors:
             raise RecipeError(f"{key}: wrong type, got {value!r}{expected}") from None
         if isinstance(exc, GrammarParseError | InterpolationResolutionError):
             raise RecipeError(f"{key}: {first_line(exc)}") from None
-        raise RecipeError(f"{key or 'recipe'}: {first_line(exc)}") from None
+        raise RecipeError(f"{key}: {first_line(exc)}") from None
 
     def _did_you_mean(self, key: str) -> str:
         if self.schema is None:
@@ -252,19 +335,26 @@ def _literal_choices(exc: ValidationError) -> tuple[Any, ...]:
     return literal_fields(schema).get(name, ())
 
 
-def _check_missing(cfg: DictConfig, prefix: str = "") -> None:
-    for key in cfg:
-        full = _full_key(prefix, str(key))
+def _check_missing(cfg: DictConfig | ListConfig, prefix: str = "") -> None:
+    """Every required value given, and every interpolation resolving to a value that its
+    setting takes; each problem named by its key (OmegaConf's own errors often carry none)."""
+    keys: list[Any] = list(cfg) if isinstance(cfg, DictConfig) else list(range(len(cfg)))
+    for key in keys:
+        full = _full_key(prefix, str(key)) if isinstance(cfg, DictConfig) else f"{prefix}[{key}]"
         if OmegaConf.is_missing(cfg, key):
             raise RecipeError(f"{full}: missing required value")
-        child = cfg._get_node(key)
-        if isinstance(child, DictConfig):
-            _check_missing(child, full)
-        elif isinstance(child, ListConfig):
+        if OmegaConf.is_interpolation(cfg, key):
+            try:
+                value = cfg[key]  # resolves it, and checks a plain value against its type
+            except OmegaConfBaseException as exc:
+                raise RecipeError(f"{full}: {first_line(exc)}") from None
+            node = cfg._get_node(key)
+            if isinstance(node, DictConfig | ListConfig) and not isinstance(
+                value, DictConfig | ListConfig
+            ):  # OmegaConf checks no container: it would fail later, naming no key
+                shape = "a list" if isinstance(node, ListConfig) else "a mapping of settings"
+                raise RecipeError(f"{full}: must be {shape}, got {value!r}")
             continue
-    try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as exc:
-        raise RecipeError(f"{getattr(exc, 'full_key', 'recipe')}: missing required value") from None
-    except InterpolationResolutionError as exc:
-        raise RecipeError(f"{getattr(exc, 'full_key', 'recipe')}: {first_line(exc)}") from None
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig | ListConfig):
+            _check_missing(child, full)

@@ -28,6 +28,10 @@ class Section:
             value = getattr(self, name)
             if value != MISSING and value not in choices:
                 raise not_one_of(self.key(name), value, choices)
+        for name, value in vars(self).items():  # the dataclass's fields
+            problem = _value_problem(value)
+            if problem:
+                raise RecipeError(f"{self.key(name)}: {problem}")
         self.check()
 
     def check(self) -> None:
@@ -41,6 +45,12 @@ class Section:
         if value is not None and value < low:
             suffix = " (or null)" if _optional(type(self), name) else ""
             raise RecipeError(f"{self.key(name)}: must be >= {low}{suffix}, got {value}")
+
+    def at_most(self, name: str, high: float, meaning: str = "") -> None:
+        value = getattr(self, name)
+        if value is not None and value > high:
+            why = f" ({meaning})" if meaning else ""
+            raise RecipeError(f"{self.key(name)}: must be <= {high}{why}, got {value}")
 
     def positive(self, name: str) -> None:
         value = getattr(self, name)
@@ -70,6 +80,32 @@ def literal_fields(cls: type) -> dict[str, tuple[Any, ...]]:
             if typing.get_origin(hint) is typing.Literal
         }
     return _LITERALS[cls]
+
+
+def _value_problem(value: Any) -> str | None:
+    """What no setting takes, whatever its type: a NaN or infinite number (every check would
+    pass it: NaN compares false), an integer past int64 (torch cannot hold it), text with a NUL
+    (no path or name holds one), with a literal ``${`` (printed or sent to a worker, it is read
+    as an interpolation again), or with bytes that were not UTF-8 (an environment variable read
+    through ``${oc.env:…}`` that the locale could not decode: it cannot be printed)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:  # torch's and numpy's int64
+        return f"must be within ±2**63, got {value}"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"must not hold a NUL character, got {value!r}"
+        if "${" in value:  # from an escaped `\${…}`
+            return f"must not hold a literal '${{', got {value!r}"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"must be UTF-8 text, got {value!r}"
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        return next(filter(None, map(_value_problem, value)), None)
+    return None
 
 
 def _optional(cls: type, name: str) -> bool:

@@ -19,6 +19,11 @@ from trainforge.config.rules import Section
 from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, uri_problem
 
+MAX_NAME_BYTES = 200  # of a run name: a file name holds 255, the lock file adds 6
+# Seconds a wait may last: a year is more than any wait means, and below what the clocks that
+# take it hold (a timedelta, MLflow's sampling thread: larger values overflow in the worker).
+MAX_WAIT_S = 365 * 24 * 3600
+
 # auto | true | false. YAML and the command line read `true` as a bool; the loader turns a
 # bool given for a Switch into its text before merging (see load._switches_as_text).
 Switch = Literal["auto", "true", "false"]
@@ -46,8 +51,20 @@ class RunSection(Section):
     checkpoint); -1 retries forever."""
 
     def check(self) -> None:
-        if not self.name.strip() or "/" in self.name:
-            raise RecipeError(f"run.name: must be a non-empty name without '/', got {self.name!r}")
+        name = self.name
+        # It names a folder and, beside it, the lock file `.<name>.lock`: one file name each.
+        if not name.strip() or "/" in name or name in (".", "..") or not name.isprintable():
+            raise RecipeError(
+                "run.name: must be a non-empty name without '/' or control characters, not '.' "
+                f"or '..' (it names a folder), got {name!r}"
+            )
+        if len(name.encode()) > MAX_NAME_BYTES:
+            raise RecipeError(
+                f"run.name: must be at most {MAX_NAME_BYTES} bytes (it names a folder), got "
+                f"{len(name.encode())}"
+            )
+        if not 0 <= self.seed < 2**32:  # numpy's and scikit-learn's seeds are uint32
+            raise RecipeError(f"run.seed: must be in [0, 2**32 - 1], got {self.seed}")
         self.at_least("max_failures", -1)
 
 
@@ -71,6 +88,7 @@ class ScalingSection(Section):
     def check(self) -> None:
         self.at_least("num_workers", 1)
         self.at_least("timeout_s", 1)
+        self.at_most("timeout_s", MAX_WAIT_S, "a year")
         for resource, amount in self.resources_per_worker.items():
             if amount < 0:
                 raise RecipeError(
@@ -132,6 +150,8 @@ class TrainSection(Section):
             self.at_least(name, 0)
         self.positive("lr")
         self.positive("clip_grad_norm")
+        if not 0 <= self.momentum < 1:  # torch refuses < 0; 1 and above never decay
+            raise RecipeError(f"train.momentum: must be in [0, 1), got {self.momentum}")
         self.fraction("min_lr_ratio", closed=True)
 
 
@@ -213,6 +233,7 @@ class TrackingSection(Section):
         self.at_least("profile_steps", 0)
         self.at_least("profile_start_step", 0)
         self.positive("system_metrics_interval_s")
+        self.at_most("system_metrics_interval_s", MAX_WAIT_S, "a year")
 
 
 @dataclass
