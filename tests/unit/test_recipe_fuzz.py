@@ -36,6 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainforge import cli, config
 from trainforge.config.schema import Recipe
 from trainforge.driver import launch
+from trainforge.tracking import driver as tracking_driver
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import KNOWN_DATASETS
 from trainforge.workloads.cnn.models import KNOWN_MODELS
@@ -73,6 +74,8 @@ def _ray_door(monkeypatch: pytest.MonkeyPatch) -> None:
         raise _ReachedRay()
 
     monkeypatch.setattr(launch, "connect", connect)
+    # `train` records its command line for the MLflow run: not for later tests in this process
+    monkeypatch.setattr(tracking_driver, "_invoked", [])
 
 
 def _fuzz(examples: int) -> settings:
@@ -246,15 +249,21 @@ class Ran:
 def _cli(*argv: str) -> Ran:
     """``trainforge <argv>`` in-process, with stdout and stderr encoded as a UTF-8 console
     encodes them (stdout strict, stderr backslashreplace: Python's own defaults)."""
+    ray_before = _ray_running()
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(list(argv))
-    ray = sys.modules.get("ray")
-    assert ray is None or not ray.is_initialized(), "Ray was started"
+    # (a `ray` test before this one in the same process may hold the shared local Ray)
+    assert _ray_running() == ray_before, "Ray was started"
     err.flush()
     texts = [stream.buffer.getvalue().decode() for stream in (out, err)]  # type: ignore[attr-defined]
     return Ran(code, *texts)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _refusal(ran: Ran) -> str:
