@@ -37,6 +37,12 @@ class NonFiniteLoss(RuntimeError):
     garbage, and a checkpoint of it would push the good ones out (``checkpoint.keep_last``)."""
 
 
+class CollectiveFailed(RuntimeError):
+    """An all-reduce came back with values no completed reduction can hold: the collective did
+    not finish (NCCL's watchdog aborts the communicator of a rank that waited past
+    ``scaling.timeout_s``, and the pending result is left as it was)."""
+
+
 class NoValidCheckpoint(RecipeError):
     """The run has checkpoints and none passes verification against its manifest: resuming would
     silently start over (or train on a broken state), so the run is refused, nothing deleted."""

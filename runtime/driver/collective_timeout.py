@@ -19,6 +19,7 @@ import re
 
 from trainforge import ray_compat
 from trainforge.config import Recipe
+from trainforge.errors import CollectiveFailed
 
 # gloo's words when a collective's wait ends ("Timed out waiting 5000ms for recv operation to
 # complete"), and NCCL's watchdog's when it reports one instead of ending the process
@@ -33,7 +34,8 @@ def explain(exc: BaseException, cfg: Recipe) -> str | None:
     in_collective = [
         rank
         for rank, error in failures.items()
-        if isinstance(error, RuntimeError) and TIMED_OUT.search(str(error))
+        if isinstance(error, CollectiveFailed)
+        or (isinstance(error, RuntimeError) and TIMED_OUT.search(str(error)))
     ]
     at_report = {rank: ray_compat.report_timeout_ranks(error) for rank, error in failures.items()}
     missing = sorted({m for ranks in at_report.values() for m in ranks or []})

@@ -11,12 +11,14 @@ GradScaler's skipped fp16 steps overflow in the gradients, not the loss: they do
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from trainforge import distributed
 from trainforge.distributed import WorkerContext
-from trainforge.errors import NonFiniteLoss
+from trainforge.errors import CollectiveFailed, NonFiniteLoss
 
 
 def nonfinite_flags(loss_sum: torch.Tensor, ctx: WorkerContext) -> torch.Tensor:
@@ -32,9 +34,18 @@ def raise_if_nonfinite(
     step: int,
     weight_flags: torch.Tensor | None = None,
 ) -> None:
-    """After the all-reduce: stop every rank when any rank's loss (or weights) was not finite."""
+    """After the all-reduce: stop every rank when any rank's loss (or weights) was not finite.
+    A reduction that did not complete is told apart from a non-finite loss: each rank adds 0 or
+    1 to its own entry only, and a rank flagged for its loss makes the summed loss non-finite."""
     loss_ranks = _ranks(summed_flags)
     weight_ranks = _ranks(weight_flags) if weight_flags is not None else []
+    flags = summed_flags.tolist() + (weight_flags.tolist() if weight_flags is not None else [])
+    if any(flag not in (0.0, 1.0) for flag in flags) or (loss_ranks and math.isfinite(mean_loss)):
+        raise CollectiveFailed(
+            f"the all-reduce of step {step} came back incomplete (non-finite flags "
+            f"{summed_flags.tolist()} with a summed loss of {mean_loss}): a collective did not "
+            "finish, as when a rank stopped responding and the watchdog aborted the communicator"
+        )
     if loss_ranks:
         what = f"train/loss became {mean_loss} by step {step} ({_which(loss_ranks)})"
     elif weight_ranks:

@@ -11,6 +11,7 @@ from ray.train.v2._internal.exceptions import BroadcastCollectiveTimeoutError
 from tests.conftest import RECIPES
 from trainforge import config
 from trainforge.driver import collective_timeout
+from trainforge.errors import CollectiveFailed
 
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 # gloo's own message, as rank 0 raised it in tests/integration/test_kills.py
@@ -52,3 +53,10 @@ def test_other_failures_are_not_called_a_timeout() -> None:
     assert collective_timeout.explain(failed({0: RuntimeError("shape mismatch")}), cfg) is None
     assert collective_timeout.explain(failed({0: ValueError(GLOO)}), cfg) is None
     assert collective_timeout.explain(RuntimeError(GLOO), cfg) is None  # not from the workers
+
+
+def test_an_incomplete_all_reduce_is_told_as_a_rank_that_stopped_responding() -> None:
+    cfg = config.load(DIGITS, ["scaling.timeout_s=15"])
+    incomplete = CollectiveFailed("the all-reduce of step 30 came back incomplete")
+    line = collective_timeout.explain(failed({0: incomplete}), cfg)
+    assert line == f"rank 0 waited scaling.timeout_s=15 s in a collective for a worker {WHY}"

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from trainforge.distributed import WorkerContext
-from trainforge.errors import NonFiniteLoss
+from trainforge.errors import CollectiveFailed, NonFiniteLoss
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 
 CPU = torch.device("cpu")
@@ -38,3 +38,15 @@ def test_before_a_save_the_weights_are_checked_too() -> None:
         check_before_save(torch.tensor(0.7), model, ctx(), step=5)
     with pytest.raises(NonFiniteLoss, match=r"train/loss became nan by step 6"):
         check_before_save(torch.tensor(float("nan")), nn.Linear(3, 2), ctx(), step=6)
+
+
+def test_an_all_reduce_that_did_not_complete_is_not_called_a_non_finite_loss() -> None:
+    """Seen on 2 H100s: NCCL's watchdog aborted the communicator of a rank waiting for a
+    stopped one, and the step's reduction came back with both ranks flagged and a finite loss —
+    which was reported as 'train/loss became 0.276'. No completed reduction holds that."""
+    with pytest.raises(CollectiveFailed, match="all-reduce of step 30 came back incomplete"):
+        raise_if_nonfinite(torch.tensor([1.0, 1.0]), 0.276, step=30)
+    with pytest.raises(CollectiveFailed):
+        raise_if_nonfinite(torch.tensor([0.0, 3.5e-8]), float("nan"), step=30)
+    with pytest.raises(CollectiveFailed):
+        raise_if_nonfinite(torch.zeros(2), 0.5, step=30, weight_flags=torch.tensor([0.0, 2.0]))
