@@ -553,13 +553,9 @@ def _mutated_recipe(draw: st.DrawFn) -> tuple[Path, str, set[str]]:
     return path, yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), named
 
 
-@example((DIGITS, "run:\n  name: x\n  ? 'a\n\n    b'\n  : 1\n", {"run.a\nb"}))  # 2 lines
-@_fuzz(120)
-@given(_mutated_recipe())
-def test_a_mutated_recipe_file_loads_or_is_refused_naming_the_key(
-    case: tuple[Path, str, set[str]],
-) -> None:
-    _, text, named = case
+def _validate_file(text: str) -> tuple[str, str] | None:
+    """``trainforge validate`` on ``text`` as a recipe file: None when it loads (and its printed
+    YAML loads again the same), else the file's path and the one line refusing it (exit 2)."""
     with _scratch() as workdir:
         recipe = workdir / "recipe.yaml"
         recipe.write_text(text, encoding="utf-8")
@@ -567,9 +563,21 @@ def test_a_mutated_recipe_file_loads_or_is_refused_naming_the_key(
         assert ran.code in (0, 2), ran
         if ran.code == 0:
             _loads_again_the_same(ran, workdir)
-            return
-        message = _refusal(ran)
-        assert _related(_named_key(message), named) or str(recipe) in message, (named, message)
+            return None
+        return str(recipe), _refusal(ran)
+
+
+@example((DIGITS, "run:\n  name: x\n  ? 'a\n\n    b'\n  : 1\n", {"run.a\nb"}))  # 2 lines
+@_fuzz(120)
+@given(_mutated_recipe())
+def test_a_mutated_recipe_file_loads_or_is_refused_naming_the_key(
+    case: tuple[Path, str, set[str]],
+) -> None:
+    _, text, named = case
+    refused = _validate_file(text)
+    if refused is not None:
+        recipe, message = refused
+        assert _related(_named_key(message), named) or recipe in message, (named, message)
 
 
 SNIPPETS = [
@@ -597,28 +605,22 @@ def _broken_text(draw: st.DrawFn) -> str:
 @given(_broken_text())
 @example("run:\n  name: x\ntrain:\n  optimizer: !!int sgd\n")  # a tag YAML cannot apply
 def test_a_recipe_with_broken_yaml_is_refused_at_its_line(text: str) -> None:
-    with _scratch() as workdir:
-        recipe = workdir / "recipe.yaml"
-        recipe.write_text(text, encoding="utf-8")
-        ran = _cli("validate", str(recipe))
-        assert ran.code in (0, 2), ran
-        if ran.code == 0:
-            _loads_again_the_same(ran, workdir)
-            return
-        message = _refusal(ran)
-        where = rf"recipe {re.escape(str(recipe))}:(\d+):(\d+): YAML syntax error: "
-        syntax = re.match(where, message)
-        if syntax:
-            assert 1 <= int(syntax[1]) <= text.count("\n") + 2, message
-            return
-        # Still YAML, with other meaning: the refusal names a key of what it now says, a key of
-        # the schema, or the file.
-        try:  # as OmegaConf reads it (its YAML loader takes a tab inside a key)
-            keys = {_dotted(p) for p in _key_paths(OmegaConf.to_container(OmegaConf.create(text)))}
-        except (yaml.YAMLError, OmegaConfBaseException, ValueError):  # `!!int sgd`: ValueError
-            keys = set()
-        keys |= set(SCHEMA["cnn"]) | set(SCHEMA["sbi"])
-        assert _related(_named_key(message), keys) or str(recipe) in message, message
+    refused = _validate_file(text)
+    if refused is None:
+        return
+    recipe, message = refused
+    syntax = re.match(rf"recipe {re.escape(recipe)}:(\d+):(\d+): YAML syntax error: ", message)
+    if syntax:
+        assert 1 <= int(syntax[1]) <= text.count("\n") + 2, message
+        return
+    # Still YAML, with other meaning: the refusal names a key of what it now says, a key of the
+    # schema, or the file.
+    try:  # as OmegaConf reads it (its YAML loader takes a tab inside a key)
+        keys = {_dotted(p) for p in _key_paths(OmegaConf.to_container(OmegaConf.create(text)))}
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError):  # `!!int sgd`: ValueError
+        keys = set()
+    keys |= set(SCHEMA["cnn"]) | set(SCHEMA["sbi"])
+    assert _related(_named_key(message), keys) or recipe in message, message
 
 
 # --- train: refused before Ray, or at the door of Ray holding nothing ---------------------------
