@@ -103,17 +103,12 @@ def plan(cfg: Any, source: sources.SimulationSource, seed: int, root: Path, devi
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
     name = source.name.replace(":", "-").replace("/", "-").replace(".", "-")
     folder = root / f"{name}-{key}"
-    sizes = chunk_sizes(sim.num_simulations, rows)
+    sizes = chunking.chunk_sizes(sim.num_simulations, rows)
     return Plan(folder, key, spec, list(enumerate(sizes)), device)
 
 
 def chunk_file(folder: Path, index: int) -> Path:
     return folder / f"chunk-{index:06d}.pt"
-
-
-def chunk_sizes(num_simulations: int, chunk_size: int) -> list[int]:
-    """Simulations per chunk: ``chunk_size`` each, the last one what is left."""
-    return chunking.chunk_sizes(num_simulations, chunk_size)
 
 
 def chunk_seed(seed: int, index: int) -> int:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from trainforge.data.chunked import ChunkedData
-from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi import chunking, simulate
 from trainforge.workloads.sbi.split import split_order
 
 
@@ -44,7 +44,7 @@ def plan(folder: Path, val_fraction: float, seed: int, drop_invalid: bool) -> St
     manifest = simulate.read_manifest(folder)
     files = [simulate.chunk_file(folder, i) for i in range(manifest["chunks"])]
     total = manifest["num_simulations"]
-    sizes = simulate.chunk_sizes(total, manifest["chunk_size"])
+    sizes = chunking.chunk_sizes(total, manifest["chunk_size"])
     if manifest["invalid"]:
         simulate.check_invalid(folder, drop_invalid)  # refuses unless dropped
         valid = torch.cat([torch.isfinite(simulate.read_chunk(f)[1]).all(dim=1) for f in files])
