@@ -265,10 +265,27 @@ def summarize(rows: list[dict[str, Any]], tutorial_runs: list[float]) -> dict[st
     return summary
 
 
+def merge(files: list[Path], out: Path) -> None:
+    """One result from the repeats of several invocations on one host (a device call's time
+    limit can cut a run of all repeats): their runs together, summarized again."""
+    parts = [json.loads(f.read_text()) for f in files]
+    result = {k: v for k, v in parts[0].items() if k not in ("wall_s",)}
+    result["merged_from"] = [f.name for f in files]
+    result["settings"] = [p["settings"] for p in parts]
+    result["runs"] = [run for p in parts for run in p["runs"]]
+    result["tutorial_runs"] = [t for p in parts for t in p["tutorial_runs"]]
+    result |= summarize(result["runs"], result["tutorial_runs"])
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "settings")}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("cnn_throughput.json"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--first-repeat", type=int, default=0, help="number of the first repeat (its order)"
+    )
     parser.add_argument("--steps", type=int, default=200, help="steps per run at batch 256")
     parser.add_argument("--min-steps", type=int, default=60)
     parser.add_argument("--optimizers", nargs="+", default=["sgd", "adamw"])
@@ -277,12 +294,18 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", type=int, default=None)
     parser.add_argument("--tutorial-steps", type=int, default=100)
     parser.add_argument("--launch-timeout", type=int, default=300)
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, help="summarize these results files (calls of one host)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", default="", help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.merge:
+        merge(args.merge, args.out)
         return
     counts = args.gpus or sorted({1, torch.cuda.device_count()})
     result: dict[str, Any] = {
@@ -294,12 +317,14 @@ def main() -> None:
         "runs": [],
         "tutorial_runs": [],
     }
-    for repeat in range(args.repeats):
+    started = time.perf_counter()
+    for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
         for gpus in counts:
             result["runs"] += launch(args, gpus, repeat)
         if args.tutorial_steps:
             result["tutorial_runs"].append(tutorial(256, args.tutorial_steps))
         result |= summarize(result["runs"], result["tutorial_runs"])
+        result["wall_s"] = round(time.perf_counter() - started, 1)
         args.out.write_text(json.dumps(result, indent=2))  # what is done so far survives a kill
     print(json.dumps({k: v for k, v in result.items() if k not in ("runs",)}, indent=2))
 

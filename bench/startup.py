@@ -91,6 +91,34 @@ def stop_cluster(env: dict[str, str]) -> None:
                    capture_output=True, timeout=120)  # fmt: skip
 
 
+def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    medians = {
+        mode: {
+            key: round(statistics.median(r[key] for r in results if key in r), 2)
+            for key in sorted({k for r in results for k in r})
+            if all(isinstance(r.get(key), (int, float)) for r in results if key in r)
+            and any(key in r for r in results)
+        }
+        for mode, results in runs.items()
+        if results
+    }
+    report = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "recipe": args.recipe,
+        "overrides": args.overrides,
+        "repeats": args.repeats,
+        "busy_cores": args.busy,
+        "medians": medians,
+        "runs": runs,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipe", default="cnn/digits_simple_cnn")
@@ -142,38 +170,17 @@ def main() -> None:
             print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
                   flush=True)  # fmt: skip
         if args.torchrun:
-            command = ["torchrun", "--standalone", f"--nproc_per_node={args.torchrun_procs}",
-                       args.torchrun]  # fmt: skip
+            script = str(Path(args.torchrun).resolve())  # the commands run in a temporary folder
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc_per_node={args.torchrun_procs}", script]  # fmt: skip
             result = timed_command(command, env, work)
             runs["torchrun"].append(result)
             print("torchrun", json.dumps(result), flush=True)
+        write_report(args, runs)  # what is done so far survives a kill
     stop_cluster(env)
-
-    medians = {
-        mode: {
-            key: round(statistics.median(r[key] for r in results if key in r), 2)
-            for key in sorted({k for r in results for k in r})
-            if all(isinstance(r.get(key), (int, float)) for r in results if key in r)
-            and any(key in r for r in results)
-        }
-        for mode, results in runs.items()
-    }
     for spinner in spinners:
         spinner.terminate()
-    report = {
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "recipe": args.recipe,
-        "overrides": args.overrides,
-        "repeats": args.repeats,
-        "busy_cores": args.busy,
-        "medians": medians,
-        "runs": runs,
-    }
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    medians = write_report(args, runs)
     for mode, values in medians.items():
         print(mode, values)
 

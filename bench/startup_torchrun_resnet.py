@@ -1,7 +1,8 @@
 """The anchor of bench/startup.py on GPUs: a hand-written torchrun script for the synthetic
-ResNet-18 recipe's configuration — NCCL DDP, torchvision's ResNet-18 with 10 classes, random
-CIFAR-shaped data made on the GPU, bf16 autocast, channels_last, SGD — timed from the shell to
-its first optimizer step (it prints `[anchor] first step` then).
+ResNet-18 recipe's configuration — NCCL DDP, its CIFAR-style ResNet-18 (the model class only,
+none of the rest of trainforge), random CIFAR-shaped data made on the GPU, bf16 autocast,
+channels_last, SGD — timed from the shell to its first optimizer step (it prints
+`[anchor] first step` then).
 
     torchrun --standalone --nproc_per_node=4 bench/startup_torchrun_resnet.py
 """
@@ -12,7 +13,6 @@ import os
 
 import torch
 import torch.distributed as dist
-import torchvision
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -23,7 +23,9 @@ def main() -> None:
     device = torch.device("cuda", local_rank)
     images = torch.randn(51200 // dist.get_world_size(), 3, 32, 32, device=device)
     labels = torch.randint(0, 10, (images.shape[0],), device=device)
-    model = torchvision.models.resnet18(num_classes=10)
+    from trainforge.workloads.cnn.models import ResNet18CIFAR  # the recipe's model
+
+    model = ResNet18CIFAR()
     model = model.to(device, memory_format=torch.channels_last)
     model = DistributedDataParallel(model, device_ids=[local_rank])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)

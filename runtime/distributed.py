@@ -16,6 +16,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+BUCKET_CAP_MB: float = 25.0
+"""DDP's gradient bucket size (its default): each bucket's all-reduce starts as soon as the
+backward pass has produced its gradients."""
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -72,7 +76,10 @@ def wrap(
     def ddp() -> DistributedDataParallel:
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
         return DistributedDataParallel(
-            model, device_ids=device_ids, gradient_as_bucket_view=gradient_as_bucket_view
+            model,
+            device_ids=device_ids,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            bucket_cap_mb=BUCKET_CAP_MB,
         )
 
     if not (cuda_graphs and ctx.device.type == "cuda"):

@@ -1,0 +1,102 @@
+"""What DDP and NCCL options do to the weak scaling of trainforge's graphed CNN step.
+
+At batch 256 per GPU a ResNet-18 step replayed as a CUDA graph takes ~5 ms on one H100, and on
+4 GPUs ~0.5 ms more (weak scaling ~0.91): more than the all-reduce of its 45 MB of fp32
+gradients would take alone at NCCL's measured bus bandwidth, so the cost is in how the
+all-reduce shares the GPU with the backward pass. This runs trainforge's loop
+(``bench/cnn_throughput.py``'s ``trainforge_loop``) under one torchrun launch for each DDP
+option, in a rotating order per repeat, so they are compared on one host minutes apart:
+
+- ``bucket<N>``: DDP's gradient bucket of N MB (default 25): smaller buckets start earlier;
+- ``bf16``: gradients all-reduced in bf16 (DDP's ``bf16_compress_hook``): half the bytes;
+- ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward.
+
+NCCL's own settings (e.g. ``NCCL_MAX_NCHANNELS``: fewer SMs taken from the backward pass) are
+environment variables of the launch: run this once per setting.
+
+Usage (GPU machine):  python -m torch.distributed.run --standalone --nproc_per_node=4 \
+    bench/ddp_scaling_options.py --options bucket25 bucket10 bf16 nobuffers --out opts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cnn_throughput import trainforge_loop
+
+from trainforge import distributed
+
+PLAIN_WRAP = distributed.wrap
+
+
+def use(option: str) -> None:
+    """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
+    distributed.BUCKET_CAP_MB = float(option[6:]) if option.startswith("bucket") else 25.0
+
+    def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
+        wrapped = PLAIN_WRAP(model, ctx, cuda_graphs, **kwargs)
+        if option == "bf16":
+            wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        if option == "nobuffers":
+            wrapped.broadcast_buffers = False
+        return wrapped
+
+    distributed.wrap = wrap  # type: ignore[assignment]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("ddp_scaling_options.json"))
+    parser.add_argument("--options", nargs="+", default=["bucket25", "bucket10", "bf16"])
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--eager", action="store_true", help="eager steps instead of graphed")
+    args = parser.parse_args()
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    torch.distributed.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank = torch.distributed.get_rank()
+    rows = []
+    options = list(args.options)
+    for repeat in range(args.repeats):
+        shift = repeat % len(options)
+        for option in options[shift:] + options[:shift]:
+            use(option)
+            rate = trainforge_loop(args.optimizer, args.batch, args.steps, not args.eager)
+            rows.append({"option": option, "repeat": repeat, "samples_per_s": rate})
+            torch.distributed.barrier()
+            if rank == 0:
+                print(f"[ddp] {option}, repeat {repeat}: {rate:,.0f} samples/s", flush=True)
+    if rank == 0:
+        medians = {
+            option: statistics.median(r["samples_per_s"] for r in rows if r["option"] == option)
+            for option in options
+        }
+        result = {
+            "gpu": torch.cuda.get_device_name(0),
+            "gpus": torch.distributed.get_world_size(),
+            "torch": torch.__version__,
+            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+            "rows": rows,
+            "medians": medians,
+        }
+        args.out.write_text(json.dumps(result, indent=2))
+        print(json.dumps(medians))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
