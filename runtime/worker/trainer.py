@@ -387,6 +387,7 @@ def evaluate(
 ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Validation metrics over the whole split (each sample once across ranks), and the summed
     statistics they came from."""
+    distributed.broadcast_buffers(model)  # every rank evaluates with rank 0's statistics
     model.eval()
     sums: dict[str, torch.Tensor | float] = {}
     batch_size = workload.eval_batch_size or max(train_cfg.batch_size, 256)

@@ -1,8 +1,10 @@
-"""Gradient accumulation under real DDP (2 processes, gloo): only the last micro-step of a
-window all-reduces, and the ranks end with identical parameters."""
+"""DDP as the loop builds it, for real (2 processes, gloo): only the last micro-step of an
+accumulation window all-reduces and the ranks end with identical parameters; BatchNorm's
+running statistics are not broadcast before every forward, and evaluation reads rank 0's."""
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 
@@ -86,3 +88,83 @@ def test_world_size_one_has_no_ddp_wrapper() -> None:
     assert wrap(model, ctx) is model
     with sync_context(model, sync=False):  # must not need .no_sync()
         pass
+
+
+def _buffers_rank(rank: int, port: int, results: dict) -> None:
+    from torch import nn
+
+    from trainforge import distributed
+    from trainforge.config.schema import TrainSection
+    from trainforge.data.types import TensorData
+    from trainforge.worker.trainer import evaluate
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"))
+        torch.manual_seed(rank)  # different initial buffers: wrap makes them rank 0's
+        model = nn.Sequential(
+            nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
+        )
+        model[1].running_mean.normal_()
+        train_model = distributed.wrap(model, ctx)
+        started_equal = gather_buffers(model)
+        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
+        precision = Precision("fp32", ctx.device)
+        optimizer = torch.optim.SGD(train_model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+        # a plain copy that sees this rank's batches with the trained weights: its running
+        # statistics are this rank's own moving averages, which DDP's default broadcast of rank
+        # 0's buffers before every forward would overwrite
+        shadow = copy.deepcopy(model)
+        for _ in range(3):
+            images = torch.randn(8, 1, 8, 8, generator=gen)
+            with torch.no_grad():
+                shadow.load_state_dict(dict(model.named_parameters()), strict=False)
+                shadow(images)
+            batch = (images, torch.randint(0, 10, (8,), generator=gen))
+            optimizer_step(train_model, [batch], workload, precision, optimizer, None)
+        own = all(torch.equal(a, b) for a, b in zip(model.buffers(), shadow.buffers(), strict=True))
+        trained = gather_buffers(model)
+        params = torch.cat([p.detach().flatten() for p in model.parameters()])
+        everyone = [torch.zeros_like(params) for _ in range(2)]
+        dist.all_gather(everyone, params)
+        val = TensorData(torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,)))
+        train_cfg = TrainSection(batch_size=4)
+        metrics, _ = evaluate(model, val, workload, precision, ctx, train_cfg)
+        results[rank] = {
+            "started_equal": torch.equal(started_equal[0], started_equal[1]),
+            "trained": [t.clone() for t in trained],
+            "evaluated": [t.clone() for t in gather_buffers(model)],
+            "params_equal": torch.equal(everyone[0], everyone[1]),
+            "own_statistics": own,
+            "metrics": metrics,
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def gather_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every rank's floating-point buffers, flattened, in rank order."""
+    flat = torch.cat([b.flatten() for b in model.buffers() if b.is_floating_point()])
+    everyone = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(everyone, flat)
+    return everyone
+
+
+def test_running_statistics_are_rank_zeros_where_they_are_read() -> None:
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_buffers_rank, args=(_free_port(), results), nprocs=2, join=True)
+    zero, one = results[0], results[1]
+    assert zero["started_equal"] and one["started_equal"]  # wrap gave rank 1 rank 0's buffers
+    assert zero["params_equal"] and one["params_equal"]  # the weights train as one
+    # no broadcast before each forward: each rank's statistics followed its own batches
+    assert zero["own_statistics"] and one["own_statistics"]
+    assert not torch.equal(zero["trained"][0], zero["trained"][1])
+    # evaluation reads rank 0's statistics on every rank
+    for rank in (zero, one):
+        assert torch.equal(rank["evaluated"][0], zero["trained"][0])
+        assert torch.equal(rank["evaluated"][1], zero["trained"][0])
+    assert zero["metrics"] == one["metrics"]
