@@ -20,6 +20,7 @@ from trainforge.workloads.cnn.datasets import (
     augment_batch,
     check_data,
     load_data,
+    stratified_split,
 )
 
 
@@ -54,7 +55,7 @@ def test_digits_split_shapes_and_dtypes() -> None:
     data = load_data(CNNWorkloadConfig(dataset="digits", val_fraction=0.2), seed=0)
     train, val = _tensor_splits(data)
     assert len(train) + len(val) == 1797
-    assert len(val) == 360  # sklearn rounds the test share up
+    assert len(val) == 360  # the validation share rounds up (359.4)
     assert train.images.shape == (len(train), 1, 32, 32)
     assert val.images.shape == (len(val), 1, 32, 32)
     assert train.images.dtype == torch.float32
@@ -87,6 +88,36 @@ def test_digits_deterministic_per_seed() -> None:
     assert torch.equal(a_train.images, b_train.images)
     assert torch.equal(a_val.labels, b_val.labels)
     assert not torch.equal(a_train.labels, c_train.labels)
+
+
+def test_digits_are_scikit_learns() -> None:
+    """Read from scikit-learn's file without importing it: the same pixels and labels."""
+    from sklearn.datasets import load_digits
+
+    from trainforge.workloads.cnn.datasets import _read_digits
+
+    pixels, labels = _read_digits()
+    digits = load_digits()
+    assert np.array_equal(pixels, digits.data) and np.array_equal(labels, digits.target)
+
+
+def test_stratified_split_sizes_and_seeds() -> None:
+    labels = np.repeat(np.arange(3), [7, 5, 3])  # 15 samples, classes of 7, 5 and 3
+    train, val = stratified_split(labels, 0.4, seed=0)
+    assert len(val) == 6 and len(train) == 9  # ceil(0.4 x 15)
+    assert np.array_equal(np.sort(np.concatenate([train, val])), np.arange(15))
+    # floors 2, 2, 1 (5 taken); the one left goes to the largest remainder: class 0's 0.8
+    assert np.bincount(labels[val], minlength=3).tolist() == [3, 2, 1]
+    again, other = stratified_split(labels, 0.4, seed=0), stratified_split(labels, 0.4, seed=1)
+    assert np.array_equal(again[1], val) and not np.array_equal(other[1], val)
+
+
+def test_stratified_split_refuses_a_class_missing_on_one_side() -> None:
+    labels = np.array([0, 0, 0, 0, 1])  # class 1 has one sample: it cannot be on both sides
+    with pytest.raises(RecipeError, match=r"workload\.val_fraction=0\.4 cannot split"):
+        stratified_split(labels, 0.4, seed=0)
+    with pytest.raises(RecipeError, match="every class on both sides"):
+        load_data(CNNWorkloadConfig(dataset="digits", val_fraction=0.001), seed=0)
 
 
 def test_digits_rejects_wrong_num_classes() -> None:

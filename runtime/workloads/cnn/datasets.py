@@ -7,6 +7,7 @@ trees can be arbitrarily large and come back as lazily decoding map-style ``Data
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import pickle
@@ -185,26 +186,14 @@ def _normalise_per_channel(train: torch.Tensor, val: torch.Tensor) -> None:
 
 
 def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     _check_num_classes(cfg, 10, "the digits data set")
-    digits = load_digits()
-    labels = digits.target.astype(np.int64)
+    pixels, labels = _read_digits()
     # The 8x8 pixels hold counts 0..16.
-    small = torch.from_numpy(digits.images.astype(np.float32) / 16.0).unsqueeze(1)
+    small = torch.from_numpy(pixels.reshape(-1, 8, 8).astype(np.float32) / 16.0).unsqueeze(1)
     images = F.interpolate(
         small, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
     )
-    try:
-        train_idx, val_idx = train_test_split(
-            np.arange(len(labels)), test_size=cfg.val_fraction, random_state=seed, stratify=labels
-        )
-    except ValueError as exc:
-        raise RecipeError(
-            f"workload.val_fraction={cfg.val_fraction} cannot split the digits data set "
-            f"(1797 images, 10 classes) with every class on both sides: {exc}"
-        ) from exc
+    train_idx, val_idx = stratified_split(labels, cfg.val_fraction, seed)
     train_idx_t = torch.from_numpy(train_idx)
     val_idx_t = torch.from_numpy(val_idx)
     train_images, val_images = images[train_idx_t], images[val_idx_t]
@@ -217,6 +206,46 @@ def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
         num_classes=10,
         image_size=cfg.image_size,
     )
+
+
+def _read_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (64 pixel columns and the label, one row per image),
+    read from its file: importing scikit-learn to load them cost each worker 1-2 s of start-up
+    on this project's 2-core CPU."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RecipeError("workload.dataset: digits needs scikit-learn installed (it ships them)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    rows = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    return rows[:, :-1], rows[:, -1].astype(np.int64)
+
+
+def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, ...]:
+    """Indices (train, validation) with ``ceil(fraction × n)`` samples in validation and each
+    class's share within one sample of ``fraction`` of it: every class gets the floor of its
+    share, and the samples left go one each to the classes with the largest remainders (ties
+    in a seeded order); within a class the samples are drawn in a seeded order. Refused when
+    a class would be missing on either side."""
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    total = math.ceil(round(fraction * len(labels), 9))  # 0.4 × 15 is 6.000000000000001
+    shares = counts * fraction
+    taken = np.floor(shares).astype(np.int64)
+    tie_order = rng.permutation(len(classes))
+    by_remainder = sorted(tie_order, key=lambda c: -(shares[c] - taken[c]))
+    for c in by_remainder[: max(0, total - int(taken.sum()))]:
+        taken[c] += 1
+    if np.any(taken < 1) or np.any(taken > counts - 1):
+        raise RecipeError(
+            f"workload.val_fraction={fraction} cannot split the digits data set "
+            f"({len(labels)} images, {len(classes)} classes) with every class on both sides"
+        )
+    train, val = [], []
+    for c, label in enumerate(classes):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        val.append(members[: taken[c]])
+        train.append(members[taken[c] :])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -329,8 +358,6 @@ def _read_cifar10_batch(root: Path, path: Path) -> dict[bytes, Any]:
 
 
 def _check_torchvision_installed() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("torchvision") is None:
         raise RecipeError(
             "workload.download=true needs torchvision to fetch CIFAR-10; "
