@@ -1,15 +1,30 @@
-"""SBI accuracy table: C2ST of NPE over the first 10 observations of each benchmark task, at
-each simulation budget, with the recipes in recipes/sbi/ as they are.
+"""SBI accuracy table: C2ST of NPE at observations 1-10 of each benchmark task, at each
+simulation budget, with the recipes in recipes/sbi/ as they are.
 
-Each recipe runs through ``trainforge train`` against one Ray cluster (``ray start --head`` on
-this machine), several at once with a fraction of a GPU each (the estimators are small and
-launch-bound, so a GPU serves several runs). C2ST is computed with sbibm's definition (our
-``trainforge.workloads.sbi.c2st``) in a process pool on the host's CPU cores as soon as a run's
-``posterior.pt`` exists: 10,000 posterior samples from the exported ``DirectPosterior`` (what
-an sbi user loads) against 10,000 reference samples, per observation.
+By default the posteriors are scored at sbibm's own ten stored observations per task against
+its stored 10,000 reference posterior samples (read from the sbibm 1.1.0 wheel through
+``trainforge.workloads.sbi.observations``), the ones the sbibm paper's C2ST values use, so each
+cell compares with the paper's NPE value (``SBIBM_NPE``; the paper stops at 10^5 simulations).
+``--observations-from own`` scores at this project's seeded observations and reference
+samplers instead (offline). The wheel is found as a run finds it: ``--sbibm-path``, else
+``$TRAINFORGE_SBIBM``, else the cache, else PyPI once; the bench resolves it before anything
+starts and hands the same path to every run and every scoring process.
+
+Each recipe runs through ``trainforge train`` against one Ray head the bench starts for itself
+(``ray start --head --block`` on fixed local ports; stopped by the bench, never ``ray stop``),
+several runs at once with a fraction of a GPU each where there are GPUs (the estimators are
+small and launch-bound, so a GPU serves several runs), on CPU (``scaling.use_gpu=false``)
+where there are none. C2ST is the workload's own (``trainforge.workloads.sbi.c2st``: sbi's
+c2st with sbibm's MLP settings, in float32), computed in a process pool on the host's cores as
+soon as a run's ``posterior.pt`` exists: per observation k, 10,000 samples of the exported
+``DirectPosterior`` (what an sbi user loads; torch seed k) against 10,000 reference samples
+(sbibm stores exactly 10,000; a random subset, seed k, when fewer are asked for), classifier
+seed 1. The JSON is rewritten as each run ends and each task's scores come in, so a bench
+stopped early leaves what it had.
 
 Usage (repo root):
     python bench/sbi_accuracy.py --budgets 1e4 1e5 1e6 --out sbi_accuracy.json
+    python bench/sbi_accuracy.py --score POSTERIORS/ --out scores.json  # <task>_<budget>.pt
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 # the `ray` command, also where only the package is on PYTHONPATH (the GPU machines' bundle)
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 TASKS = ("two_moons", "gaussian_linear", "gaussian_mixture", "slcp", "bernoulli_glm")
-# sbibm paper (Lueckmann et al. 2021), NPE row, C2ST at 10^4 and 10^5 simulations
+# sbibm paper (Lueckmann et al. 2021), NPE row, C2ST at 10^4 and 10^5 simulations (the paper's
+# budgets are 10^3-10^5: a 10^6 cell has no paper value)
 SBIBM_NPE = {
     "two_moons": {"1e4": 0.61, "1e5": 0.54},
     "gaussian_linear": {"1e4": 0.55, "1e5": 0.51},
@@ -43,27 +59,100 @@ SBIBM_NPE = {
 }
 
 
-def c2st_job(posterior_file: str, task: str, observation: int, n: int) -> dict[str, Any]:
+def c2st_job(
+    posterior_file: str, task: str, observation: int, n: int, source: str, sbibm_path: str | None
+) -> dict[str, Any]:
+    """C2ST of one posterior at one observation, in a pool process of one thread."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
     from trainforge.workloads.sbi import load_posterior
     from trainforge.workloads.sbi.c2st import c2st
-    from trainforge.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi.config import EvaluationSection
+    from trainforge.workloads.sbi.observations import Observations
     from trainforge.workloads.sbi.tasks import get_task
 
     torch.set_num_threads(1)
     started = time.perf_counter()
+    # source: "sbibm" or "own" (argparse choices; the section checks it again)
+    evaluation = EvaluationSection(observations_from=source, sbibm_path=sbibm_path)
+    observed = Observations.of(get_task(task), evaluation)
     posterior = load_posterior(posterior_file)
-    _, x_obs = get_task(task).observation(observation)
+    _, x_obs = observed.observation(observation)
     torch.manual_seed(observation)
     samples = posterior.sample((n,), x=x_obs, show_progress_bars=False)
-    reference = reference_samples(task, observation, n, seed=observation)
-    score = c2st(reference, samples, seed=1)
-    return {"observation": observation, "c2st": score, "seconds": time.perf_counter() - started}
+    reference = observed.reference(observation, n, seed=observation)
+    sampled = time.perf_counter()
+    # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
+    score = c2st(reference, samples[: len(reference)], seed=1)
+    return {
+        "observation": observation,
+        "c2st": score,
+        "samples": len(reference),
+        "sample_s": sampled - started,
+        "c2st_s": time.perf_counter() - sampled,
+    }
 
 
-def score_folder(args: argparse.Namespace) -> None:
+def submit_scores(
+    pool: ProcessPoolExecutor,
+    posterior: Path,
+    task: str,
+    args: argparse.Namespace,
+    sbibm_path: str | None,
+) -> list[Future]:
+    """One C2ST job per observation 1..``args.observations``."""
+    source = args.observations_from
+    return [
+        pool.submit(c2st_job, str(posterior), task, k, args.samples, source, sbibm_path)
+        for k in range(1, args.observations + 1)
+    ]
+
+
+def scored(task: str, budget: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's C2ST entries: per observation, the mean over those that finished, the paper's."""
+    done = [r["c2st"] for r in results if "c2st" in r]
+    return {
+        "c2st": results,
+        "c2st_mean": sum(done) / len(done) if done else None,
+        "c2st_observations": len(done),
+        "c2st_wall_s": sum(r.get("sample_s", 0.0) + r.get("c2st_s", 0.0) for r in results),
+        "sbibm_npe": SBIBM_NPE.get(task, {}).get(budget),
+    }
+
+
+def sbibm_location(args: argparse.Namespace) -> str | None:
+    """Where sbibm's files are (fetched once into the cache if need be), or None for `own`;
+    a missing or wrong wheel ends the bench here, in one line, before any run starts."""
+    if args.observations_from != "sbibm":
+        return None
+    from trainforge.workloads.sbi import sbibm_data
+
+    try:
+        return str(sbibm_data.locate(args.sbibm_path))
+    except sbibm_data.SbibmDataError as exc:
+        print(f"sbi_accuracy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def header(args: argparse.Namespace, sbibm_path: str | None) -> dict[str, Any]:
+    """What every report records: when, where, and what the scores were computed at."""
+    from trainforge.workloads.sbi import sbibm_data
+
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "host_cpus": os.cpu_count(),
+        "observations_from": args.observations_from,
+        "sbibm_version": sbibm_data.VERSION if sbibm_path else None,
+        "sbibm_path": sbibm_path,
+        "observations": list(range(1, args.observations + 1)),
+        "samples": args.samples,
+        "c2st": "trainforge.workloads.sbi.c2st (sbi c2st, sbibm MLP settings, float32), seed 1",
+        "c2st_workers": args.c2st_workers,
+    }
+
+
+def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
     """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores."""
     # in the order of --tasks, so that the cheaper comparisons can be put first
     rank = {task: i for i, task in enumerate(args.tasks)}
@@ -73,22 +162,12 @@ def score_folder(args: argparse.Namespace) -> None:
     jobs = {}
     for file in files:
         task, _, budget = file.stem.rpartition("_")
-        jobs[(task, budget)] = [
-            pool.submit(c2st_job, str(file), task, k, args.samples)
-            for k in range(1, args.observations + 1)
-        ]
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "samples": args.samples}
-    report["c2st_host_cpus"] = os.cpu_count()
-    report["runs"] = {}
+        jobs[(task, budget)] = submit_scores(pool, file, task, args, sbibm_path)
+    report = header(args, sbibm_path) | {"scored_folder": str(args.score), "runs": {}}
     for (task, budget), futures in jobs.items():
-        results = [f.result() for f in futures]
-        scores = [r["c2st"] for r in results]
-        report["runs"][f"{task}/{budget}"] = {
-            "c2st": results,
-            "c2st_mean": sum(scores) / len(scores),
-            "sbibm_npe": SBIBM_NPE.get(task, {}).get(budget),
-        }
-        print(f"[bench] {task} {budget}: C2ST {sum(scores) / len(scores):.3f}", flush=True)
+        entry = scored(task, budget, [f.result() for f in futures])
+        report["runs"][f"{task}/{budget}"] = entry
+        print(f"[bench] {task} {budget}: C2ST {entry['c2st_mean']:.3f}", flush=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
@@ -136,8 +215,17 @@ def main() -> None:
     parser.add_argument(
         "--runs", nargs="+", help="TASK/BUDGET pairs to train instead of every task × budget"
     )
-    parser.add_argument("--observations", type=int, default=10)
+    parser.add_argument("--observations", type=int, default=10, help="score at 1..this")
     parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument(
+        "--observations-from",
+        choices=("sbibm", "own"),
+        default="sbibm",
+        help="sbibm's stored observations and reference samples, or this project's own",
+    )
+    parser.add_argument(
+        "--sbibm-path", help="sbibm 1.1.0 wheel or folder (default: $TRAINFORGE_SBIBM, cache)"
+    )
     parser.add_argument("--concurrent-runs", type=int, default=8)
     parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")
     parser.add_argument("--c2st-workers", type=int, default=max(1, (os.cpu_count() or 2) - 10))
@@ -150,8 +238,9 @@ def main() -> None:
         "--score", type=Path, help="only score the <task>_<budget>.pt posteriors in this folder"
     )
     args = parser.parse_args()
+    sbibm_path = sbibm_location(args)
     if args.score is not None:
-        score_folder(args)
+        score_folder(args, sbibm_path)
         return
     deadline = time.monotonic() + args.deadline_s
 
@@ -169,21 +258,34 @@ def main() -> None:
         if gpus
         else ["scaling.use_gpu=false"]
     )
+    # the runs' own evaluation (no C2ST; the bench scores) reads the observations it is told to
+    source = [f"workload.evaluation.observations_from={args.observations_from}"]
+    if sbibm_path:
+        source.append(f"workload.evaluation.sbibm_path={sbibm_path}")
     queue = [(task, budget) for budget in args.budgets for task in args.tasks]
     if args.runs:
         queue = [tuple(run.split("/", 1)) for run in args.runs]
     running: dict[tuple[str, str], tuple[subprocess.Popen, Any, float]] = {}
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers) if args.c2st_workers else None
     scores: dict[tuple[str, str], list[Future]] = {}
-    report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
+    report = header(args, sbibm_path) | {
         "gpu": torch.cuda.get_device_name(0) if gpus else None,
         "gpus": gpus,
-        "host_cpus": os.cpu_count(),
-        "samples": args.samples,
+        "recipes": {budget: f"recipes/sbi/npe_{budget}.yaml" for budget in args.budgets},
+        "overrides": scaling + args.overrides,
         "runs": {},
     }
-    while (queue or running) and time.monotonic() < deadline:
+
+    def save() -> None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def record(key: tuple[str, str], results: list[dict[str, Any]]) -> None:
+        entry = report["runs"][f"{key[0]}/{key[1]}"]
+        entry |= scored(*key, results)
+        print(f"[bench] {key[0]} {key[1]}: C2ST {entry['c2st_mean']} over {len(results)} obs")
+        save()
+
+    while (queue or running or any(scores.values())) and time.monotonic() < deadline:
         while queue and len(running) < args.concurrent_runs:
             task, budget = queue.pop(0)
             recipe = ROOT / "recipes" / "sbi" / f"npe_{budget}.yaml"  # the task is an override
@@ -191,11 +293,15 @@ def main() -> None:
             command = [
                 sys.executable, "-m", "trainforge", "train", str(recipe), f"workload.task={task}",
                 f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
-                "workload.evaluation.c2st=false", *scaling, *args.overrides,
+                "workload.evaluation.c2st=false", *source, *scaling, *args.overrides,
             ]  # fmt: skip
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
             running[(task, budget)] = (process, log, time.monotonic())
         time.sleep(2)
+        for key, futures in scores.items():  # a run's scores, once all of them are in
+            if futures and all(f.done() for f in futures):
+                record(key, [f.result() for f in futures])
+                scores[key] = []
         for key, (process, log, started) in list(running.items()):
             if process.poll() is None:
                 continue
@@ -213,16 +319,13 @@ def main() -> None:
             print(
                 f"[bench] {task} {budget}: exit {process.returncode}, {entry['train_wall_s']:.0f} s"
             )
-            args.out.write_text(json.dumps(report, indent=2) + "\n")  # partial results early
+            save()  # partial results early
             if args.keep_posteriors is not None and posterior.is_file():
                 args.keep_posteriors.mkdir(parents=True, exist_ok=True)
                 shutil.copy(posterior, args.keep_posteriors / f"{task}_{budget}.pt")
                 shutil.copy(work / f"{task}_{budget}.log", args.keep_posteriors)
             if pool is not None and process.returncode == 0 and posterior.is_file():
-                scores[key] = [
-                    pool.submit(c2st_job, str(posterior), task, k, args.samples)
-                    for k in range(1, args.observations + 1)
-                ]
+                scores[key] = submit_scores(pool, posterior, task, args, sbibm_path)
     for (task, budget), (process, log, started) in running.items():  # past the deadline
         process.kill()
         log.close()
@@ -231,27 +334,22 @@ def main() -> None:
             "killed_at_deadline_after_s": time.monotonic() - started,
             "log_tail": (work / f"{task}_{budget}.log").read_text()[-3000:],
         }
-    for key, futures in scores.items():
-        entry = report["runs"][f"{key[0]}/{key[1]}"]
-        left = max(5.0, deadline + 45 - time.monotonic())
+    for key, futures in scores.items():  # past the deadline: what finished within 45 s more
+        if not futures:
+            continue
         results = []
         for future in futures:
             try:
-                results.append(future.result(timeout=left))
+                results.append(future.result(timeout=max(1.0, deadline + 45 - time.monotonic())))
             except Exception as exc:  # a C2ST that did not finish in time is reported as such
+                future.cancel()
                 results.append({"error": repr(exc)})
-            left = max(1.0, deadline + 45 - time.monotonic())
-        entry["c2st"] = results
-        done = [r["c2st"] for r in results if "c2st" in r]
-        entry["c2st_mean"] = sum(done) / len(done) if done else None
-        entry["c2st_observations"] = len(done)
-        entry["sbibm_npe"] = SBIBM_NPE.get(key[0], {}).get(key[1])
-        print(f"[bench] {key[0]} {key[1]}: C2ST {entry['c2st_mean']} over {len(done)} obs")
+        record(key, results)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
     head.terminate()
     head.wait(timeout=60)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save()
     print(json.dumps({k: v.get("c2st_mean") for k, v in report["runs"].items()}, indent=2))
 
 
