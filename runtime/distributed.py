@@ -7,6 +7,7 @@ loop starts; these helpers also work without one (world size 1, plain tests).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+# DDP's switch for "no broadcast of buffers before every forward": torch 2.13 renames
+# broadcast_buffers to forward_sync_buffers (and warns on the old name); earlier releases
+# (the GPU machines' 2.11) have only the old one.
+NO_FORWARD_BUFFER_SYNC: dict[str, Any] = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 BUCKET_CAP_MB: float = 25.0
 """DDP's gradient bucket size (its default): each bucket's all-reduce starts as soon as the
@@ -87,7 +97,7 @@ def wrap(
         return DistributedDataParallel(
             model,
             device_ids=device_ids,
-            broadcast_buffers=False,
+            **NO_FORWARD_BUFFER_SYNC,
             gradient_as_bucket_view=gradient_as_bucket_view,
             bucket_cap_mb=BUCKET_CAP_MB,
         )
