@@ -2,7 +2,7 @@
 number of optimizer steps of both, on one GPU, in one process.
 
 Both sides are ``bench/cnn_throughput.py``'s: the hand-written step (``handwritten_steps``,
-the same body as that bench's ``handwritten``) and trainforge's worker loop on
+its ``handwritten_step``, shared) and trainforge's worker loop on
 ``recipes/cnn/synthetic_resnet18_bench.yaml`` with ``precision.cuda_graphs=false``, its own
 profiler window (``tracking.profile_steps``) after the same warm-up. For each side: host time
 per step, CUDA kernels per step, and every operator whose calls per step differ between the
@@ -15,55 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "recipes" / "cnn" / "synthetic_resnet18_bench.yaml"
-LR = {"sgd": 0.1, "adamw": 1e-3}
-MOMENTUM, WEIGHT_DECAY = 0.9, 5e-4
-DATA = 51200
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cnn_throughput import LR, MOMENTUM, RECIPE, WEIGHT_DECAY, handwritten_step
 
 
 def handwritten_steps(optimizer_name: str, batch: int, warmup: int, steps: int) -> profile:
     """The hand-written loop: ``warmup`` steps, then ``steps`` steps under the profiler."""
-    from trainforge.workloads.cnn.models import ResNet18CIFAR
-
-    device = torch.device("cuda", 0)
-    torch.backends.cudnn.benchmark = True
-    images = torch.randn(DATA, 3, 32, 32, device=device).contiguous(
-        memory_format=torch.channels_last
-    )
-    labels = torch.randint(0, 10, (DATA,), device=device)
-    model = ResNet18CIFAR().to(device, memory_format=torch.channels_last)
-    if optimizer_name == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=LR["sgd"],
-            momentum=MOMENTUM,
-            nesterov=True,
-            weight_decay=WEIGHT_DECAY,
-            fused=True,
-        )
-    else:
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=LR["adamw"], weight_decay=WEIGHT_DECAY, fused=True
-        )
-
-    def step() -> None:
-        idx = torch.randint(0, DATA, (batch,), device=device)
-        x, y = images[idx], labels[idx]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
+    step = handwritten_step(optimizer_name, batch, torch.device("cuda", 0))
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,17 @@ DATA = 51200  # synthetic CIFAR-shaped images per GPU in the hand-written script
 # --------------------------------------------------------------------------- the hand-written side
 
 
-def handwritten(optimizer_name: str, batch: int, steps: int) -> float:
-    """The whole DDP script a user would write, minus argument parsing: samples/s (all GPUs)
-    over its second half."""
+def handwritten_step(optimizer_name: str, batch: int, device: torch.device) -> Callable[[], None]:
+    """The script a user would write, set up on ``device``: its training step (DDP when a
+    process group of several ranks exists)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainforge.workloads.cnn.models import ResNet18CIFAR
 
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    grouped = torch.distributed.is_initialized()
+    world = torch.distributed.get_world_size() if grouped else 1
     torch.backends.cudnn.benchmark = True
-    torch.manual_seed(rank)
+    torch.manual_seed(torch.distributed.get_rank() if grouped else 0)
     images = torch.randn(DATA, 3, 32, 32, device=device).contiguous(
         memory_format=torch.channels_last
     )
@@ -83,11 +84,8 @@ def handwritten(optimizer_name: str, batch: int, steps: int) -> float:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=LR["adamw"], weight_decay=WEIGHT_DECAY, fused=True
         )
-    start = 0.0
-    for step in range(steps):
-        if step == steps // 2:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+
+    def step() -> None:
         idx = torch.randint(0, DATA, (batch,), device=device)
         x, y = images[idx], labels[idx]
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -95,6 +93,23 @@ def handwritten(optimizer_name: str, batch: int, steps: int) -> float:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+
+    return step
+
+
+def handwritten(optimizer_name: str, batch: int, steps: int) -> float:
+    """The whole DDP script a user would write, minus argument parsing: samples/s (all GPUs)
+    over its second half."""
+    world = torch.distributed.get_world_size()
+    step = handwritten_step(
+        optimizer_name, batch, torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    )
+    start = 0.0
+    for i in range(steps):
+        if i == steps // 2:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        step()
     torch.cuda.synchronize()
     return world * batch * (steps - steps // 2) / (time.perf_counter() - start)
 
