@@ -37,6 +37,8 @@ HOME_ENV = "TRAINFORGE_HOME"
 KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
 DEFAULT_IDLE_STOP_S = 1800.0
+# How long the supervisor gives `ray start --block` to stop its node after SIGTERM.
+RAY_STOP_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
 
 
@@ -130,7 +132,7 @@ def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterSt
         return _wait_for_state(home)
 
 
-def stop(state: ClusterState | None = None, timeout_s: float = 30.0) -> bool:
+def stop(state: ClusterState | None = None, timeout_s: float = RAY_STOP_TIMEOUT_S + 15) -> bool:
     """Stop the cluster (its supervisor stops Ray); True when one was running."""
     state = state or read_state()
     if state is None:
@@ -145,6 +147,9 @@ def stop(state: ClusterState | None = None, timeout_s: float = 30.0) -> bool:
         if _alive(state.supervisor_pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(state.supervisor_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 5  # SIGKILL is not instant: wait until it is gone
+            while _alive(state.supervisor_pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
     (folder() / "state.json").unlink(missing_ok=True)
     return was_alive
 
@@ -249,11 +254,13 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         if published and _idle_for(lock_path) > idle_stop_s and _nobody_holds(lock_path):
             print(f"idle for {idle_stop_s:.0f} s: stopping", flush=True)
             break
-        time.sleep(0.5 if not published else 5.0)
+        # Short naps: a SIGTERM's handler runs, but the nap it interrupted goes on to its end,
+        # and `stop` waits a bounded time for this process to go.
+        time.sleep(0.5)
     if ray_process.poll() is None:
         ray_process.send_signal(signal.SIGTERM)  # `ray start --block` stops its node on SIGTERM
         try:
-            ray_process.wait(timeout=30)
+            ray_process.wait(timeout=RAY_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             ray_process.kill()
     current = read_state()
