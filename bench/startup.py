@@ -4,6 +4,8 @@ Each repeat runs, in one invocation on one machine and in this order:
   cold     — no Ray running: the command starts the lasting local cluster (stopped before)
   warm     — the same command again: it connects to that cluster
   private  — TRAINFORGE_KEEP_CLUSTER=0: a private Ray started and stopped by the command
+  raytrain — the cluster up, TRAINFORGE_WARM_WORKERS=0: Ray Train's new worker group per run
+             (what `warm` was before warm workers, driver/warm_pool.py)
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
              e.g. the commit before the start-up work), run like `private`
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
@@ -139,7 +141,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="cold,warm,private",
-        help="which of cold, warm, private to run, in this order",
+        help="which of cold, warm, raytrain, private to run, in this order",
     )
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
@@ -164,6 +166,8 @@ def main() -> None:
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
             if mode == "baseline":
                 mode_env["PYTHONPATH"] = args.baseline
+            if mode == "raytrain":
+                mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
             result = trainforge_run(args.recipe, f"{mode}{repeat}", args.overrides, mode_env,
                                     work)  # fmt: skip
             runs[mode].append(result)

@@ -91,10 +91,10 @@ def pool_worker(index: int) -> Any:
 
             from trainforge.checkpoint import FolderReporter
             from trainforge.distributed import WorkerContext
-            from trainforge.driver import local_cluster
+            from trainforge.worker import settings
             from trainforge.worker.trainer import run
 
-            local_cluster.apply_worker_env(payload.get("env", {}))
+            settings.apply(payload.get("env", {}))
             store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
             try:

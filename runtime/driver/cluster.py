@@ -82,7 +82,16 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
 
 
+def on_lasting_cluster() -> bool:
+    """Whether this process joined the lasting local cluster (``local_cluster.py``)."""
+    return _joined_lasting
+
+
+_joined_lasting = False
+
+
 def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
+    global _joined_lasting
     started_at = time.monotonic()
     state, started = local_cluster.ensure(log.say)
     ray_compat.use_auth_token(state.token_path)
@@ -92,6 +101,7 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     # (launch.py, local_cluster.worker_env); the cluster's address and Ray Train's settings are
     # in the cluster's own environment.
     ray.init(address=state.gcs_address, **options)
+    _joined_lasting = True
     took = time.monotonic() - started_at
     if started:
         idle_min = local_cluster.idle_stop_s() / 60

@@ -166,3 +166,48 @@ def _value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4f}"
     return str(value)
+
+
+def relay_file(path: Path, output: Console | None) -> Any:
+    """Show the lines warm workers write to ``path`` (``worker/warm.py``: pid, rank, stderr
+    flag, text, tab-separated) as Ray's relayed lines are shown; under -v (no ``output``) every
+    line, prefixed with its worker. Returns the function that stops relaying: it shows what is
+    left, then removes the file."""
+    done = threading.Event()
+
+    def show(line: str) -> None:
+        pid, rank, is_err, text = [*line.split("\t", 3), "", "", ""][:4]
+        if output is not None:
+            output.handle({"pid": pid, "actor_name": f"TrainforgeWorker rank={rank}",
+                           "lines": [text], "is_err": is_err == "1"})  # fmt: skip
+        else:
+            sys.stdout.write(f"(TrainforgeWorker pid={pid}, rank={rank}) {text}\n")
+            sys.stdout.flush()
+
+    def follow() -> None:
+        position, pending = 0, ""
+        while True:
+            finished = done.is_set()  # read once more after the stop: the last lines
+            try:
+                with open(path, encoding="utf-8", errors="replace") as stream:
+                    stream.seek(position)
+                    chunk = stream.read()
+                    position = stream.tell()
+            except FileNotFoundError:
+                chunk = ""
+            *lines, pending = (pending + chunk).split("\n")
+            for line in lines:
+                show(line)
+            if finished:
+                return
+            done.wait(0.1)
+
+    thread = threading.Thread(target=follow, name="trainforge-warm-lines", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join(timeout=5)
+        path.unlink(missing_ok=True)
+
+    return stop

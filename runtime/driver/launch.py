@@ -7,6 +7,7 @@ starts, and raises RecipeError.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ from trainforge.driver import (
     local_cluster,
     out_of_memory,
     recipe_change,
+    warm_pool,
 )
-from trainforge.driver.cluster import connect, storage_root
+from trainforge.driver.cluster import connect, on_lasting_cluster, storage_root
 from trainforge.driver.run_lock import one_at_a_time
 from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.log import first_line
@@ -77,10 +79,6 @@ class Outcome:
 def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
     import ray
-    import ray.train
-    from ray.train.torch import TorchConfig
-
-    _Trainer = ray_compat.trainer_class()
 
     from trainforge.workloads import check_workload_data
 
@@ -92,29 +90,136 @@ def train(cfg: Recipe) -> Outcome:
     # worker count, device and data paths that were decided, not "auto".
     cfg = config.resolve(cfg, ray.cluster_resources(), root)
     recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
-    use_gpu = cfg.scaling.use_gpu == "true"
 
     recipe = config.to_container(cfg)
-    recipe_yaml = config.to_yaml(cfg)
     payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{root}/{cfg.run.name}"}
     payload |= faults.requested()  # TRAINFORGE_FAIL_AFTER_EPOCH and the like, for tests
     payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
-    handle = None
-    if cfg.tracking.enabled:
-        mlflow_started = time.time()
-        handle = tracking.start_run(
-            cfg.tracking, cfg.run.name, recipe, recipe_yaml, str(spool_file(cfg, root))
-        )
-        payload["mlflow"] = handle.for_workers()
-        if handle.run_id is not None:
-            state = "reopened" if handle.resumed else "created"
-            uri = redact(handle.tracking_uri)
-            log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", mlflow_started)
-
     payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
     ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
     payload["workers_requested_at"] = time.time()  # the workers say how long they took
-    trainer = _Trainer(
+    why_not_warm = warm_pool.unavailable(cfg, root, on_lasting_cluster())
+    failed: tuple[type[BaseException], ...] = (warm_pool.WorkersFailed,)
+    if why_not_warm:  # Ray Train's import (~1 s) only where it runs the workers
+        import ray.train
+
+        failed += (ray.train.TrainingFailedError,)
+    worker_output = console.attach(storage.local_folder(root), cfg.run.name)
+    try:
+        return _run(cfg, payload, root, why_not_warm, failed, worker_output)
+    finally:
+        if worker_output is not None:
+            worker_output.close()
+
+
+def _run(
+    cfg: Recipe,
+    payload: dict[str, Any],
+    root: str,
+    why_not_warm: str | None,
+    failed: tuple[type[BaseException], ...],
+    worker_output: Any,
+) -> Outcome:
+    """The MLflow run and the workers' run, on warm workers or Ray Train's."""
+    recipe, recipe_yaml = payload["recipe"], config.to_yaml(cfg)
+    status, checkpoint_path, reason, handle = "FAILED", None, None, None
+    caught: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, *failed)
+    with contextlib.ExitStack() as stack:
+        warm = None if why_not_warm else stack.enter_context(
+            warm_pool.WarmRun(cfg, payload, worker_output)
+        )  # fmt: skip
+        track = warm.track if warm else _track_here
+        interrupted = [False]
+        try:
+            if cfg.tracking.enabled:
+                handle = _start_tracking(cfg, root, recipe, recipe_yaml, track)
+                payload["mlflow"] = handle.for_workers()
+            if warm is not None:
+                warm.payload["mlflow"] = payload.get("mlflow")
+                finished = warm.fit()
+                metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
+            else:
+                metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)
+            status = "FINISHED"
+        except caught as exc:
+            if interrupted[0] or isinstance(exc, KeyboardInterrupt):
+                status = "KILLED"
+                log.say("interrupted; the run resumes from its last checkpoint when re-run")
+                return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
+            if isinstance(exc, SystemExit):
+                raise
+            errors = ray_compat.worker_errors(exc)
+            stopped = [e for e in errors if isinstance(e, NonFiniteLoss)]
+            if stopped:  # the run's own verdict: one line, no traceback, nothing to resume
+                reason = first_line(stopped[0], limit=1000)
+                log.error(f"training stopped: {reason}")
+                return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
+            reason = (
+                out_of_memory.explain(exc, cfg)
+                or collective_timeout.explain(exc, cfg)
+                or disk_full.explain(exc, payload["run_dir"])
+            )
+            if reason is not None:  # one line with what to change, not the worker's traceback
+                log.error(f"training failed: {reason}")
+                return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
+            first = errors[0] if errors else exc
+            reason = f"{type(first).__name__}: {first_line(first, limit=1000)}"
+            log.error(f"training failed: {exc}")
+            log.error(f"re-run with run.name={cfg.run.name} to resume")
+            return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
+        finally:
+            if handle is not None:
+                track("finish_run", handle, status, checkpoint_path, reason)
+
+    metrics = dict(metrics)
+    # what the workers' process group was, as they reported it (worker/state.py's keys)
+    backend = str(metrics.pop("worker/backend", ""))
+    num_workers = int(metrics.pop("worker/world_size", 0))
+    console.summary(
+        cfg.run.name,
+        metrics,
+        checkpoint_path,
+        (handle.run_id, handle.tracking_uri) if handle and handle.run_id else None,
+    )
+    return Outcome(
+        0,
+        metrics,
+        checkpoint_path,
+        handle.run_id if handle else None,
+        backend=backend,
+        num_workers=num_workers,
+        recipe=cfg,
+    )
+
+
+def _start_tracking(
+    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, track: Any
+) -> Any:
+    """Create or reopen the MLflow run (through ``track``: here, or in a warm worker)."""
+    started = time.time()
+    handle = track("start_run", cfg.tracking, cfg.run.name, recipe, recipe_yaml,
+                   str(spool_file(cfg, root)), tracking.driver_tags())  # fmt: skip
+    if handle.run_id is not None:
+        state = "reopened" if handle.resumed else "created"
+        uri = redact(handle.tracking_uri)
+        log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", started)
+    return handle
+
+
+def _track_here(call: str, *args: Any) -> Any:
+    return getattr(tracking, call)(*args)
+
+
+def _fit_ray_train(
+    cfg: Recipe, payload: dict[str, Any], root: str, interrupted: list[bool]
+) -> tuple[dict[str, Any], str | None]:
+    """The run on a worker group of Ray Train's: new processes, placed by Ray, restarted by
+    Ray Train. Returns the final metrics and the latest checkpoint's path."""
+    import ray.train
+    from ray.train.torch import TorchConfig
+
+    use_gpu = cfg.scaling.use_gpu == "true"
+    trainer = ray_compat.trainer_class()(
         train_loop_per_worker=_worker_entry,
         train_loop_config=payload,
         torch_config=TorchConfig(
@@ -136,63 +241,12 @@ def train(cfg: Recipe) -> Outcome:
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
         ),
     )
-    status, checkpoint_path, reason = "FAILED", None, None
-    worker_output = console.attach(storage.local_folder(root), cfg.run.name)
     try:
         result = trainer.fit()
-        status = "FINISHED"
-        checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
-    except (KeyboardInterrupt, SystemExit, ray.train.TrainingFailedError) as exc:
-        if trainer.interrupted or isinstance(exc, KeyboardInterrupt):
-            status = "KILLED"
-            log.say("interrupted; the run resumes from its last checkpoint when re-run")
-            return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
-        if isinstance(exc, SystemExit):
-            raise
-        errors = ray_compat.worker_errors(exc)
-        stopped = [e for e in errors if isinstance(e, NonFiniteLoss)]
-        if stopped:  # the run's own verdict: one line, no traceback, nothing to resume
-            reason = first_line(stopped[0], limit=1000)
-            log.error(f"training stopped: {reason}")
-            return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
-        reason = (
-            out_of_memory.explain(exc, cfg)
-            or collective_timeout.explain(exc, cfg)
-            or disk_full.explain(exc, payload["run_dir"])
-        )
-        if reason is not None:  # one line with what to change, not the worker's traceback
-            log.error(f"training failed: {reason}")
-            return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
-        first = errors[0] if errors else exc
-        reason = f"{type(first).__name__}: {first_line(first, limit=1000)}"
-        log.error(f"training failed: {exc}")
-        log.error(f"re-run with run.name={cfg.run.name} to resume")
-        return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
     finally:
-        if worker_output is not None:
-            worker_output.close()
-        if handle is not None:
-            tracking.finish_run(handle, status, checkpoint_path, reason)
-
-    metrics = dict(result.metrics)
-    # what the workers' process group was, as they reported it (worker/state.py's keys)
-    backend = str(metrics.pop("worker/backend", ""))
-    num_workers = int(metrics.pop("worker/world_size", 0))
-    console.summary(
-        cfg.run.name,
-        metrics,
-        checkpoint_path,
-        (handle.run_id, handle.tracking_uri) if handle and handle.run_id else None,
-    )
-    return Outcome(
-        0,
-        metrics,
-        checkpoint_path,
-        handle.run_id if handle else None,
-        backend=backend,
-        num_workers=num_workers,
-        recipe=cfg,
-    )
+        interrupted[0] = bool(trainer.interrupted)
+    checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+    return dict(result.metrics), checkpoint
 
 
 def simulate(cfg: Recipe) -> int:
@@ -212,7 +266,9 @@ def simulate(cfg: Recipe) -> int:
 def _worker_entry(payload: dict[str, Any]) -> None:
     import ray.train
 
-    local_cluster.apply_worker_env(payload.get("env", {}))
+    from trainforge.worker import settings
+
+    settings.apply(payload.get("env", {}))
 
     context = ray.train.get_context()
     if context.get_world_rank() == 0 and "workers_requested_at" in payload:

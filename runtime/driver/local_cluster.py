@@ -172,28 +172,14 @@ def in_use() -> Any:
 def worker_env() -> dict[str, str]:
     """The command's settings that its workers must see although they are children of a Ray
     started by an earlier command: thread counts, MLflow, trainforge's own switches, torch and
-    collective-library settings, the Python path."""
+    collective-library settings, the Python path. A worker takes them on with
+    ``trainforge.worker.settings``."""
     prefixes = ("OMP_", "MKL_", "OPENBLAS_", "MLFLOW_", "TRAINFORGE_", "TORCH", "NCCL_", "GLOO_")
     return {
         key: value
         for key, value in os.environ.items()
         if key.startswith(prefixes) or key == "PYTHONPATH"
     }
-
-
-def apply_worker_env(env: dict[str, str]) -> None:
-    """In a worker: take on the command's settings (``worker_env``). The worker may have been
-    started by Ray before the command, with torch already imported: its thread count is set
-    through torch, the Python path extended in place."""
-    os.environ.update(env)
-    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
-        if entry and entry not in sys.path:
-            sys.path.insert(0, entry)
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and "torch" in sys.modules:
-        import torch
-
-        torch.set_num_threads(int(threads))
 
 
 # --- the supervisor (python -m trainforge.driver.local_cluster) -------------------------------

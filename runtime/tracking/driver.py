@@ -40,18 +40,19 @@ MACHINE_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|file:|sqlite:)")
 
 
 def driver_tags() -> dict[str, str]:
-    """Facts the driver knows: code version, job identity, library versions."""
-    import mlflow
+    """Facts the driver knows: code version, job identity, library versions (from the
+    installed packages' metadata: importing torch and mlflow for them costs seconds)."""
+    from importlib.metadata import version
+
     import ray
-    import torch
 
     from trainforge import __version__
 
     tags = {
         "trainforge.version": __version__,
-        "version.torch": torch.__version__,
+        "version.torch": version("torch"),
         "version.ray": ray.__version__,
-        "version.mlflow": mlflow.__version__,
+        "version.mlflow": version("mlflow"),
         "python": sys.version.split()[0],
     }
     job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}") or "{}")
@@ -128,10 +129,16 @@ def git_commit() -> str | None:
 
 
 def start_run(
-    section: Any, run_name: str, recipe: dict[str, Any], recipe_yaml: str, spool_path: str
+    section: Any,
+    run_name: str,
+    recipe: dict[str, Any],
+    recipe_yaml: str,
+    spool_path: str,
+    tags: dict[str, str] | None = None,
 ) -> RunHandle:
     """Create the MLflow run for ``run_name`` or reopen it; offline (spooling) when the server
-    cannot be reached."""
+    cannot be reached. ``tags``: ``driver_tags()``, taken in the driver when this runs in
+    another process (a warm worker, ``driver/warm_pool.py``)."""
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
@@ -142,7 +149,7 @@ def start_run(
     params, path_tags = split_params(
         {k: redact(v) if k == "tracking.tracking_uri" else v for k, v in flatten(recipe).items()}
     )
-    tags = driver_tags() | path_tags
+    tags = (driver_tags() if tags is None else tags) | path_tags
     try:
         if not reachable(uri):
             raise ConnectionError(f"{redact(uri)}/health did not answer")

@@ -1,7 +1,9 @@
 """The lasting local cluster for real (``trainforge`` commands in subprocesses, each user's
 home its own), and what those commands show on the console: started, reused, stale replaced,
 stopped, two homes apart, stopped when idle; only trainforge's lines unless -v; a live bar in a
-terminal.
+terminal. Its warm workers (``driver/warm_pool.py``): started by the first run, serving the
+next, restarted after a failure, stopped with an interrupted or killed command; and Ray Train's
+worker group on the same cluster when they are switched off.
 
 One test runs the steps in order in one home (steps of one test cannot land on two xdist
 workers); it is in the "ray" group, so no other test starts a Ray (and picks ports) at the same
@@ -13,6 +15,7 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +43,8 @@ def home(tmp_path_factory: pytest.TempPathFactory):
 def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> None:
     steps = [step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines,
              step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar,
-             step_verbose_shows_ray_lines_again,
+             step_warm_workers_restart_after_a_failure_and_stop_with_their_command,
+             step_verbose_without_warm_workers_shows_ray_trains_lines,
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
              step_stop_ends_the_cluster_and_its_ray_processes]  # fmt: skip
     for number, step in enumerate(steps):
@@ -111,7 +115,8 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
     assert "epoch 2/2 step" in console  # plain step lines when not a terminal
     assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
     kept = (tmp_path / "runs" / "first" / "worker-output.log").read_text()
-    assert "Reporting training result" in kept  # Ray Train's lines: in the file, not shown
+    assert "(TrainforgeWorker rank=0 " in kept  # every worker line is kept, shown or not
+    assert not list((tmp_path / "runs" / "first").glob(".worker-lines-*"))  # relayed, removed
 
 
 def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
@@ -142,15 +147,59 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert re.search(r"epoch 2/2 \[#+\.*\] \d+/44", console)
     assert "[trainforge] epoch 2/2 step" not in console  # … instead of the step lines
     assert "[trainforge] epoch 2/2 done" in console  # epoch lines still print above it
+    assert "workers: 2 warm, process group up (" in console  # the first run's processes
 
 
-def step_verbose_shows_ray_lines_again(home: Path, tmp_path: Path) -> None:
-    out = run(home, "train", "-v", str(DIGITS), "run.name=loud", *SHORT, cwd=tmp_path)
+def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
+    home: Path, tmp_path: Path
+) -> None:
+    failing = run(home, "train", str(DIGITS), "run.name=restarted", *SHORT, "run.max_failures=1",
+                  cwd=tmp_path, TRAINFORGE_FAIL_AFTER_EPOCH="1")  # fmt: skip
+    assert failing.returncode == 0, failing.stdout + failing.stderr
+    assert "failed (RuntimeError: injected failure after epoch 1" in failing.stdout
+    assert "restarting the workers" in failing.stdout
+    assert "workers restarted (1 so far, run.max_failures), resuming" in failing.stdout
+    assert "epoch 2/2 done" in failing.stdout
+
+    # A Ctrl-C ends the command with one line and stops its workers; a SIGKILLed command's
+    # workers stop themselves (each checks that its command lives).
+    long = [*trainforge(), "train", str(DIGITS), "run.name=stopped", "train.epochs=200",
+            "scaling.num_workers=2", "train.log_every_steps=5"]  # fmt: skip
+    for stop in (signal.SIGINT, signal.SIGKILL):
+        process = subprocess.Popen(long, env=env_for(home), cwd=tmp_path, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if re.search(r"epoch \d+/200 done", line):  # training (a resumed run: later epochs)
+                break
+        process.send_signal(stop)
+        rest = process.communicate(timeout=60)[0]
+        if stop == signal.SIGINT:
+            assert process.returncode == 130, "".join(seen) + rest
+            assert "interrupted; the run resumes from its last checkpoint" in rest
+        deadline = time.monotonic() + 20
+        while running_warm_workers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running_warm_workers() == [], f"after {stop.name}"
+
+
+def running_warm_workers() -> list[str]:
+    """Processes running a warm worker's loop: Ray titles them after the method they run."""
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in ps.splitlines() if "WarmWorker.run" in line]
+
+
+def step_verbose_without_warm_workers_shows_ray_trains_lines(home: Path, tmp_path: Path) -> None:
+    out = run(home, "train", "-v", str(DIGITS), "run.name=loud", *SHORT, cwd=tmp_path,
+              TRAINFORGE_WARM_WORKERS="0")  # fmt: skip
 
     assert out.returncode == 0, out.stderr
     console = out.stdout + out.stderr
-    assert "(RayTrainWorker pid=" in console
+    assert "(RayTrainWorker pid=" in console  # Ray Train's worker group, on the same cluster
     assert "Connected to Ray cluster" in console
+    assert "workers: 2 started, process group up (" in console
 
 
 def step_two_homes_get_two_clusters_and_an_idle_one_stops_itself(

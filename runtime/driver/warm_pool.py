@@ -1,0 +1,252 @@
+"""Warm workers: on the lasting local cluster, a run's worker processes outlive it and serve the
+next run (``worker/warm.py``).
+
+Ray Train gives every run a controller, a placement group and new worker processes that import
+torch and the loop: about 9 s of a 2-core machine's start-up, 20 s on a 4-GPU host (bench/
+results, issue 12). On the lasting local cluster — one machine, the default for a local
+``trainforge train`` — the run's workers are instead a pool of detached actors kept between
+commands: each command claims free slots (a lock file per slot, held while it runs; a dead
+command's locks go with it), finds or starts a worker per slot, and runs the same loop in them
+over a new gloo process group.
+
+What Ray Train does for a run, done here too: a failed worker ends the whole group and, within
+``run.max_failures``, the group restarts from the latest checkpoint; a Ctrl-C stops it; the
+workers' errors reach the driver (``WorkersFailed`` carries them rank by rank, as Ray Train's
+error does); checkpoints land in the run folder, the newest ``checkpoint.keep_last`` kept.
+Warm workers hold no Ray resources while idle, so a simulation stage can use every core
+between runs. GPU runs, remote storage and clusters joined through RAY_ADDRESS keep Ray Train's
+worker group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from trainforge import log, storage
+from trainforge.config import Recipe
+from trainforge.driver import local_cluster
+from trainforge.log import first_line
+
+ENV = "TRAINFORGE_WARM_WORKERS"
+"""``0``: every run starts new worker processes through Ray Train, as on any other cluster."""
+NAMESPACE = "trainforge-warm"
+
+
+class WorkersFailed(Exception):
+    """The run's workers failed and no restart is left; ``worker_failures`` maps each failed
+    rank to its exception (the attribute Ray Train's ``WorkerGroupError`` has too)."""
+
+    def __init__(self, worker_failures: dict[int, BaseException]) -> None:
+        rank, error = next(iter(worker_failures.items()))
+        error = _cause(error)
+        super().__init__(f"rank {rank}: {type(error).__name__}: {first_line(error, limit=500)}")
+        self.worker_failures = worker_failures
+
+
+@dataclass
+class Finished:
+    metrics: dict[str, Any]
+    checkpoint_path: str | None
+
+
+def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str | None:
+    """Why this run cannot use warm workers (None: it can)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if not on_lasting_cluster:
+        return "not on the lasting local cluster"
+    if cfg.scaling.use_gpu == "true":
+        return "a GPU run"  # not yet measured on GPUs: Ray Train's worker group there
+    if storage.local_folder(storage_path) is None:
+        return "remote storage"
+    return None
+
+
+class WarmRun:
+    """One command's warm workers, from claiming their slots to releasing them: the MLflow
+    calls (``track``: rank 0's process has MLflow imported and its store open, where the driver
+    would import it anew) and the run itself (``fit``), with restarts."""
+
+    def __init__(self, cfg: Recipe, payload: dict[str, Any], output: Any) -> None:
+        self.cfg = cfg
+        self.payload = {**payload, "console_file": str(console_file(payload))}
+        self.output = output
+        self.members: list[Any] = []
+        self._held = contextlib.ExitStack()
+
+    def __enter__(self) -> WarmRun:
+        from trainforge.driver import console
+
+        for left in Path(self.payload["run_dir"]).glob(".worker-lines-*"):  # a killed command's
+            left.unlink(missing_ok=True)  # (one command per run at a time: run_lock.py)
+        self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
+        try:
+            self.slots = self._held.enter_context(_claimed_slots(self.cfg.scaling.num_workers))
+            self.members, self.payload["workers_started"] = _members(self.slots)
+        except BaseException:
+            self._held.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._held.close()
+
+    def track(self, call: str, *args: Any) -> Any:
+        """``tracking.driver.<call>(*args)`` in rank 0's process; here when that one is gone
+        (a failed or interrupted run's workers are stopped)."""
+        import ray
+
+        from trainforge.tracking import driver as tracking
+
+        if self.members:
+            env = local_cluster.worker_env()
+            ref = self.members[0].track.remote(call, args, env, self.payload["console_file"])
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                return ray.get(ref)
+        return getattr(tracking, call)(*args)
+
+    def fit(self) -> Finished:
+        """Run the loop until it ends; restarts within ``run.max_failures``. Raises
+        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
+        import ray
+
+        failures_left = self.cfg.run.max_failures
+        while True:
+            outcome = _run_once(ray, self.members, self.payload)
+            if isinstance(outcome, Finished):
+                return outcome
+            _stop(ray, self.members)  # blocked in a collective, or gone: not reusable
+            self.members = []
+            if failures_left == 0 or any(_is_verdict(e) for e in outcome.values()):
+                raise WorkersFailed(outcome)
+            failures_left -= 1
+            rank, error = next(iter(outcome.items()))
+            log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
+                    f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
+            self.payload["workers_requested_at"] = time.time()
+            self.members, self.payload["workers_started"] = _members(self.slots)
+
+
+def console_file(payload: dict[str, Any]) -> Path:
+    """Where the run's warm workers write their lines (``worker/warm.py``) for this command to
+    show (``console.relay_file``); removed at the end."""
+    return Path(payload["run_dir"]) / f".worker-lines-{payload['command']}"
+
+
+def _run_once(ray: Any, members: list[Any], payload: dict[str, Any]) -> Any:
+    """One start of the worker group: ``Finished``, or rank → exception for the failed ranks."""
+    port = local_cluster.free_port()
+    world_size = len(members)
+    ranks = {
+        member.run.remote(payload, rank, world_size, port, os.getpid()): rank
+        for rank, member in enumerate(members)
+    }
+    results: dict[int, dict[str, Any]] = {}
+    pending = list(ranks)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[ranks[done[0]]] = ray.get(done[0])
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
+                return {ranks[done[0]]: exc}  # the others may wait in a collective for it
+    except BaseException:  # Ctrl-C, SIGTERM: the workers stop with the command
+        _stop(ray, members)
+        members.clear()
+        raise
+    return Finished(results[0]["metrics"], results[0]["checkpoint"])
+
+
+def _stop(ray: Any, members: list[Any]) -> None:
+    for member in members:
+        with contextlib.suppress(Exception):
+            ray.kill(member, no_restart=True)
+
+
+def _members(slots: list[int]) -> tuple[list[Any], int]:
+    """The warm worker of each slot: found (and still fit for this command) or started; and
+    how many were started."""
+    import ray
+
+    from trainforge.worker.warm import WarmWorker
+
+    sys_path = [entry for entry in sys.path if entry]
+    members: list[Any] = []
+    started: list[Any] = []
+    replaced: list[str] = []
+    for slot in slots:
+        name = f"worker-{slot}"
+        member: Any
+        try:
+            member = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            member = None
+        if member is not None:
+            why = _ask(ray, member.serve.remote(sys_path, os.getcwd()))
+            if why is not None:
+                replaced.append(why)
+                with contextlib.suppress(Exception):
+                    ray.kill(member, no_restart=True)
+                member = None
+        if member is None:
+            actor = ray.remote(WarmWorker).options(
+                name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+                max_restarts=0, get_if_exists=False,
+            )  # fmt: skip
+            member = actor.remote(sys_path)
+            started.append(member)
+        members.append(member)
+    if replaced:
+        log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
+    if started:  # their imports, in parallel; an import error surfaces here
+        ray.get([member.serve.remote(sys_path, os.getcwd()) for member in started])
+    return members, len(started)
+
+
+def _ask(ray: Any, ref: Any) -> str | None:
+    """A warm worker's answer; a dead one is "gone"."""
+    try:
+        return ray.get(ref, timeout=30)
+    except Exception as exc:  # dead, or hung: replaced either way
+        return f"it did not answer: {type(exc).__name__}"
+
+
+@contextlib.contextmanager
+def _claimed_slots(count: int) -> Iterator[list[int]]:
+    """``count`` slot numbers no other command holds, held until the run ends."""
+    folder = local_cluster.folder() / "warm"
+    folder.mkdir(parents=True, exist_ok=True)
+    held: list[tuple[int, IO[str]]] = []
+    slot = 0
+    try:
+        while len(held) < count:
+            handle = open(folder / f"slot-{slot}.lock", "a")  # noqa: SIM115 - closed below
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append((slot, handle))
+            except BlockingIOError:
+                handle.close()
+            slot += 1
+        yield [number for number, _ in held]
+    finally:
+        for _, lock in held:
+            lock.close()
+
+
+def _cause(error: BaseException) -> BaseException:
+    return getattr(error, "cause", None) or error
+
+
+def _is_verdict(error: BaseException) -> bool:
+    """The run's own stop (NaN loss): restarting would only repeat it."""
+    from trainforge.errors import NonFiniteLoss
+
+    return isinstance(_cause(error), NonFiniteLoss)

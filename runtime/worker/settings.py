@@ -1,0 +1,42 @@
+"""The command's settings in a worker (``driver/local_cluster.worker_env`` collects them).
+
+A worker of the lasting local cluster is a child of a Ray started by an earlier command, and a
+warm worker (``worker/warm.py``) serves one command after another: neither inherited this
+command's environment. The driver sends its settings (thread counts, MLflow, trainforge's own
+switches, the Python path) and the worker takes them on here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+
+def apply(env: dict[str, str]) -> None:
+    """Take on the command's settings. The worker may have been started by Ray before the
+    command, with torch already imported: its thread count is set through torch, the Python
+    path extended in place."""
+    os.environ.update(env)
+    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+@contextlib.contextmanager
+def applied(env: dict[str, str]) -> Iterator[None]:
+    """The command's settings while it is served; the process's own environment afterwards
+    (a warm worker's next command must not see this one's credentials or switches)."""
+    saved = dict(os.environ)
+    apply(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

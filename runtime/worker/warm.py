@@ -1,0 +1,258 @@
+"""A warm worker: one process of the lasting local cluster's pool (``driver/warm_pool.py``) that
+runs the training loop for one run after another, so a run does not pay again for a new process,
+the imports of torch and the loop, and Ray Train's worker group.
+
+Between runs it must be as good as a new process:
+- it serves no command once a module it imported has changed on disk, nor a command whose
+  Python path lacks the entry a module came from (``serve``): an edited model or simulator,
+  or another folder's, is never run from an old import;
+- each run sets its own threads, settings and seeds (as a new worker does), joins a new gloo
+  process group and leaves it at the end;
+- it ends itself when the command it serves dies (a SIGKILLed driver cannot stop it), so a
+  killed command never leaves a loop running.
+
+A Ray actor's output reaches only the command that created it; a warm worker serves later
+commands, so it writes its lines to a file in the run folder that the command relays
+(``driver/console.py``, ``relay_file``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import shutil
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainforge import log, ray_compat
+from trainforge.distributed import WorkerContext
+from trainforge.worker import settings
+
+DRIVER_CHECK_S = 1.0
+"""How often a run's worker checks that the command it serves is alive."""
+
+
+class WarmWorker:
+    """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
+
+    def __init__(self, sys_path: list[str]) -> None:
+        _use_sys_path(sys_path)
+        self.sys_path = list(sys_path)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        import trainforge.worker.trainer  # noqa: F401 - the loop's imports, once per process
+
+        # The first optimizer of a process imports torch._dynamo (~1 s): paid here, not in a run.
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        self.loaded = _module_files()
+
+    def serve(self, sys_path: list[str], cwd: str) -> str | None:
+        """Whether this process may serve a command whose Python path is ``sys_path``: None,
+        and that path and the command's folder (``cwd``, where Ray starts a job's workers)
+        are taken on; else why not. A command started in another folder has another path:
+        fine, unless a module came from an entry the new path lacks."""
+        removed = [entry for entry in self.sys_path if entry not in sys_path]
+        for name, (path, mtime) in self.loaded.items():
+            if _mtime(path) != mtime:
+                return f"module {name} changed on disk"
+            source = next((entry for entry in removed if _inside(path, entry)), None)
+            if source is not None:
+                return f"module {name} came from {source}, not on this command's Python path"
+        for entry in removed:
+            while entry in sys.path:
+                sys.path.remove(entry)
+        _use_sys_path(sys_path)
+        self.sys_path = list(sys_path)
+        with contextlib.suppress(OSError):  # a folder gone since: relative paths fail later
+            os.chdir(cwd)
+        return None
+
+    def track(self, call: str, args: tuple[Any, ...], env: dict[str, str],
+              console_file: str) -> Any:  # fmt: skip
+        """The command's MLflow calls (``tracking.driver.start_run``, ``finish_run``) in this
+        process, where MLflow is imported and its store open after the first run."""
+        from trainforge.tracking import driver as tracking
+
+        with _lines_to(Path(console_file), 0), settings.applied(env):
+            return getattr(tracking, call)(*args)
+
+    def run(self, payload: dict[str, Any], rank: int, world_size: int, port: int,
+            driver_pid: int) -> dict[str, Any]:  # fmt: skip
+        """One rank of one run; returns what rank 0 reported last with a checkpoint."""
+        import torch
+        import torch.distributed as dist
+
+        from trainforge.worker.trainer import run
+
+        stop_watching = _end_with(driver_pid)
+        try:
+            with _lines_to(Path(payload["console_file"]), rank), settings.applied(payload["env"]):
+                timeout = payload["recipe"]["scaling"]["timeout_s"]
+                store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                                      timeout=_seconds(timeout))  # fmt: skip
+                dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                        timeout=_seconds(timeout))  # fmt: skip
+                try:
+                    if rank == 0:
+                        started = payload.get("workers_started", 0)
+                        how = {0: "warm", world_size: "started"}.get(
+                            started, f"ready ({started} started, {world_size - started} warm)"
+                        )
+                        log.phase("workers", f"{world_size} {how}, process group up",
+                                  payload["workers_requested_at"])  # fmt: skip
+                    ctx = WorkerContext(rank, rank, world_size, 0, torch.device("cpu"))
+                    reporter = RunFolderReporter(
+                        Path(payload["run_dir"]), payload["recipe"]["checkpoint"]["keep_last"], rank
+                    )
+                    run(payload, ctx, reporter)
+                    return reporter.result()
+                finally:
+                    dist.destroy_process_group()
+        finally:
+            stop_watching()
+            gc.collect()  # the run's model and data, before the process waits for the next one
+            self.loaded = _module_files()  # what this run imported is checked next time too
+
+
+class RunFolderReporter:
+    """Checkpoints go into the run folder as Ray Train persists them (``checkpoint_<time>``,
+    complete or not at all), the newest ``keep_last`` kept; like ``ray.train.report``, every
+    report is a barrier of all ranks. The loop finds the latest checkpoint in the run folder
+    itself (``checkpoint.latest``), so nothing is registered elsewhere."""
+
+    def __init__(self, run_dir: Path, keep_last: int, rank: int) -> None:
+        self.run_dir, self.keep_last, self.rank = run_dir, keep_last, rank
+        self.last: dict[str, Any] = {}
+        self.checkpoint: Path | None = None
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for partial in run_dir.glob(".checkpoint_*.partial"):  # from a killed run
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        import torch.distributed as dist
+
+        if folder is not None and self.rank == 0:
+            name = "checkpoint_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+            partial = self.run_dir / f".{name}.partial"
+            shutil.copytree(folder, partial)
+            os.replace(partial, self.run_dir / name)  # complete, or not there at all
+            self.checkpoint = self.run_dir / name
+            self.last = {**metrics}
+            self._prune()
+        elif self.checkpoint is None:
+            self.last = {**metrics}
+        dist.barrier()
+
+    def registered(self) -> dict[str, Any] | None:
+        return None  # the run folder is the registry
+
+    def result(self) -> dict[str, Any]:
+        return {"metrics": self.last, "checkpoint": str(self.checkpoint or "") or None}
+
+    def _prune(self) -> None:
+        # Timestamp names sort by time; Ray Train's folders from earlier runs share the format.
+        folders = sorted(f for f in self.run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir())
+        for old in folders[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _use_sys_path(entries: list[str]) -> None:
+    for entry in reversed(entries):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+def _inside(path: str, entry: str) -> bool:
+    folder = os.path.abspath(entry)
+    return os.path.abspath(path).startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _module_files() -> dict[str, tuple[str, float | None]]:
+    """Every imported module's file and its modification time now."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and os.path.isabs(path):  # torch.ops says "_ops.py"
+            files[name] = (path, _mtime(path))
+    return files
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _seconds(seconds: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def _end_with(driver_pid: int) -> Any:
+    """Exit this process when ``driver_pid`` ends (same machine: the lasting local cluster);
+    returns the function that stops watching."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(DRIVER_CHECK_S):
+            try:
+                os.kill(driver_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)  # the loop may be inside a collective: nothing to wind down
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="trainforge-driver-watch", daemon=True).start()
+    return done.set
+
+
+class _LineWriter(io.TextIOBase):
+    """A text stream that appends each complete line to the run's console file, tagged with
+    this process, its rank and whether it was stderr."""
+
+    def __init__(self, sink: TextIO, rank: int, is_err: bool, lock: threading.Lock) -> None:
+        self.sink, self.tag, self.lock = sink, f"{os.getpid()}\t{rank}\t{int(is_err)}\t", lock
+        self.pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        if lines:
+            with self.lock:
+                self.sink.write("".join(f"{self.tag}{line}\n" for line in lines))
+                self.sink.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # whole lines only: a partial line waits for its end
+
+
+@contextlib.contextmanager
+def _lines_to(path: Path, rank: int) -> Any:
+    """Send this process's Python output (stdout, stderr: trainforge's lines, warnings) to
+    ``path`` while the run lasts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+    with open(path, "a", buffering=1) as sink:
+        out, err = _LineWriter(sink, rank, False, lock), _LineWriter(sink, rank, True, lock)
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        try:
+            yield
+        finally:
+            for stream in (out, err):
+                if stream.pending:
+                    stream.write("\n")
+            sys.stdout, sys.stderr = saved

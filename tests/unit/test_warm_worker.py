@@ -1,0 +1,148 @@
+"""A warm worker's own parts, in this process (``worker/warm.py``, ``driver/warm_pool.py``):
+when it must not serve a command, where its checkpoints go, how its lines reach the console,
+and which runs use warm workers at all. The whole path through the lasting cluster is in
+tests/integration/test_local_cluster.py."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainforge import checkpoint, log
+from trainforge.driver import console, warm_pool
+from trainforge.driver.console import Console
+from trainforge.worker import warm
+from trainforge.worker.warm import RunFolderReporter, WarmWorker
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)  # fmt: skip
+    yield
+    dist.destroy_process_group()
+
+
+def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_code = tmp_path / "project"
+    user_code.mkdir()
+    module = user_code / "user_model_for_warm_test.py"
+    module.write_text("WIDTH = 1\n")
+    monkeypatch.syspath_prepend(str(user_code))  # restored after the test
+    import user_model_for_warm_test  # noqa: F401 - a module the user's recipe imported
+
+    path = [entry for entry in sys.path if entry]
+    worker = WarmWorker(path)
+    assert worker.serve(path, os.getcwd()) is None  # nothing changed: it serves the next command
+
+    elsewhere = str(tmp_path / "other-folder")  # a command started in another folder
+    assert worker.serve([elsewhere, *path], os.getcwd()) is None
+    assert sys.path[0] == elsewhere  # its path, taken on
+
+    without = [entry for entry in path if entry != str(user_code)]
+    assert worker.serve(without, os.getcwd()) == (
+        f"module user_model_for_warm_test came from {user_code}, not on this command's Python path"
+    )
+    module.write_text("WIDTH = 2\n")
+    later = time.time() + 5
+    os.utime(module, (later, later))
+    assert worker.serve(path, os.getcwd()) == "module user_model_for_warm_test changed on disk"
+
+
+def snapshot(folder: Path, step: int) -> Path:
+    """A real checkpoint folder (weights, manifest) at ``step``."""
+    model = nn.Linear(2, 1)
+    state = {"model": model.state_dict(), "global_step": step, "epoch": step}
+    folder.mkdir(parents=True)
+    checkpoint.save(folder, state, "recipe: x\n")
+    return folder
+
+
+def test_checkpoints_land_whole_in_the_run_folder_and_the_newest_are_kept(
+    tmp_path: Path, process_group: None
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".checkpoint_2026-01-01_00-00-00.000000.partial").mkdir()  # a killed run's copy
+    reporter = RunFolderReporter(run_dir, keep_last=2, rank=0)
+    assert not list(run_dir.glob(".checkpoint_*"))
+
+    for step in (10, 20, 30):
+        reporter.report({"val/loss": 1 / step}, snapshot(tmp_path / f"saved{step}", step))
+    reporter.report({"epoch": 4}, None)  # a report without a checkpoint after the last one
+
+    kept = sorted(run_dir.glob("checkpoint_*"))
+    assert len(kept) == 2
+    assert [checkpoint.load(folder)["global_step"] for folder in kept] == [20, 30]
+    result = reporter.result()
+    assert result == {"metrics": {"val/loss": 1 / 30}, "checkpoint": str(kept[-1])}
+    found = checkpoint.latest(reporter, str(run_dir))  # where a restarted loop resumes
+    assert found.state is not None and found.state["global_step"] == 30
+    assert not list(run_dir.glob(".checkpoint_*"))  # no partial copy left
+
+
+def test_a_warm_workers_lines_reach_the_console_as_relayed_lines_do(tmp_path: Path) -> None:
+    log.set_verbosity(0)
+    lines_file = tmp_path / ".worker-lines-abc"
+    out = io.StringIO()
+    shown = Console(tmp_path / "worker-output.log", out)
+    stop = console.relay_file(lines_file, shown)
+    with warm._lines_to(lines_file, rank=1):
+        log.say("epoch 1/2 done: val/loss 0.5")
+        print("an internal line the user does not need")
+        sys.stderr.write("model.py:3: UserWarning: careful\n")
+        print("half a line", end="")  # completed when the run ends
+    stop()
+    shown.close()
+
+    assert out.getvalue().splitlines() == [
+        "[trainforge] epoch 1/2 done: val/loss 0.5",
+        "model.py:3: UserWarning: careful",
+    ]
+    kept = (tmp_path / "worker-output.log").read_text().splitlines()
+    assert (
+        kept[1]
+        == f"(TrainforgeWorker rank=1 {os.getpid()}) an internal line the user does not need"
+    )
+    assert kept[-1].endswith(") half a line")
+    assert not lines_file.exists()  # removed once relayed
+
+
+def recipe(use_gpu: str = "false") -> SimpleNamespace:
+    return SimpleNamespace(scaling=SimpleNamespace(use_gpu=use_gpu))
+
+
+def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(warm_pool.ENV, raising=False)
+    local = str(tmp_path / "runs")
+    assert warm_pool.unavailable(recipe(), local, on_lasting_cluster=True) is None  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe(), local, False) == "not on the lasting local cluster"  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe("true"), local, True) == "a GPU run"  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe(), "s3://bucket/runs", True) == "remote storage"  # type: ignore[arg-type]
+    monkeypatch.setenv(warm_pool.ENV, "0")
+    assert warm_pool.unavailable(recipe(), local, True) == f"{warm_pool.ENV}=0"  # type: ignore[arg-type]
+
+
+def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
+    class Wrapped(Exception):  # what Ray's RayTaskError carries: the worker's own exception
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__("ray::WarmWorker.run() failed")
+            self.cause = cause
+
+    failed = warm_pool.WorkersFailed({1: Wrapped(torch.OutOfMemoryError("no room"))})
+    assert str(failed) == "rank 1: OutOfMemoryError: no room"
+    from trainforge import ray_compat
+
+    assert [type(e) for e in ray_compat.worker_errors(failed)] == [torch.OutOfMemoryError]
