@@ -1,0 +1,151 @@
+"""Issue 12's CPU race: the whole `trainforge train` command against sbi 0.27's own
+`NPE(...).train()`, each to sbi's converged validation loss, in one invocation on one machine.
+
+two_moons, sbi's default estimator (MAF, hidden 50, 5 transforms), the same simulations for
+both (one cache entry made by `trainforge simulate`), validated on the same rows (sbi's one
+`torch.randperm` call is answered with trainforge's permutation, as in `bench/sbi_speed.py`).
+
+- sbi: its defaults, in this process, one thread; its time is `train()`'s wall time, and its
+  best validation loss is the target.
+- trainforge: the whole command from the shell, one worker; its time is the arrival of the
+  first `epoch N done` line whose val/loss is at or below the target. Measured with the
+  lasting local cluster up and its warm workers from an earlier command (`warm`), and as the
+  first command after the cluster stopped (`cold`).
+
+    python bench/sbi_race_command.py --out race.json [--simulations 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+RECIPE = "sbi/two_moons_parity"
+QUIET = [
+    "tracking.system_metrics=false",
+    "tracking.log_model=false",
+    "workload.evaluation.c2st=false",
+    "workload.evaluation.sbc_runs=0",
+    "workload.evaluation.pair_plot=false",
+    "workload.evaluation.observations=[]",
+    "checkpoint.every_epochs=50",
+]
+VARIANTS = {
+    "sbi_hyperparameters": [],  # batch 200, lr 5e-4, patience 20: the recipe as shipped
+    "b512_lr1e-3": ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50"],
+}
+EPOCH_DONE = re.compile(r"\[trainforge\] epoch (\d+)/\d+ done: .*val/loss (-?[\d.]+)")
+
+
+def command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[tuple[float, str]]]:
+    """Run a trainforge command; its exit code and each line with its arrival time (s)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainforge", *args],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = [(time.perf_counter() - started, line.rstrip()) for line in process.stdout]
+    return process.wait(), [*lines, (time.perf_counter() - started, "<exit>")]
+
+
+def race(name: str, overrides: list[str], target: float, env: dict[str, str],
+         cwd: Path) -> dict[str, Any]:  # fmt: skip
+    code, lines = command(["train", RECIPE, f"run.name={name}", *QUIET, *overrides], env, cwd)
+    reached = next(
+        ((at, int(m[1])) for at, line in lines if (m := EPOCH_DONE.search(line))
+         and float(m[2]) <= target),
+        None,
+    )  # fmt: skip
+    losses = [float(m[2]) for _, line in lines if (m := EPOCH_DONE.search(line))]
+    result = {
+        "name": name,
+        "exit_code": code,
+        "wall_s": round(lines[-1][0], 2),
+        "time_to_target_s": round(reached[0], 2) if reached else None,
+        "epoch_at_target": reached[1] if reached else None,
+        "epochs": len(losses),
+        "best_val_loss": min(losses) if losses else None,
+        "first_lines": [f"{at:7.2f} {line}" for at, line in lines[:6]],
+    }
+    print(f"[bench] {json.dumps(result)}", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--simulations", type=int, default=10_000)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    args = parser.parse_args()
+
+    import sbi_baseline
+    import torch
+    from startup import stop_cluster
+
+    from trainforge.workloads.sbi import simulate
+
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="tf-sbi-race-"))
+    env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
+    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
+        env.pop(key, None)
+    sims = [f"workload.simulation.num_simulations={args.simulations}"]
+    report: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "torch": torch.__version__,
+        "simulations": args.simulations,
+        "trainforge": [],
+    }
+
+    def save() -> None:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+    code, lines = command(["simulate", RECIPE, "run.name=sims", *sims], env, work)
+    assert code == 0, lines[-5:]
+    path = next(line.split("simulations ready: ", 1)[1] for _, line in lines
+                if "simulations ready: " in line)  # fmt: skip
+    report["simulations_path"] = path
+    theta, x = simulate.load(Path(path), drop_invalid=False)
+    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))  # run.seed 0
+    sbi = sbi_baseline.train_sbi(theta, x, "cpu", seed=0, max_epochs=None, split_order=order)
+    sbi.pop("estimator")
+    report["sbi"] = sbi
+    target = sbi["best_val_loss"]
+    save()
+
+    located = [*sims, f"workload.simulation.path={path}"]
+    warmup = ["train", RECIPE, "run.name=warmup", *QUIET, *located, "train.epochs=1"]
+    for variant in args.variants:
+        overrides = [*located, *VARIANTS[variant]]
+        stop_cluster(env)
+        cold = race(f"{variant}_cold", overrides, target, env, work)
+        command(warmup, env, work)  # workers warm, sbi imported (a second time: resumes, ends)
+        warm = race(f"{variant}_warm", overrides, target, env, work)
+        for result in (cold, warm):
+            reached = result["time_to_target_s"]
+            result["fraction_of_sbi_wall"] = round(reached / sbi["wall_s"], 3) if reached else None
+            report["trainforge"].append(result)
+        save()
+    stop_cluster(env)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
