@@ -54,7 +54,9 @@ def check_existing_run(cfg: Recipe, storage_path: str) -> None:
             f"run.name: a run named {cfg.run.name!r} exists at {run_dir} and checkpoint.resume is "
             "false; pick another run.name or set checkpoint.resume=true"
         )
-    from trainforge.checkpoint import check_resumable  # torch: only once a run is launched
+    if not run_dir.is_dir():
+        return  # a new run: no checkpoints to check (and no torch to import for them)
+    from trainforge.checkpoint import check_resumable  # torch: only for a run that exists
 
     check_resumable(run_dir)  # checkpoints that all fail verification: refused, none deleted
 

@@ -41,10 +41,12 @@ PASS_WHEN_LARGER = ("train.epochs", "train.max_steps")
 def check(cfg: Recipe, storage_root: str) -> None:
     """Refuse (RecipeError) a resume whose recipe differs from its latest checkpoint's in keys
     that change results, unless ``checkpoint.allow_changes``; then say what changed."""
-    from trainforge import checkpoint  # torch: imported once a run is launched, not before
-
     folder = storage.local_folder(storage_root)
-    latest = None if folder is None else checkpoint.newest_verified(folder / cfg.run.name)
+    if folder is None or not (folder / cfg.run.name).is_dir():
+        return  # a new run (or remote storage): nothing to compare, and no torch to import
+    from trainforge import checkpoint  # torch: only for a run that exists
+
+    latest = checkpoint.newest_verified(folder / cfg.run.name)
     if latest is None:
         return
     from omegaconf import OmegaConf  # as written: not validated again, only compared

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainforge import log, ray_compat
-from trainforge.distributed import WorkerContext
 from trainforge.worker import settings
 
 DRIVER_CHECK_S = 1.0
@@ -88,6 +87,7 @@ class WarmWorker:
         import torch
         import torch.distributed as dist
 
+        from trainforge.distributed import WorkerContext
         from trainforge.worker.trainer import run
 
         stop_watching = _end_with(driver_pid)

@@ -1,15 +1,19 @@
 """Workload registry: ``workload.kind`` → the family's ``WorkloadSpec`` (schema, checks, data
 stage, builder). A family is imported only when a recipe names it, so a CNN recipe is checked
-and trained without importing the SBI family or the ``sbi`` package."""
+and trained without importing the SBI family or the ``sbi`` package, and checked without
+importing torch."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainforge.config.schema import PrecisionSection, WorkloadSection
 from trainforge.errors import RecipeError, did_you_mean
-from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from trainforge.workloads.base import Workload
 
 # kind → the package that exports its SPEC. A new family is one folder and one line here.
 FAMILIES = {

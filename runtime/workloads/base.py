@@ -1,23 +1,20 @@
-"""What the training loop needs from a workload family (CNN, SBI, …), and how a family
-declares itself to the registry.
+"""What the training loop needs from a workload family (CNN, SBI, …); how a family declares
+itself to the registry is ``spec.py``.
 
 The loop owns distribution, precision, accumulation, checkpointing and reporting; a workload
-owns only its model, its data and how to score a batch. A family exports one ``WorkloadSpec``:
-its recipe schema, its checks, its optional data stage and how to build its ``Workload``.
+owns only its model, its data and how to score a batch.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
 from trainforge.data.types import Batch, Split
 from trainforge.tracking.datasets import TrainingData
 
@@ -91,43 +88,3 @@ class Workload(ABC):
     def describe(self) -> dict[str, Any]:
         """Facts worth printing and logging once (data set sizes, parameter count…)."""
         return {}
-
-
-W = TypeVar("W", bound=WorkloadSection)
-
-
-def _no_check(cfg: WorkloadSection, recipe: Recipe) -> None:
-    return None
-
-
-def _no_data_check(cfg: WorkloadSection) -> None:
-    return None
-
-
-def _unknown_size(cfg: WorkloadSection) -> int | None:
-    return None
-
-
-@dataclass(frozen=True)
-class WorkloadSpec(Generic[W]):
-    """A workload family as the registry sees it. Functions import their heavy modules when
-    called, so validating a recipe of one family never imports another's libraries."""
-
-    kind: str
-    """The ``workload.kind`` that selects this family."""
-    schema: type[W]
-    """The ``workload`` section's dataclass (a WorkloadSection); checks its own values."""
-    build: Callable[[W, int, PrecisionSection], Workload]
-    """(section, seed, precision) → the Workload, in each training worker."""
-    check: Callable[[W, Recipe], None] = _no_check
-    """Recipe checks beyond the section's own: names in the family's registries (models,
-    tasks), rules against other sections. Raises RecipeError; never changes anything."""
-    check_data: Callable[[W], None] = _no_data_check
-    """Is the data where the recipe says, on this machine? The driver's check before Ray."""
-    train_samples: Callable[[W], int | None] = _unknown_size
-    """Rows of the training split as the recipe (or its finished data) says, without loading
-    anything; None when only reading the data would tell. Lets the driver refuse a batch larger
-    than a worker's shard before any worker starts."""
-    prepare_data: Callable[[W, int, str], W] | None = None
-    """(section, seed, storage root) → the section with its data made and located, run by
-    ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""

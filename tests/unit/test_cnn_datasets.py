@@ -10,15 +10,14 @@ import torch
 from PIL import Image
 
 from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.checks import KNOWN_DATASETS, check_data
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    KNOWN_DATASETS,
     CNNData,
     TensorSplit,
     augment_batch,
-    check_data,
     load_data,
     stratified_split,
 )

@@ -7,12 +7,11 @@ import torch
 from torch import nn
 
 from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.checks import KNOWN_MODELS, check_model_name
 from trainforge.workloads.cnn.models import (
-    KNOWN_MODELS,
     ResNet18CIFAR,
     SimpleCNN,
     build_model,
-    check_model_name,
 )
 
 

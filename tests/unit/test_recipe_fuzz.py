@@ -37,9 +37,8 @@ from trainforge import cli, config
 from trainforge.config.schema import Recipe
 from trainforge.driver import launch
 from trainforge.tracking import driver as tracking_driver
+from trainforge.workloads.cnn.checks import KNOWN_DATASETS, KNOWN_MODELS
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
-from trainforge.workloads.cnn.datasets import KNOWN_DATASETS
-from trainforge.workloads.cnn.models import KNOWN_MODELS
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.estimator import ESTIMATORS
 from trainforge.workloads.sbi.sources import KNOWN_TASKS

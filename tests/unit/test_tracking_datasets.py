@@ -17,7 +17,7 @@ from trainforge.tracking import driver
 from trainforge.tracking.datasets import TrainingData, digest_of
 from trainforge.tracking.spool import replay
 from trainforge.tracking.worker import WorkerTracker
-from trainforge.workloads.cnn.datasets import train_samples
+from trainforge.workloads.cnn.checks import train_samples
 from trainforge.workloads.cnn.workload import CNNWorkload
 from trainforge.workloads.sbi import simulate, sources
 from trainforge.workloads.sbi.workload import SBIWorkload

@@ -19,11 +19,12 @@ from trainforge.workloads import (
     resolve_workload,
     spec_for,
 )
-from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.base import Workload
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.workload import CNNWorkload
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.workload import SBIWorkload
+from trainforge.workloads.spec import WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -121,3 +122,37 @@ def test_cifar10_missing_data_root(tmp_path: Path) -> None:
     cfg = config.load(CIFAR10, [f"workload.data_root={tmp_path / 'nothing-here'}"])
     with pytest.raises(RecipeError, match=r"workload\.data_root"):
         check_workload_data(cfg.workload)
+
+
+DRIVER_STEPS = """
+import sys
+from trainforge import config
+from trainforge.driver import launch, recipe_change, warm_pool
+from trainforge.driver.cluster import storage_root
+from trainforge.resources import find_recipe
+from trainforge.tracking import driver as tracking
+from trainforge.worker import faults
+from trainforge.workloads import check_workload_data
+
+cfg = config.load(find_recipe("cnn/digits_simple_cnn")[0], ["run.name=fresh"])
+check_workload_data(cfg.workload)
+root = storage_root(cfg.run)
+launch.check_existing_run(cfg, root)
+cfg = config.resolve(cfg, {"CPU": 2.0}, root)
+recipe_change.check(cfg, root)
+faults.requested()
+tracking.driver_tags()
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_a_cnn_command_checks_its_recipe_without_importing_torch(tmp_path: Path) -> None:
+    """Everything the driver does to a new CNN run before its workers (torch is theirs: ~1 s
+    of every command's start-up on a 2-core machine)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", DRIVER_STEPS], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

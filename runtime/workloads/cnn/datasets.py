@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import pickle
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,19 +20,26 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
-from trainforge.errors import RecipeError, did_you_mean
+from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.checks import (
+    CIFAR10_TEST_FILE,
+    CIFAR10_TRAIN_FILES,
+    check_cifar10_files,
+    check_dataset_name,
+    check_num_classes,
+    check_same_classes,
+    cifar10_folder,
+    cifar10_missing_error,
+    iter_images,
+    no_images_error,
+    require_data_root,
+    scan_classes,
+    split_dir,
+)
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 
-KNOWN_DATASETS = ("digits", "synthetic", "cifar10", "imagefolder")
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-
-CIFAR10_FOLDER = "cifar-10-batches-py"
-CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_NUM_CLASSES = 10
 CIFAR10_IMAGE_SIZE = 32
-CIFAR10_TRAIN_IMAGES = 50_000
-DIGITS_IMAGES = 1797  # scikit-learn's bundled 8x8 digits
 
 # ImageFolder trees are usually photos, for which the ImageNet statistics are the convention
 # (and what torchvision's pretrained models expect); computing per-tree statistics would need
@@ -67,28 +72,6 @@ class CNNData:
 
 
 # --------------------------------------------------------------------------- entry points
-
-
-def check_data(cfg: CNNWorkloadConfig) -> None:
-    """Cheap driver-side checks (names and paths, no image decoding) before any worker starts."""
-    check_dataset_name(cfg.dataset)
-    if cfg.dataset == "cifar10":
-        root = _require_data_root(cfg)
-        if not _cifar10_folder(root).is_dir():
-            if not cfg.download:
-                raise _cifar10_missing_error(root)
-            _check_torchvision_installed()
-        else:
-            _check_cifar10_files(root)
-    elif cfg.dataset == "imagefolder":
-        root = _require_data_root(cfg)
-        train_classes = _scan_classes(_split_dir(root, "train"))
-        val_classes = _scan_classes(_split_dir(root, "val"))
-        _check_same_classes(root, train_classes, val_classes)
-        for split, classes in (("train", train_classes), ("val", val_classes)):
-            for name in classes:
-                _require_some_image(root / split / name)
-        _check_num_classes(cfg, len(train_classes), f"imagefolder tree {root}")
 
 
 def load_data(cfg: CNNWorkloadConfig, seed: int, device: torch.device | None = None) -> CNNData:
@@ -132,46 +115,6 @@ def augment_batch(images: torch.Tensor, padding: int = 4) -> torch.Tensor:
     return padded[batch_idx, channel_idx, rows.view(n, 1, h, 1), cols.view(n, 1, 1, w)]
 
 
-def train_samples(cfg: CNNWorkloadConfig) -> int | None:
-    """Training images the data set will hold, known without reading it (None: an image folder,
-    counted only by listing it)."""
-    if cfg.dataset == "digits":  # scikit-learn's test share is ceil(fraction × n)
-        return DIGITS_IMAGES - math.ceil(cfg.val_fraction * DIGITS_IMAGES)
-    if cfg.dataset == "synthetic":
-        return cfg.synthetic_train_size
-    if cfg.dataset == "cifar10":
-        return CIFAR10_TRAIN_IMAGES
-    return None
-
-
-# --------------------------------------------------------------------------- shared checks
-
-
-def check_dataset_name(name: str) -> None:
-    if name not in KNOWN_DATASETS:
-        raise RecipeError(
-            f"workload.dataset: {name!r} is not a known data set"
-            f"{did_you_mean(name, KNOWN_DATASETS)}; choose one of: {', '.join(KNOWN_DATASETS)}"
-        )
-
-
-def _require_data_root(cfg: CNNWorkloadConfig) -> Path:
-    if not cfg.data_root:
-        raise RecipeError(
-            f"workload.data_root is not set, but workload.dataset={cfg.dataset!r} reads its "
-            "images from there"
-        )
-    return Path(cfg.data_root).expanduser()
-
-
-def _check_num_classes(cfg: CNNWorkloadConfig, found: int, where: str) -> None:
-    if cfg.num_classes != found:
-        raise RecipeError(
-            f"workload.num_classes={cfg.num_classes} but {where} has {found} classes; "
-            f"set workload.num_classes={found}"
-        )
-
-
 def _normalise_per_channel(train: torch.Tensor, val: torch.Tensor) -> None:
     """Normalise both splits in place with the train split's per-channel statistics."""
     # Statistics from train only, so nothing about the held-out split leaks into training.
@@ -186,7 +129,7 @@ def _normalise_per_channel(train: torch.Tensor, val: torch.Tensor) -> None:
 
 
 def _load_digits(cfg: CNNWorkloadConfig, seed: int) -> CNNData:
-    _check_num_classes(cfg, 10, "the digits data set")
+    check_num_classes(cfg, 10, "the digits data set")
     pixels, labels = _read_digits()
     # The 8x8 pixels hold counts 0..16.
     small = torch.from_numpy(pixels.reshape(-1, 8, 8).astype(np.float32) / 16.0).unsqueeze(1)
@@ -279,38 +222,15 @@ def _random_split(
 # --------------------------------------------------------------------------- CIFAR-10
 
 
-def _cifar10_folder(root: Path) -> Path:
-    return root / CIFAR10_FOLDER
-
-
-def _cifar10_missing_error(root: Path) -> RecipeError:
-    return RecipeError(
-        f"workload.data_root={str(root)!r}: CIFAR-10 folder {_cifar10_folder(root)} does not "
-        "exist; set workload.download=true to fetch it there, or point workload.data_root at "
-        f"a folder holding {CIFAR10_FOLDER}"
-    )
-
-
-def _check_cifar10_files(root: Path) -> None:
-    for name in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE):
-        path = _cifar10_folder(root) / name
-        if not path.is_file():
-            raise RecipeError(
-                f"workload.data_root={str(root)!r}: CIFAR-10 file {path} is missing; the folder "
-                f"{_cifar10_folder(root)} looks incomplete (delete it and set "
-                "workload.download=true to fetch it again)"
-            )
-
-
 def _load_cifar10(cfg: CNNWorkloadConfig) -> CNNData:
-    root = _require_data_root(cfg)
-    _check_num_classes(cfg, CIFAR10_NUM_CLASSES, "CIFAR-10")
-    if not _cifar10_folder(root).is_dir():
+    root = require_data_root(cfg)
+    check_num_classes(cfg, CIFAR10_NUM_CLASSES, "CIFAR-10")
+    if not cifar10_folder(root).is_dir():
         if not cfg.download:
-            raise _cifar10_missing_error(root)
+            raise cifar10_missing_error(root)
         _download_cifar10(root)
-    _check_cifar10_files(root)
-    folder = _cifar10_folder(root)
+    check_cifar10_files(root)
+    folder = cifar10_folder(root)
     train_images, train_labels = _read_cifar10_batches(
         root, [folder / name for name in CIFAR10_TRAIN_FILES]
     )
@@ -355,14 +275,6 @@ def _read_cifar10_batch(root: Path, path: Path) -> dict[bytes, Any]:
             f"({type(exc).__name__}: {exc})"
         ) from exc
     return {b"data": data, b"labels": batch[b"labels"]}
-
-
-def _check_torchvision_installed() -> None:
-    if importlib.util.find_spec("torchvision") is None:
-        raise RecipeError(
-            "workload.download=true needs torchvision to fetch CIFAR-10; "
-            "pip install 'trainforge[vision]'"
-        )
 
 
 def _download_cifar10(root: Path) -> None:
@@ -414,10 +326,10 @@ class ImageFolderDataset(Dataset):
 
 
 def _load_imagefolder(cfg: CNNWorkloadConfig) -> CNNData:
-    root = _require_data_root(cfg)
-    classes = _scan_classes(_split_dir(root, "train"))
-    _check_same_classes(root, classes, _scan_classes(_split_dir(root, "val")))
-    _check_num_classes(cfg, len(classes), f"imagefolder tree {root}")
+    root = require_data_root(cfg)
+    classes = scan_classes(split_dir(root, "train"))
+    check_same_classes(root, classes, scan_classes(split_dir(root, "val")))
+    check_num_classes(cfg, len(classes), f"imagefolder tree {root}")
     splits = {
         split: ImageFolderDataset(_collect_samples(root / split, classes), classes, cfg.image_size)
         for split in ("train", "val")
@@ -431,71 +343,11 @@ def _load_imagefolder(cfg: CNNWorkloadConfig) -> CNNData:
     )
 
 
-def _split_dir(root: Path, split: str) -> Path:
-    if not root.is_dir():
-        raise RecipeError(f"workload.data_root={str(root)!r}: folder {root} does not exist")
-    folder = root / split
-    if not folder.is_dir():
-        raise RecipeError(
-            f"workload.data_root={str(root)!r}: imagefolder needs {folder} holding one "
-            "sub-folder of images per class, and it does not exist"
-        )
-    return folder
-
-
-def _scan_classes(split_dir: Path) -> list[str]:
-    # Hidden folders (.ipynb_checkpoints, .DS_Store bundles) are tool droppings, not classes.
-    classes = sorted(
-        entry.name
-        for entry in split_dir.iterdir()
-        if entry.is_dir() and not entry.name.startswith(".")
-    )
-    if not classes:
-        raise RecipeError(
-            f"workload.data_root: {split_dir} has no class sub-folders "
-            "(expected <split>/<class>/<images>)"
-        )
-    return classes
-
-
-def _check_same_classes(root: Path, train: list[str], val: list[str]) -> None:
-    if train == val:
-        return
-    only_train = sorted(set(train) - set(val))
-    only_val = sorted(set(val) - set(train))
-    raise RecipeError(
-        f"workload.data_root={str(root)!r}: train/ and val/ must hold the same class folders; "
-        f"only in train: {only_train or 'none'}, only in val: {only_val or 'none'}"
-    )
-
-
-def _iter_images(class_dir: Path) -> Iterator[Path]:
-    """Image files under ``class_dir`` (recursively), in a stable order."""
-    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            # Leading-dot files are mostly macOS "._x.jpg" resource forks that PIL can't open.
-            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
-                yield Path(dirpath) / name
-
-
-def _require_some_image(class_dir: Path) -> None:
-    if next(_iter_images(class_dir), None) is None:
-        raise _no_images_error(class_dir)
-
-
-def _no_images_error(class_dir: Path) -> RecipeError:
-    return RecipeError(
-        f"workload.data_root: class folder {class_dir} holds no images "
-        f"({', '.join(IMAGE_EXTENSIONS)})"
-    )
-
-
 def _collect_samples(split_dir: Path, classes: list[str]) -> list[tuple[str, int]]:
     samples: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        found = [(str(path), label) for path in _iter_images(split_dir / name)]
+        found = [(str(path), label) for path in iter_images(split_dir / name)]
         if not found:
-            raise _no_images_error(split_dir / name)
+            raise no_images_error(split_dir / name)
         samples.extend(found)
     return samples

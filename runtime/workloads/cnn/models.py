@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
-import importlib.util
-from typing import Any
-
 import torch
 from torch import nn
 
-from trainforge.errors import RecipeError, did_you_mean
-
-KNOWN_MODELS = ("simple_cnn", "resnet18_cifar")
-TORCHVISION_PREFIX = "torchvision:"
-
-_VISION_EXTRA_HINT = "pip install 'trainforge[vision]'"
+from trainforge.errors import RecipeError
+from trainforge.workloads.cnn.checks import (
+    TORCHVISION_PREFIX,
+    check_model_name,
+    check_torchvision_name,
+    import_torchvision,
+)
 
 
 class SimpleCNN(nn.Module):
@@ -124,22 +121,6 @@ def _make_stage(in_planes: int, planes: int, blocks: int, stride: int) -> nn.Seq
     return nn.Sequential(*layers)
 
 
-def check_model_name(name: str) -> None:
-    """Validate ``workload.model`` without building anything or importing torchvision."""
-    if name in KNOWN_MODELS:
-        return
-    if name.startswith(TORCHVISION_PREFIX):
-        if not name[len(TORCHVISION_PREFIX) :].strip():
-            raise RecipeError(
-                f"workload.model={name!r} names no torchvision model; "
-                f"write it as '{TORCHVISION_PREFIX}<name>', e.g. '{TORCHVISION_PREFIX}resnet50'"
-            )
-        return
-    choices = ", ".join([*KNOWN_MODELS, f"{TORCHVISION_PREFIX}<name>"])
-    message = f"workload.model={name!r} is not a known model; choose one of: {choices}"
-    raise RecipeError(message + did_you_mean(name, KNOWN_MODELS))
-
-
 def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     """Build the classifier named by ``workload.model``, freshly initialised."""
     check_model_name(name)
@@ -152,39 +133,9 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int) 
     )
 
 
-def check_torchvision_model(name: str) -> None:
-    """A ``torchvision:<name>`` model that this torchvision lacks is a recipe error, found
-    before any worker starts. Where torchvision is not installed, the name cannot be checked
-    here; ``require_torchvision`` (the data check of `train`) refuses the run then."""
-    if not name.startswith(TORCHVISION_PREFIX) or importlib.util.find_spec("torchvision") is None:
-        return
-    _torchvision_names(_import_torchvision(), name[len(TORCHVISION_PREFIX) :].strip())
-
-
-def require_torchvision(name: str) -> None:
-    """On the machine that trains: a ``torchvision:`` model needs torchvision importable."""
-    if name.startswith(TORCHVISION_PREFIX):
-        _import_torchvision()
-
-
-def _torchvision_names(torchvision: Any, tv_name: str) -> None:
-    available = torchvision.models.list_models(module=torchvision.models)
-    if tv_name not in available:
-        message = (
-            f"workload.model='{TORCHVISION_PREFIX}{tv_name}': torchvision has no classification "
-            f"model {tv_name!r}"
-        )
-        close = difflib.get_close_matches(tv_name, available, n=3)
-        if close:
-            message += f" (did you mean {', '.join(repr(c) for c in close)}?)"
-        examples = ", ".join(sorted(available)[:8])
-        message += f"; some available: {examples}, ... ({len(available)} in all)"
-        raise RecipeError(message)
-
-
 def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -> nn.Module:
-    torchvision = _import_torchvision()
-    _torchvision_names(torchvision, tv_name)
+    torchvision = import_torchvision()
+    check_torchvision_name(torchvision, tv_name)
     if in_channels != 3:
         # torchvision's stems are hard-wired to RGB; failing here beats a shape error
         # deep inside the first forward pass on every worker.
@@ -193,16 +144,3 @@ def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -
             f"but the data set has {in_channels}; use simple_cnn or resnet18_cifar instead"
         )
     return torchvision.models.get_model(tv_name, weights=None, num_classes=num_classes)
-
-
-def _import_torchvision() -> Any:
-    try:
-        import torchvision
-    except Exception as exc:
-        # Not just ImportError: a torchvision built for another torch fails at import time
-        # with RuntimeError or OSError from its compiled operators.
-        raise RecipeError(
-            "workload.model='torchvision:...' needs torchvision, which could not be imported "
-            f"({type(exc).__name__}: {exc}); {_VISION_EXTRA_HINT}"
-        ) from exc
-    return torchvision

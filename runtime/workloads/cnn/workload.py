@@ -10,45 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainforge.config.schema import PrecisionSection, Recipe
+from trainforge.config.schema import PrecisionSection
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
-from trainforge.errors import RecipeError
 from trainforge.tracking.datasets import TrainingData
-from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.base import Workload
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
     TensorSplit,
     augment_batch,
-    check_data,
-    check_dataset_name,
     load_data,
-    train_samples,
 )
 from trainforge.workloads.cnn.models import (
     build_model,
-    check_model_name,
-    check_torchvision_model,
-    require_torchvision,
 )
-
-
-def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
-    """Names checked against the family's registries (the section checks its own values)."""
-    check_model_name(cfg.model)
-    check_torchvision_model(cfg.model)
-    check_dataset_name(cfg.dataset)
-    if cfg.model.startswith("torchvision:") and cfg.dataset == "digits":
-        raise RecipeError(  # the worker would find out only when it builds the model
-            f"workload.model: {cfg.model} expects 3-channel (RGB) images, and the digits data "
-            "set has 1 channel; use simple_cnn or resnet18_cifar"
-        )
-
-
-def check_machine(cfg: CNNWorkloadConfig) -> None:
-    """What `train` needs on this machine: the data set where the recipe says, torchvision for
-    a torchvision model."""
-    require_torchvision(cfg.model)
-    check_data(cfg)
 
 
 class CNNWorkload(Workload):
@@ -158,13 +132,3 @@ class CNNWorkload(Workload):
 
 def build(cfg: CNNWorkloadConfig, seed: int, precision: PrecisionSection) -> CNNWorkload:
     return CNNWorkload(cfg, seed=seed, channels_last=precision.channels_last)
-
-
-SPEC = WorkloadSpec(
-    kind="cnn",
-    schema=CNNWorkloadConfig,
-    build=build,
-    check=check,
-    check_data=check_machine,
-    train_samples=train_samples,
-)

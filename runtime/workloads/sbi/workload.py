@@ -27,11 +27,12 @@ from trainforge.config.schema import PrecisionSection, Recipe
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.errors import RecipeError, did_you_mean
 from trainforge.tracking.datasets import TrainingData
-from trainforge.workloads.base import Workload, WorkloadSpec
+from trainforge.workloads.base import Workload
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import observations, simulate, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.split import split_order
+from trainforge.workloads.spec import WorkloadSpec
 
 # Loading peaks at ~3.4 times the simulations' size (chunks, concatenation, split; measured in
 # bench/sbi_stream_memory.py): stream from disk when 4 times it, for every worker on the

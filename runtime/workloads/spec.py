@@ -1,0 +1,56 @@
+"""How a workload family declares itself to the registry (``workloads/__init__.py``): its recipe
+schema, its checks, its optional data stage and how to build its ``Workload`` (``base.py``).
+No torch here: the driver checks a recipe through the spec, and a family whose checks need no
+torch (CNN) is checked without importing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
+
+if TYPE_CHECKING:
+    from trainforge.workloads.base import Workload
+
+
+W = TypeVar("W", bound=WorkloadSection)
+
+
+def _no_check(cfg: WorkloadSection, recipe: Recipe) -> None:
+    return None
+
+
+def _no_data_check(cfg: WorkloadSection) -> None:
+    return None
+
+
+def _unknown_size(cfg: WorkloadSection) -> int | None:
+    return None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec(Generic[W]):
+    """A workload family as the registry sees it. Functions import their heavy modules when
+    called, so validating a recipe of one family never imports another's libraries."""
+
+    kind: str
+    """The ``workload.kind`` that selects this family."""
+    schema: type[W]
+    """The ``workload`` section's dataclass (a WorkloadSection); checks its own values."""
+    build: Callable[[W, int, PrecisionSection], Workload]
+    """(section, seed, precision) → the Workload, in each training worker."""
+    check: Callable[[W, Recipe], None] = _no_check
+    """Recipe checks beyond the section's own: names in the family's registries (models,
+    tasks), rules against other sections. Raises RecipeError; never changes anything."""
+    check_data: Callable[[W], None] = _no_data_check
+    """Is the data where the recipe says, on this machine? The driver's check before Ray."""
+    train_samples: Callable[[W], int | None] = _unknown_size
+    """Rows of the training split as the recipe (or its finished data) says, without loading
+    anything; None when only reading the data would tell. Lets the driver refuse a batch larger
+    than a worker's shard before any worker starts."""
+    prepare_data: Callable[[W, int, str], W] | None = None
+    """(section, seed, storage root) → the section with its data made and located, run by
+    ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""
