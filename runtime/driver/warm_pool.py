@@ -207,6 +207,7 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
     if replaced:
         log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
     if started:  # their imports, in parallel; an import error surfaces here
+        log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
         ray.get([member.serve.remote(sys_path, os.getcwd()) for member in started])
     return members, len(started)
 
