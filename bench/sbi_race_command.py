@@ -13,6 +13,11 @@ both (one cache entry made by `trainforge simulate`), validated on the same rows
   first command after the cluster stopped (`cold`).
 
     python bench/sbi_race_command.py --out race.json [--simulations 10000]
+
+With ``--seeds N`` it answers another question instead: do the two loops converge to the same
+validation loss with sbi's own hyperparameters? For each seed s < N, sbi trains with
+``torch.manual_seed(s)`` and trainforge with ``run.seed=s`` (which seeds its split too; sbi is
+given that split), and both best validation losses are recorded.
 """
 
 from __future__ import annotations
@@ -84,11 +89,34 @@ def race(name: str, overrides: list[str], target: float, env: dict[str, str],
     return result
 
 
+def converged_per_seed(seeds: int, theta: Any, x: Any, path: str, sims: list[str],
+                       env: dict[str, str], work: Path) -> list[dict[str, Any]]:  # fmt: skip
+    """Both trainers with sbi's hyperparameters at each seed, on that seed's split."""
+    import sbi_baseline
+    import torch
+
+    results = []
+    for seed in range(seeds):
+        order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(seed))
+        sbi = sbi_baseline.train_sbi(theta, x, "cpu", seed=seed, max_epochs=None,
+                                     split_order=order)  # fmt: skip
+        located = [*sims, f"workload.simulation.path={path}", f"run.seed={seed}"]
+        ours = race(f"seed{seed}", located, sbi["best_val_loss"], env, work)
+        results.append({
+            "seed": seed,
+            "sbi_best_val_loss": sbi["best_val_loss"], "sbi_epochs": sbi["epochs"],
+            "trainforge_best_val_loss": ours["best_val_loss"], "trainforge_epochs": ours["epochs"],
+        })  # fmt: skip
+        print(f"[bench] seed {seed}: {json.dumps(results[-1])}", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--simulations", type=int, default=10_000)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=0, help="the convergence check instead")
     args = parser.parse_args()
 
     import sbi_baseline
@@ -123,6 +151,11 @@ def main() -> None:
                 if "simulations ready: " in line)  # fmt: skip
     report["simulations_path"] = path
     theta, x = simulate.load(Path(path), drop_invalid=False)
+    if args.seeds:
+        report["seeds"] = converged_per_seed(args.seeds, theta, x, path, sims, env, work)
+        save()
+        stop_cluster(env)
+        return
     order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))  # run.seed 0
     sbi = sbi_baseline.train_sbi(theta, x, "cpu", seed=0, max_epochs=None, split_order=order)
     sbi.pop("estimator")

@@ -37,6 +37,9 @@ from trainforge.log import first_line
 
 ENV = "TRAINFORGE_WARM_WORKERS"
 """``0``: every run starts new worker processes through Ray Train, as on any other cluster."""
+IDLE_ENV = "TRAINFORGE_WARM_IDLE_S"
+"""How long a warm worker waits unused before it ends (its memory back to the machine)."""
+DEFAULT_IDLE_S = 600.0
 NAMESPACE = "trainforge-warm"
 
 
@@ -179,6 +182,8 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
     from trainforge.worker.warm import WarmWorker
 
     sys_path = [entry for entry in sys.path if entry]
+    idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
+    claim = (sys_path, os.getcwd(), os.getpid(), idle_s)
     members: list[Any] = []
     started: list[Any] = []
     replaced: list[str] = []
@@ -190,7 +195,7 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
         except ValueError:
             member = None
         if member is not None:
-            why = _ask(ray, member.serve.remote(sys_path, os.getcwd()))
+            why = _ask(ray, member.serve.remote(*claim))
             if why is not None:
                 replaced.append(why)
                 with contextlib.suppress(Exception):
@@ -201,14 +206,14 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
                 name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                 max_restarts=0, get_if_exists=False,
             )  # fmt: skip
-            member = actor.remote(sys_path)
+            member = actor.remote(sys_path, os.getpid(), idle_s)
             started.append(member)
         members.append(member)
     if replaced:
         log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
     if started:  # their imports, in parallel; an import error surfaces here
         log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
-        ray.get([member.serve.remote(sys_path, os.getcwd()) for member in started])
+        ray.get([member.serve.remote(*claim) for member in started])
     return members, len(started)
 
 

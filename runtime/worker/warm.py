@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,9 +40,11 @@ DRIVER_CHECK_S = 1.0
 class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
 
-    def __init__(self, sys_path: list[str]) -> None:
+    def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float) -> None:
         _use_sys_path(sys_path)
         self.sys_path = list(sys_path)
+        self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
+        threading.Thread(target=self._exit_when_idle, name="trainforge-idle", daemon=True).start()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
@@ -51,11 +54,12 @@ class WarmWorker:
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
         self.loaded = _module_files()
 
-    def serve(self, sys_path: list[str], cwd: str) -> str | None:
+    def serve(self, sys_path: list[str], cwd: str, driver_pid: int, idle_s: float) -> str | None:
         """Whether this process may serve a command whose Python path is ``sys_path``: None,
         and that path and the command's folder (``cwd``, where Ray starts a job's workers)
-        are taken on; else why not. A command started in another folder has another path:
-        fine, unless a module came from an entry the new path lacks."""
+        are taken on, and the process is the command's (``driver_pid``) until it ends; else
+        why not. A command started in another folder has another path: fine, unless a module
+        came from an entry the new path lacks."""
         removed = [entry for entry in self.sys_path if entry not in sys_path]
         for name, (path, mtime) in self.loaded.items():
             if _mtime(path) != mtime:
@@ -70,7 +74,21 @@ class WarmWorker:
         self.sys_path = list(sys_path)
         with contextlib.suppress(OSError):  # a folder gone since: relative paths fail later
             os.chdir(cwd)
+        self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
         return None
+
+    def _exit_when_idle(self) -> None:
+        """End this process once no command has used it for ``idle_s`` (its memory back to
+        the machine; the next command starts a new one). A command that claimed it keeps it
+        for as long as that command lives."""
+        while True:
+            time.sleep(min(5.0, max(0.2, self.idle_s / 4)))
+            if self.claimed_by and _alive(self.claimed_by):
+                self.last_used = time.monotonic()
+            elif time.monotonic() - self.last_used > self.idle_s:
+                os._exit(0)
+            else:
+                self.claimed_by = 0
 
     def track(self, call: str, args: tuple[Any, ...], env: dict[str, str],
               console_file: str) -> Any:  # fmt: skip
@@ -197,6 +215,16 @@ def _seconds(seconds: float) -> Any:
     return timedelta(seconds=seconds)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
 def _end_with(driver_pid: int) -> Any:
     """Exit this process when ``driver_pid`` ends (same machine: the lasting local cluster);
     returns the function that stops watching."""
@@ -204,12 +232,8 @@ def _end_with(driver_pid: int) -> Any:
 
     def watch() -> None:
         while not done.wait(DRIVER_CHECK_S):
-            try:
-                os.kill(driver_pid, 0)
-            except ProcessLookupError:
+            if not _alive(driver_pid):
                 os._exit(1)  # the loop may be inside a collective: nothing to wind down
-            except PermissionError:
-                pass
 
     threading.Thread(target=watch, name="trainforge-driver-watch", daemon=True).start()
     return done.set

@@ -181,15 +181,42 @@ def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
             assert process.returncode == 130, "".join(seen) + rest
             assert "interrupted; the run resumes from its last checkpoint" in rest
         deadline = time.monotonic() + 20
-        while running_warm_workers() and time.monotonic() < deadline:
+        while warm_workers(home, ".run") and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert running_warm_workers() == [], f"after {stop.name}"
+        assert warm_workers(home, ".run") == [], f"after {stop.name}"
+
+    # Unused for TRAINFORGE_WARM_IDLE_S, warm workers end: their memory goes back.
+    brief = run(home, "train", str(DIGITS), "run.name=brief", "train.epochs=1",
+                "scaling.num_workers=2", cwd=tmp_path, TRAINFORGE_WARM_IDLE_S="3")  # fmt: skip
+    assert brief.returncode == 0, brief.stdout + brief.stderr
+    deadline = time.monotonic() + 20
+    assert warm_workers(home) != []  # it has workers, idle now …
+    while warm_workers(home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_workers(home) == []  # … and then none
 
 
-def running_warm_workers() -> list[str]:
-    """Processes running a warm worker's loop: Ray titles them after the method they run."""
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if "WarmWorker.run" in line]
+def warm_workers(home: Path, doing: str = "") -> list[str]:
+    """This home's cluster's warm worker processes (doing ``.run``: running a loop). Ray titles
+    an actor's process after its class and the method it runs; the process is a child of the
+    cluster's raylet, whose arguments name the cluster's temp dir."""
+    temp_dir = state_of(home)["temp_dir"]
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True,
+                        text=True)  # fmt: skip  # -ww: whole lines, whatever COLUMNS says
+    table = {}
+    for line in ps.stdout.splitlines():
+        pid, ppid, args = line.split(None, 2)
+        table[pid] = (ppid, args)
+
+    def of_this_cluster(pid: str) -> bool:
+        for _ in range(6):  # the raylet is the worker's parent; a few levels, to be safe
+            pid = table.get(pid, ("", ""))[0]
+            if temp_dir in table.get(pid, ("", ""))[1]:
+                return True
+        return False
+
+    return [args for pid, (_, args) in table.items()
+            if args.startswith(f"ray::WarmWorker{doing}") and of_this_cluster(pid)]  # fmt: skip
 
 
 def step_verbose_without_warm_workers_shows_ray_trains_lines(home: Path, tmp_path: Path) -> None:
@@ -232,7 +259,7 @@ def step_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path)
 
     assert stopped.returncode == 0 and "local cluster stopped" in stopped.stdout
     assert not alive(state["supervisor_pid"])
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     assert state["temp_dir"] not in ps  # no raylet or GCS of that cluster is left
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert status.returncode == 1 and "no local cluster is running" in status.stdout

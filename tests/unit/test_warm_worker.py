@@ -44,21 +44,22 @@ def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
     import user_model_for_warm_test  # noqa: F401 - a module the user's recipe imported
 
     path = [entry for entry in sys.path if entry]
-    worker = WarmWorker(path)
-    assert worker.serve(path, os.getcwd()) is None  # nothing changed: it serves the next command
+    worker = WarmWorker(path, os.getpid(), idle_s=600)
+    this_command = (os.getcwd(), os.getpid(), 600)  # its folder, process, idle limit
+    assert worker.serve(path, *this_command) is None  # nothing changed: it serves the next command
 
     elsewhere = str(tmp_path / "other-folder")  # a command started in another folder
-    assert worker.serve([elsewhere, *path], os.getcwd()) is None
+    assert worker.serve([elsewhere, *path], *this_command) is None
     assert sys.path[0] == elsewhere  # its path, taken on
 
     without = [entry for entry in path if entry != str(user_code)]
-    assert worker.serve(without, os.getcwd()) == (
+    assert worker.serve(without, *this_command) == (
         f"module user_model_for_warm_test came from {user_code}, not on this command's Python path"
     )
     module.write_text("WIDTH = 2\n")
     later = time.time() + 5
     os.utime(module, (later, later))
-    assert worker.serve(path, os.getcwd()) == "module user_model_for_warm_test changed on disk"
+    assert worker.serve(path, *this_command) == "module user_model_for_warm_test changed on disk"
 
 
 def snapshot(folder: Path, step: int) -> Path:
