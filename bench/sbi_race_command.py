@@ -127,6 +127,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="tf-sbi-race-"))
+    os.chdir(work)  # sbi writes its TensorBoard logs into ./sbi-logs
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
         env.pop(key, None)
