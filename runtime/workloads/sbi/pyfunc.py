@@ -32,6 +32,12 @@ DEFAULT_SAMPLES = 1000
 class PosteriorModel(PythonModel):  # type: ignore[misc]  # mlflow's base class is untyped
     """Posterior samples for given observations (``num_samples`` per row, seeded by ``seed``)."""
 
+    # MLflow 3 wraps a subclass's predict for validation by its type hints and, when the input
+    # has none (deliberately: see predict), warns in colour at class creation — a line that
+    # reached the user's console at the end of every SBI run, past any warnings filter (MLflow
+    # raises it under its own). Its own escape hatch for classes it should not wrap:
+    _skip_type_hint_validation = True
+
     def load_context(self, context: Any) -> None:
         from trainforge.workloads.sbi.export import load_posterior
 
