@@ -14,7 +14,8 @@ What Ray Train does for a run, done here too: a failed worker ends the whole gro
 workers' errors reach the driver (``WorkersFailed`` carries them rank by rank, as Ray Train's
 error does); checkpoints land in the run folder, the newest ``checkpoint.keep_last`` kept.
 Warm workers hold no Ray resources while idle, so a simulation stage can use every core
-between runs. GPU runs, remote storage and clusters joined through RAY_ADDRESS keep Ray Train's
+between runs; each ends after ``TRAINFORGE_WARM_IDLE_S`` unused (its memory back to the
+machine). GPU runs, remote storage and clusters joined through RAY_ADDRESS keep Ray Train's
 worker group.
 """
 
