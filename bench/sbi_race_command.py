@@ -36,17 +36,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from sbi_speed import QUIET as SPEED_QUIET  # noqa: E402 - bench/ is on the path from here
 
 RECIPE = "sbi/two_moons_parity"
-QUIET = [
-    "tracking.system_metrics=false",
-    "tracking.log_model=false",
-    "workload.evaluation.c2st=false",
-    "workload.evaluation.sbc_runs=0",
-    "workload.evaluation.pair_plot=false",
-    "workload.evaluation.observations=[]",
-    "checkpoint.every_epochs=50",
-]
+# sbi_speed's race overrides (no evaluation, no model export), and no observations to fetch
+QUIET = [*SPEED_QUIET, "workload.evaluation.observations=[]", "checkpoint.every_epochs=50"]
 VARIANTS = {
     "sbi_hyperparameters": [],  # batch 200, lr 5e-4, patience 20: the recipe as shipped
     "b512_lr1e-3": ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50"],
