@@ -137,7 +137,6 @@ def _run(
                 handle = _start_tracking(cfg, root, recipe, recipe_yaml, track)
                 payload["mlflow"] = handle.for_workers()
             if warm is not None:
-                warm.payload["mlflow"] = payload.get("mlflow")
                 finished = warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
             else:

@@ -81,7 +81,8 @@ class WarmRun:
 
     def __init__(self, cfg: Recipe, payload: dict[str, Any], output: Any) -> None:
         self.cfg = cfg
-        self.payload = {**payload, "console_file": str(console_file(payload))}
+        self.payload = payload  # the command's: the MLflow run it opens reaches the workers
+        payload["console_file"] = str(console_file(payload))
         self.output = output
         self.members: list[Any] = []
         self._held = contextlib.ExitStack()

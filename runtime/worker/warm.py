@@ -33,8 +33,8 @@ from typing import Any, TextIO
 from trainforge import log, ray_compat
 from trainforge.worker import settings
 
-DRIVER_CHECK_S = 1.0
-"""How often a run's worker checks that the command it serves is alive."""
+CHECK_S = 1.0
+"""How often a warm worker checks that the command it serves is alive."""
 
 
 class WarmWorker:
@@ -44,7 +44,8 @@ class WarmWorker:
         _use_sys_path(sys_path)
         self.sys_path = list(sys_path)
         self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
-        threading.Thread(target=self._exit_when_idle, name="trainforge-idle", daemon=True).start()
+        self.running = False
+        threading.Thread(target=self._watch, name="trainforge-watch", daemon=True).start()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
@@ -77,14 +78,18 @@ class WarmWorker:
         self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
         return None
 
-    def _exit_when_idle(self) -> None:
-        """End this process once no command has used it for ``idle_s`` (its memory back to
-        the machine; the next command starts a new one). A command that claimed it keeps it
-        for as long as that command lives."""
+    def _watch(self) -> None:
+        """A command that claimed this process keeps it for as long as that command lives.
+        Should it die during a run (a SIGKILLed driver cannot stop its workers), the process
+        ends: the loop may be inside a collective, nothing to wind down. Unused for
+        ``idle_s``, it ends too: its memory back to the machine, the next command starts a
+        new one."""
         while True:
-            time.sleep(min(5.0, max(0.2, self.idle_s / 4)))
+            time.sleep(CHECK_S)
             if self.claimed_by and _alive(self.claimed_by):
                 self.last_used = time.monotonic()
+            elif self.running:
+                os._exit(1)
             elif time.monotonic() - self.last_used > self.idle_s:
                 os._exit(0)
             else:
@@ -108,7 +113,7 @@ class WarmWorker:
         from trainforge.distributed import WorkerContext
         from trainforge.worker.trainer import run
 
-        stop_watching = _end_with(driver_pid)
+        self.claimed_by, self.running = driver_pid, True
         try:
             with _lines_to(Path(payload["console_file"]), rank), settings.applied(payload["env"]):
                 timeout = payload["recipe"]["scaling"]["timeout_s"]
@@ -133,7 +138,7 @@ class WarmWorker:
                 finally:
                     dist.destroy_process_group()
         finally:
-            stop_watching()
+            self.running = False
             gc.collect()  # the run's model and data, before the process waits for the next one
             self.loaded = _module_files()  # what this run imported is checked next time too
 
@@ -223,20 +228,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's: alive
         return True
     return True
-
-
-def _end_with(driver_pid: int) -> Any:
-    """Exit this process when ``driver_pid`` ends (same machine: the lasting local cluster);
-    returns the function that stops watching."""
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(DRIVER_CHECK_S):
-            if not _alive(driver_pid):
-                os._exit(1)  # the loop may be inside a collective: nothing to wind down
-
-    threading.Thread(target=watch, name="trainforge-driver-watch", daemon=True).start()
-    return done.set
 
 
 class _LineWriter(io.TextIOBase):
