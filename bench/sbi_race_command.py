@@ -14,6 +14,9 @@ both (one cache entry made by `trainforge simulate`), validated on the same rows
 
     python bench/sbi_race_command.py --out race.json [--simulations 10000]
 
+On a GPU machine (``--device cuda``), sbi trains on the GPU and trainforge's step is a CUDA graph
+(the GPU race of issue 12: 20,000 simulations, as in ``bench/sbi_speed.py``).
+
 With ``--seeds N`` it answers another question instead: do the two loops converge to the same
 validation loss with sbi's own hyperparameters? For each seed s < N, sbi trains with
 ``torch.manual_seed(s)`` and trainforge with ``run.seed=s`` (which seeds its split too; sbi is
@@ -111,6 +114,7 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=10_000)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=0, help="the convergence check instead")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
 
     import sbi_baseline
@@ -126,6 +130,7 @@ def main() -> None:
     for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
         env.pop(key, None)
     sims = [f"workload.simulation.num_simulations={args.simulations}"]
+    graphs = ["precision.cuda_graphs=true"] if args.device == "cuda" else []
     report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
@@ -133,6 +138,7 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "simulations": args.simulations,
         "trainforge": [],
     }
@@ -152,7 +158,8 @@ def main() -> None:
         stop_cluster(env)
         return
     order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))  # run.seed 0
-    sbi = sbi_baseline.train_sbi(theta, x, "cpu", seed=0, max_epochs=None, split_order=order)
+    sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=0, max_epochs=None,
+                                 split_order=order)  # fmt: skip
     sbi.pop("estimator")
     report["sbi"] = sbi
     target = sbi["best_val_loss"]
@@ -161,7 +168,7 @@ def main() -> None:
     located = [*sims, f"workload.simulation.path={path}"]
     warmup = ["train", RECIPE, "run.name=warmup", *QUIET, *located, "train.epochs=1"]
     for variant in args.variants:
-        overrides = [*located, *VARIANTS[variant]]
+        overrides = [*located, *VARIANTS[variant], *graphs]
         stop_cluster(env)
         cold = race(f"{variant}_cold", overrides, target, env, work)
         command(warmup, env, work)  # workers warm, sbi imported (a second time: resumes, ends)

@@ -15,8 +15,9 @@ workers' errors reach the driver (``WorkersFailed`` carries them rank by rank, a
 error does); checkpoints land in the run folder, the newest ``checkpoint.keep_last`` kept.
 Warm workers hold no Ray resources while idle, so a simulation stage can use every core
 between runs; each ends after ``TRAINFORGE_WARM_IDLE_S`` unused (its memory back to the
-machine). GPU runs, remote storage and clusters joined through RAY_ADDRESS keep Ray Train's
-worker group.
+machine). A GPU run's warm workers are bound to one GPU each (slot ``n`` to the ``n``-th of
+the machine's GPUs) and join an NCCL group; they keep their CUDA context between runs. Remote
+storage and clusters joined through RAY_ADDRESS keep Ray Train's worker group.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str
         return f"{ENV}=0"
     if not on_lasting_cluster:
         return "not on the lasting local cluster"
-    if cfg.scaling.use_gpu == "true":
-        return "a GPU run"  # not yet measured on GPUs: Ray Train's worker group there
+    if cfg.scaling.use_gpu == "true" and cfg.scaling.resources_per_worker.get("GPU", 1) != 1:
+        return "workers of other than one GPU each"
     if storage.local_folder(storage_path) is None:
         return "remote storage"
     return None
@@ -85,6 +86,7 @@ class WarmRun:
         payload["console_file"] = str(console_file(payload))
         self.output = output
         self.members: list[Any] = []
+        self.gpus: list[str] | None = None
         self._held = contextlib.ExitStack()
 
     def __enter__(self) -> WarmRun:
@@ -95,7 +97,9 @@ class WarmRun:
         self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
         try:
             self.slots = self._held.enter_context(_claimed_slots(self.cfg.scaling.num_workers))
-            self.members, self.payload["workers_started"] = _members(self.slots)
+            self.gpus = _slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
+            self.payload["gpus"] = self.gpus  # for the workers' line: which GPUs
+            self.members, self.payload["workers_started"] = _members(self.slots, self.gpus)
         except BaseException:
             self._held.close()
             raise
@@ -137,7 +141,7 @@ class WarmRun:
             log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
                     f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
             self.payload["workers_requested_at"] = time.time()
-            self.members, self.payload["workers_started"] = _members(self.slots)
+            self.members, self.payload["workers_started"] = _members(self.slots, self.gpus)
 
 
 def console_file(payload: dict[str, Any]) -> Path:
@@ -176,9 +180,21 @@ def _stop(ray: Any, members: list[Any]) -> None:
             ray.kill(member, no_restart=True)
 
 
-def _members(slots: list[int]) -> tuple[list[Any], int]:
-    """The warm worker of each slot: found (and still fit for this command) or started; and
-    how many were started."""
+def _slot_gpus(slots: list[int]) -> list[str]:
+    """The GPU of each slot: slot ``n`` has the ``n``-th of this machine's GPUs (those this
+    command sees), so two commands' workers take different GPUs while there are enough."""
+    import ray
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else []
+    if not gpus:
+        gpus = [str(index) for index in range(int(ray.cluster_resources().get("GPU", 0)))]
+    return [gpus[slot % len(gpus)] for slot in slots]
+
+
+def _members(slots: list[int], gpus: list[str] | None) -> tuple[list[Any], int]:
+    """The warm worker of each slot (bound to ``gpus[i]``, or to no GPU): found (and still fit
+    for this command) or started; and how many were started."""
     import ray
 
     from trainforge.worker.warm import WarmWorker
@@ -189,15 +205,16 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
     members: list[Any] = []
     started: list[Any] = []
     replaced: list[str] = []
-    for slot in slots:
+    for index, slot in enumerate(slots):
         name = f"worker-{slot}"
+        gpu = gpus[index] if gpus else None
         member: Any
         try:
             member = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
             member = None
         if member is not None:
-            why = _ask(ray, member.serve.remote(*claim))
+            why = _ask(ray, member.serve.remote(*claim, gpu))
             if why is not None:
                 replaced.append(why)
                 with contextlib.suppress(Exception):
@@ -208,14 +225,14 @@ def _members(slots: list[int]) -> tuple[list[Any], int]:
                 name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
                 max_restarts=0, get_if_exists=False,
             )  # fmt: skip
-            member = actor.remote(sys_path, os.getpid(), idle_s)
-            started.append(member)
+            member = actor.remote(sys_path, os.getpid(), idle_s, gpu)
+            started.append((member, gpu))
         members.append(member)
     if replaced:
         log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
     if started:  # their imports, in parallel; an import error surfaces here
         log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
-        ray.get([member.serve.remote(*claim) for member in started])
+        ray.get([member.serve.remote(*claim, gpu) for member, gpu in started])
     return members, len(started)
 
 

@@ -6,8 +6,11 @@ Between runs it must be as good as a new process:
 - it serves no command once a module it imported has changed on disk, nor a command whose
   Python path lacks the entry a module came from (``serve``): an edited model or simulator,
   or another folder's, is never run from an old import;
-- each run sets its own threads, settings and seeds (as a new worker does), joins a new gloo
-  process group and leaves it at the end;
+- each run sets its own threads, settings and seeds (as a new worker does), joins a new
+  process group (gloo; NCCL on its GPU) and leaves it at the end;
+- a GPU worker is bound to one GPU for life (``CUDA_VISIBLE_DEVICES``, set before torch is
+  imported): its CUDA context, cuDNN's autotuned choices and compiled kernels serve every run,
+  and between runs it gives back the memory its caching allocator held;
 - it ends itself when the command it serves dies (a SIGKILLed driver cannot stop it), so a
   killed command never leaves a loop running.
 
@@ -40,7 +43,11 @@ CHECK_S = 1.0
 class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
 
-    def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float) -> None:
+    def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float,
+                 gpu: str | None) -> None:  # fmt: skip
+        if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        self.gpu = gpu
         _use_sys_path(sys_path)
         self.sys_path = list(sys_path)
         self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
@@ -53,14 +60,19 @@ class WarmWorker:
 
         # The first optimizer of a process imports torch._dynamo (~1 s): paid here, not in a run.
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        if gpu is not None:
+            torch.zeros(1, device="cuda")  # the CUDA context (a second or more), made once
         self.loaded = _module_files()
 
-    def serve(self, sys_path: list[str], cwd: str, driver_pid: int, idle_s: float) -> str | None:
-        """Whether this process may serve a command whose Python path is ``sys_path``: None,
-        and that path and the command's folder (``cwd``, where Ray starts a job's workers)
-        are taken on, and the process is the command's (``driver_pid``) until it ends; else
-        why not. A command started in another folder has another path: fine, unless a module
-        came from an entry the new path lacks."""
+    def serve(self, sys_path: list[str], cwd: str, driver_pid: int, idle_s: float,
+              gpu: str | None) -> str | None:  # fmt: skip
+        """Whether this process may serve a command whose Python path is ``sys_path``, on
+        ``gpu`` (None: the CPU): None, and that path and the command's folder (``cwd``, where
+        Ray starts a job's workers) are taken on, and the process is the command's
+        (``driver_pid``) until it ends; else why not. A command started in another folder has
+        another path: fine, unless a module came from an entry the new path lacks."""
+        if gpu != self.gpu:
+            return f"bound to {_device_name(self.gpu)}, this run wants {_device_name(gpu)}"
         removed = [entry for entry in self.sys_path if entry not in sys_path]
         for name, (path, mtime) in self.loaded.items():
             if _mtime(path) != mtime:
@@ -119,17 +131,26 @@ class WarmWorker:
                 timeout = payload["recipe"]["scaling"]["timeout_s"]
                 store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
                                       timeout=_seconds(timeout))  # fmt: skip
-                dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                        timeout=_seconds(timeout))  # fmt: skip
+                device = torch.device("cpu")
+                if self.gpu is not None:
+                    device = torch.device("cuda", 0)  # the one GPU this process sees
+                    torch.cuda.set_device(device)
+                dist.init_process_group(
+                    "gloo" if self.gpu is None else "nccl", store=store, rank=rank,
+                    world_size=world_size, timeout=_seconds(timeout),
+                    device_id=device if self.gpu is not None else None,
+                )  # fmt: skip
                 try:
                     if rank == 0:
                         started = payload.get("workers_started", 0)
                         how = {0: "warm", world_size: "started"}.get(
                             started, f"ready ({started} started, {world_size - started} warm)"
                         )
-                        log.phase("workers", f"{world_size} {how}, process group up",
-                                  payload["workers_requested_at"])  # fmt: skip
-                    ctx = WorkerContext(rank, rank, world_size, 0, torch.device("cpu"))
+                        gpus = payload.get("gpus") or []
+                        where = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}, nccl"
+                        log.phase("workers", f"{world_size} {how}{where if gpus else ''}, "
+                                  "process group up", payload["workers_requested_at"])  # fmt: skip
+                    ctx = WorkerContext(rank, rank, world_size, 0, device)
                     reporter = RunFolderReporter(
                         Path(payload["run_dir"]), payload["recipe"]["checkpoint"]["keep_last"], rank
                     )
@@ -140,6 +161,10 @@ class WarmWorker:
         finally:
             self.running = False
             gc.collect()  # the run's model and data, before the process waits for the next one
+            if self.gpu is not None:
+                import torch
+
+                torch.cuda.empty_cache()  # the GPU's memory back to other processes
             self.loaded = _module_files()  # what this run imported is checked next time too
 
 
@@ -184,6 +209,10 @@ class RunFolderReporter:
         folders = sorted(f for f in self.run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir())
         for old in folders[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _device_name(gpu: str | None) -> str:
+    return "the CPU" if gpu is None else f"GPU {gpu}"
 
 
 def _use_sys_path(entries: list[str]) -> None:

@@ -44,9 +44,11 @@ def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
     import user_model_for_warm_test  # noqa: F401 - a module the user's recipe imported
 
     path = [entry for entry in sys.path if entry]
-    worker = WarmWorker(path, os.getpid(), idle_s=600)
-    this_command = (os.getcwd(), os.getpid(), 600)  # its folder, process, idle limit
+    worker = WarmWorker(path, os.getpid(), idle_s=600, gpu=None)
+    this_command = (os.getcwd(), os.getpid(), 600, None)  # its folder, process, idle limit, CPU
     assert worker.serve(path, *this_command) is None  # nothing changed: it serves the next command
+    on_a_gpu = (*this_command[:3], "1")
+    assert worker.serve(path, *on_a_gpu) == "bound to the CPU, this run wants GPU 1"
 
     elsewhere = str(tmp_path / "other-folder")  # a command started in another folder
     assert worker.serve([elsewhere, *path], *this_command) is None
@@ -121,8 +123,8 @@ def test_a_warm_workers_lines_reach_the_console_as_relayed_lines_do(tmp_path: Pa
     assert not lines_file.exists()  # removed once relayed
 
 
-def recipe(use_gpu: str = "false") -> SimpleNamespace:
-    return SimpleNamespace(scaling=SimpleNamespace(use_gpu=use_gpu))
+def recipe(use_gpu: str = "false", **resources: float) -> SimpleNamespace:
+    return SimpleNamespace(scaling=SimpleNamespace(use_gpu=use_gpu, resources_per_worker=resources))
 
 
 def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -130,7 +132,11 @@ def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     local = str(tmp_path / "runs")
     assert warm_pool.unavailable(recipe(), local, on_lasting_cluster=True) is None  # type: ignore[arg-type]
     assert warm_pool.unavailable(recipe(), local, False) == "not on the lasting local cluster"  # type: ignore[arg-type]
-    assert warm_pool.unavailable(recipe("true"), local, True) == "a GPU run"  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe("true"), local, True) is None  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe("true", GPU=1), local, True) is None  # type: ignore[arg-type]
+    assert warm_pool.unavailable(recipe("true", GPU=2), local, True) == (  # type: ignore[arg-type]
+        "workers of other than one GPU each"
+    )
     assert warm_pool.unavailable(recipe(), "s3://bucket/runs", True) == "remote storage"  # type: ignore[arg-type]
     monkeypatch.setenv(warm_pool.ENV, "0")
     assert warm_pool.unavailable(recipe(), local, True) == f"{warm_pool.ENV}=0"  # type: ignore[arg-type]
@@ -147,3 +153,9 @@ def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
     from trainforge import ray_compat
 
     assert [type(e) for e in ray_compat.worker_errors(failed)] == [torch.OutOfMemoryError]
+
+
+def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert warm_pool._slot_gpus([0, 1]) == ["3", "5"]
+    assert warm_pool._slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
