@@ -5,7 +5,7 @@
 #   steptest  tests/gpu/test_gpu_step.py: the graphed CNN step equals the eager one (SGD, AdamW)
 #   start1    bench/startup.py, synthetic ResNet-18 recipe on 1 GPU: cold, warm, torchrun anchor
 #   start4    the same on 4 GPUs
-#   cnn       bench/cnn_throughput.py: SGD at batch 256 on 1 and 4 GPUs, 3 interleaved repeats
+#   cnn       bench/cnn_throughput.py: SGD at batch 256 on 1 and 4 GPUs, 2 interleaved repeats
 #   race      bench/sbi_race_command.py --device cuda: the whole command against sbi's train()
 set -u
 # shellcheck source=/dev/null
@@ -30,9 +30,9 @@ for step in "$@"; do
            scaling.num_workers=1 > "$OUT/$step.log" 2>&1 ;;
     start4) timeout 300 python3 bench/startup.py "${RESNET[@]}" --torchrun-procs 4 \
            --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
-    cnn) timeout 280 python3 bench/cnn_throughput.py --optimizers sgd --batches 256 --gpus 1 4 \
-           --repeats 3 --tutorial-steps 0 --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
-    race) timeout 560 python3 bench/sbi_race_command.py --device cuda --simulations 20000 \
+    cnn) timeout 190 python3 bench/cnn_throughput.py --optimizers sgd --batches 256 --gpus 1 4 \
+           --repeats 2 --tutorial-steps 0 --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
+    race) timeout 400 python3 bench/sbi_race_command.py --device cuda --simulations 20000 \
            --variants b512_lr1e-3 --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac

@@ -39,20 +39,31 @@ USER_ENV = "TRAINFORGE_USER"
 MACHINE_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|file:|sqlite:)")
 
 
+def _installed(*distributions: str) -> str:
+    """The version of the first of ``distributions`` installed (MLflow may come as
+    ``mlflow-skinny`` alone)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in distributions:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def driver_tags() -> dict[str, str]:
     """Facts the driver knows: code version, job identity, library versions (from the
     installed packages' metadata: importing torch and mlflow for them costs seconds)."""
-    from importlib.metadata import version
-
     import ray
 
     from trainforge import __version__
 
     tags = {
         "trainforge.version": __version__,
-        "version.torch": version("torch"),
+        "version.torch": _installed("torch"),
         "version.ray": ray.__version__,
-        "version.mlflow": version("mlflow"),
+        "version.mlflow": _installed("mlflow", "mlflow-skinny"),
         "python": sys.version.split()[0],
     }
     job_config = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}") or "{}")

@@ -118,3 +118,13 @@ def test_credentials_in_the_tracking_uri_never_reach_the_console_params_or_spool
     for text in (written, err):
         assert "s3cret-pw" not in text and "trainer:" not in text
     assert f"https://***@127.0.0.1:{port}" in written and f"https://***@127.0.0.1:{port}" in err
+
+
+def test_library_versions_come_from_whichever_distribution_is_installed() -> None:
+    from importlib.metadata import version
+
+    from trainforge.tracking.driver import _installed
+
+    # MLflow may be installed as mlflow-skinny alone: the next name is tried
+    assert _installed("no-such-distribution-here", "torch") == version("torch")
+    assert _installed("no-such-distribution-here") == "unknown"  # a tag, never a crash
