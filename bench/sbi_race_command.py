@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=0, help="the convergence check instead")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--target", type=float,
+                        help="race to this validation loss (from an earlier sbi run) instead of "
+                        "training sbi here: a probe, not a same-invocation comparison")  # fmt: skip
     args = parser.parse_args()
 
     import sbi_baseline
@@ -129,7 +132,10 @@ def main() -> None:
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
         env.pop(key, None)
-    sims = [f"workload.simulation.num_simulations={args.simulations}"]
+    sims = [
+        f"workload.simulation.num_simulations={args.simulations}",
+        "workload.evaluation.observations_from=own",
+    ]  # the race scores no observation
     graphs = ["precision.cuda_graphs=true"] if args.device == "cuda" else []
     report: dict[str, Any] = {
         "machine": {
@@ -158,9 +164,12 @@ def main() -> None:
         stop_cluster(env)
         return
     order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))  # run.seed 0
-    sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=0, max_epochs=None,
-                                 split_order=order)  # fmt: skip
-    sbi.pop("estimator")
+    if args.target is None:
+        sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=0, max_epochs=None,
+                                     split_order=order)  # fmt: skip
+        sbi.pop("estimator")
+    else:
+        sbi = {"best_val_loss": args.target, "wall_s": None, "given": True}
     report["sbi"] = sbi
     target = sbi["best_val_loss"]
     save()
@@ -175,7 +184,8 @@ def main() -> None:
         warm = race(f"{variant}_warm", overrides, target, env, work)
         for result in (cold, warm):
             reached = result["time_to_target_s"]
-            result["fraction_of_sbi_wall"] = round(reached / sbi["wall_s"], 3) if reached else None
+            fraction = reached / sbi["wall_s"] if reached and sbi["wall_s"] else None
+            result["fraction_of_sbi_wall"] = round(fraction, 3) if fraction else None
             report["trainforge"].append(result)
         save()
     stop_cluster(env)

@@ -39,3 +39,6 @@ for step in "$@"; do
   echo "== $step rc=$? $(( $(date +%s) - t0 )) s"
   tail -4 "$OUT/$step.log" | cut -c1-1200
 done
+# probe (run alone, after `race` ran out of time: sbi's train() took over 380 s on this host):
+#   python3 bench/sbi_race_command.py --device cuda --simulations 20000 --variants b512_lr1e-3 \
+#     --target -3.1377 --out "$OUT/probe.json"   (-3.1377: sbi's best on the H200 run 3 split)
