@@ -87,8 +87,6 @@ class WarmRun:
         self.output = output
         self.members: list[Any] = []
         self.gpus: list[str] | None = None
-        self.starting: dict[int, Any] = {}  # rank → its new worker's first answer, not yet had
-        self.tracks_here = False
         self._held = contextlib.ExitStack()
 
     def __enter__(self) -> WarmRun:
@@ -101,7 +99,7 @@ class WarmRun:
             self.slots = self._held.enter_context(_claimed_slots(self.cfg.scaling.num_workers))
             self.gpus = _slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
             self.payload["gpus"] = self.gpus  # for the workers' line: which GPUs
-            self._request_members()
+            self.members, self.payload["workers_started"] = _members(self.slots, self.gpus)
         except BaseException:
             self._held.close()
             raise
@@ -111,16 +109,13 @@ class WarmRun:
         self._held.close()
 
     def track(self, call: str, *args: Any) -> Any:
-        """``tracking.driver.<call>(*args)`` in rank 0's process, where MLflow is imported and
-        its store open after an earlier run. Here instead while new workers are starting (this
-        process imports MLflow and creates the run meanwhile, not after their imports) and
-        when rank 0's process is gone (a failed or interrupted run's workers are stopped)."""
+        """``tracking.driver.<call>(*args)`` in rank 0's process; here when that one is gone
+        (a failed or interrupted run's workers are stopped)."""
         import ray
 
         from trainforge.tracking import driver as tracking
 
-        self.tracks_here = self.tracks_here or bool(self.starting)
-        if self.members and not self.tracks_here:
+        if self.members:
             env = local_cluster.worker_env()
             ref = self.members[0].track.remote(call, args, env, self.payload["console_file"])
             with contextlib.suppress(ray.exceptions.RayActorError):
@@ -134,7 +129,6 @@ class WarmRun:
 
         failures_left = self.cfg.run.max_failures
         while True:
-            self._await_started()
             outcome = _run_once(ray, self.members, self.payload)
             if isinstance(outcome, Finished):
                 return outcome
@@ -147,25 +141,7 @@ class WarmRun:
             log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
                     f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
             self.payload["workers_requested_at"] = time.time()
-            self._request_members()
-
-    def _request_members(self) -> None:
-        """Find or start the run's workers; new ones import while the command goes on."""
-        self.members, self.starting = _members(self.slots, self.gpus)
-        self.payload["workers_started"] = len(self.starting)
-
-    def _await_started(self) -> None:
-        """New workers ready (their imports done); one that failed to start is a failed rank."""
-        import ray
-
-        starting, self.starting = self.starting, {}
-        for rank, ref in starting.items():
-            try:
-                ray.get(ref)
-            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                _stop(ray, self.members)
-                self.members = []
-                raise WorkersFailed({rank: exc}) from None
+            self.members, self.payload["workers_started"] = _members(self.slots, self.gpus)
 
 
 def console_file(payload: dict[str, Any]) -> Path:
@@ -216,10 +192,9 @@ def _slot_gpus(slots: list[int]) -> list[str]:
     return [gpus[slot % len(gpus)] for slot in slots]
 
 
-def _members(slots: list[int], gpus: list[str] | None) -> tuple[list[Any], dict[int, Any]]:
+def _members(slots: list[int], gpus: list[str] | None) -> tuple[list[Any], int]:
     """The warm worker of each slot (bound to ``gpus[i]``, or to no GPU): found (and still fit
-    for this command) or started; and, for each one started, its rank and the reference of its
-    first answer (its imports done, or an import error)."""
+    for this command) or started; and how many were started."""
     import ray
 
     from trainforge.worker.warm import WarmWorker
@@ -228,7 +203,7 @@ def _members(slots: list[int], gpus: list[str] | None) -> tuple[list[Any], dict[
     idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
     claim = (sys_path, os.getcwd(), os.getpid(), idle_s)
     members: list[Any] = []
-    started: dict[int, Any] = {}
+    started: list[Any] = []
     replaced: list[str] = []
     for index, slot in enumerate(slots):
         name = f"worker-{slot}"
@@ -251,13 +226,14 @@ def _members(slots: list[int], gpus: list[str] | None) -> tuple[list[Any], dict[
                 max_restarts=0, get_if_exists=False,
             )  # fmt: skip
             member = actor.remote(sys_path, os.getpid(), idle_s, gpu)
-            started[index] = member.serve.remote(*claim, gpu)
+            started.append((member, gpu))
         members.append(member)
     if replaced:
         log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
-    if started:  # their imports, in parallel with each other and with the command
+    if started:  # their imports, in parallel; an import error surfaces here
         log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
-    return members, started
+        ray.get([member.serve.remote(*claim, gpu) for member, gpu in started])
+    return members, len(started)
 
 
 def _ask(ray: Any, ref: Any) -> str | None:
