@@ -8,6 +8,7 @@ Each repeat runs, in one invocation on one machine and in this order:
              (what `warm` was before warm workers, driver/warm_pool.py)
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
              e.g. the commit before the start-up work), run like `private`
+  baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
 
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="cold,warm,private",
-        help="which of cold, warm, raytrain, private to run, in this order",
+        help="which of cold, warm, raytrain, private, baseline_cold to run, in this order",
     )
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
@@ -150,7 +151,9 @@ def main() -> None:
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     env.pop("TRAINFORGE_KEEP_CLUSTER", None)
-    modes = args.modes.split(",") + (["baseline"] if args.baseline else [])
+    modes = args.modes.split(",")
+    if args.baseline and "baseline_cold" not in modes:
+        modes.append("baseline")
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:  # a laptop running a simulation in the background
         spinner.start()
@@ -158,14 +161,14 @@ def main() -> None:
     if args.torchrun:
         runs["torchrun"] = []
     for repeat in range(args.repeats):
-        if "cold" in modes:
-            stop_cluster(env)
         for mode in modes:
             mode_env = env
+            if mode in ("cold", "baseline_cold"):
+                stop_cluster(env)
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
-            if mode == "baseline":
-                mode_env["PYTHONPATH"] = args.baseline
+            if mode in ("baseline", "baseline_cold"):
+                mode_env = {**mode_env, "PYTHONPATH": args.baseline}
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
             result = trainforge_run(args.recipe, f"{mode}{repeat}", args.overrides, mode_env,
