@@ -225,6 +225,10 @@ def _cluster(action: str, num_cpus: int | None) -> int:
             return 1
         log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}, "
                 f"supervisor pid {state.supervisor_pid}, Ray {state.ray_version}")  # fmt: skip
+        workers = _warm_workers(state)
+        log.say(f"warm workers: {len(workers) or 'none'}")
+        for line in workers:
+            log.say(f"  {line}")
         return 0
     if action == "stop":
         stopped = local_cluster.stop()
@@ -238,6 +242,23 @@ def _cluster(action: str, num_cpus: int | None) -> int:
     state = local_cluster.start(num_cpus=num_cpus)
     log.say(f"local cluster started at {state.gcs_address}, dashboard {state.dashboard_url}")
     return 0
+
+
+def _warm_workers(state: Any) -> list[str]:
+    """The lasting cluster's warm workers (``driver/warm_pool.py``), a line each."""
+    import logging
+
+    import ray
+
+    from trainforge import ray_compat
+    from trainforge.driver import warm_pool
+
+    ray_compat.use_auth_token(state.token_path)
+    ray.init(address=state.gcs_address, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        return warm_pool.describe()
+    finally:
+        ray.shutdown()
 
 
 def _ui(tracking_uri: str | None, port: int) -> int:

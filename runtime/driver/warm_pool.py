@@ -144,6 +144,32 @@ class WarmRun:
             self.members, self.payload["workers_started"] = _members(self.slots, self.gpus)
 
 
+def describe() -> list[str]:
+    """A line per warm worker of the connected cluster, for ``trainforge cluster status``."""
+    import ray
+
+    names = sorted(
+        (actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+         if actor["namespace"] == NAMESPACE),
+        key=lambda name: int(name.rsplit("-", 1)[-1]),
+    )  # fmt: skip
+    lines = []
+    for name in names:
+        try:
+            info = ray.get(ray.get_actor(name, namespace=NAMESPACE).info.remote(), timeout=2)
+        except ray.exceptions.GetTimeoutError:
+            lines.append(f"{name}: in a run")
+            continue
+        except Exception as exc:  # ended between the listing and the question
+            lines.append(f"{name}: gone ({type(exc).__name__})")
+            continue
+        lines.append(
+            f"{name}: pid {info['pid']}, {info['device']}, {info['memory_mb']:,} MB, unused for "
+            f"{info['unused_s']} s (ends after {info['idle_limit_s']:.0f} s unused)"
+        )
+    return lines
+
+
 def console_file(payload: dict[str, Any]) -> Path:
     """Where the run's warm workers write their lines (``worker/warm.py``) for this command to
     show (``console.relay_file``); removed at the end."""

@@ -90,6 +90,19 @@ class WarmWorker:
         self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
         return None
 
+    def info(self) -> dict[str, Any]:
+        """What ``trainforge cluster status`` shows of this process (asked only between runs:
+        an actor's calls wait for the run in progress)."""
+        import psutil
+
+        return {
+            "pid": os.getpid(),
+            "device": _device_name(self.gpu),
+            "unused_s": round(time.monotonic() - self.last_used),
+            "idle_limit_s": self.idle_s,
+            "memory_mb": round(psutil.Process().memory_info().rss / 2**20),
+        }
+
     def _watch(self) -> None:
         """A command that claimed this process keeps it for as long as that command lives.
         Should it die during a run (a SIGKILLed driver cannot stop its workers), the process

@@ -150,6 +150,13 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert "[trainforge] epoch 2/2 done" in console  # epoch lines still print above it
     assert "workers: 2 warm, process group up (" in console  # the first run's processes
 
+    status = run(home, "cluster", "status", cwd=tmp_path)  # what is kept warm, and its cost
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "[trainforge] warm workers: 2" in status.stdout
+    for slot in (0, 1):
+        assert re.search(rf"  worker-{slot}: pid \d+, the CPU, [\d,]+ MB, unused for \d+ s "
+                         r"\(ends after 600 s unused\)", status.stdout), status.stdout  # fmt: skip
+
 
 def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
     home: Path, tmp_path: Path
