@@ -156,3 +156,55 @@ def test_a_cnn_command_checks_its_recipe_without_importing_torch(tmp_path: Path)
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+SBI_DRIVER_STEPS = """
+import sys
+from trainforge import config
+from trainforge.driver import launch, recipe_change
+from trainforge.driver.cluster import storage_root
+from trainforge.resources import find_recipe
+from trainforge.workloads import check_workload_data, train_samples
+
+overrides = ["run.name=fresh", f"workload.simulation.path={sys.argv[1]}",
+             "workload.evaluation.observations_from=own"]
+cfg = config.load(find_recipe("sbi/two_moons_parity")[0], overrides)
+check_workload_data(cfg.workload)
+root = storage_root(cfg.run)
+launch.check_existing_run(cfg, root)
+cfg = config.resolve(cfg, {"CPU": 2.0}, root)  # the simulation stage: finished simulations given
+recipe_change.check(cfg, root)
+assert train_samples(cfg.workload) == 1800, train_samples(cfg.workload)
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_an_sbi_command_checks_a_built_in_task_without_importing_torch(tmp_path: Path) -> None:
+    """The same for an SBI recipe of a built-in task (its dimensions and cache fingerprint come
+    from ``sbi/catalogue.py``): a CUDA build of torch takes seconds to import."""
+    import json
+    import subprocess
+    import sys
+
+    from trainforge.workloads.sbi import catalogue, simulate
+    from trainforge.workloads.sbi.tasks import TASKS
+
+    folder = tmp_path / "simulations"
+    folder.mkdir()
+    manifest = {"num_simulations": 2000, "invalid": 0, "dim_theta": 2, "dim_x": 2}
+    (folder / simulate.MANIFEST).write_text(json.dumps(manifest))
+    done = subprocess.run([sys.executable, "-c", SBI_DRIVER_STEPS, str(folder)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"simulations ready: {folder}" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+    # the catalogue is the tasks' own facts
+    assert list(catalogue.TASK_SHAPES) == list(TASKS)
+    for name, make in TASKS.items():
+        task, facts = make(), catalogue.builtin(name)
+        assert (facts.dim_theta, facts.dim_x, facts.fingerprint) == (
+            task.dim_theta,
+            task.dim_x,
+            task.fingerprint(),
+        ), name

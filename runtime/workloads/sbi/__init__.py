@@ -1,8 +1,47 @@
 """Simulation-based inference workload: benchmark tasks and user simulators, the simulation
 stage, neural posterior estimation with sbi's estimators, evaluation (C2ST, SBC) and export to
-sbi's ``DirectPosterior``. ``SPEC`` is the family's entry in the workload registry."""
+sbi's ``DirectPosterior``. ``SPEC`` is the family's entry in the workload registry: its checks
+and simulation stage come from ``checks.py`` (no torch for a built-in task), the workload
+itself is built in the workers (``workload.py``)."""
 
-from trainforge.workloads.sbi.export import load_posterior
-from trainforge.workloads.sbi.workload import SPEC
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainforge.config.schema import PrecisionSection
+from trainforge.workloads.sbi.checks import check, check_data, prepare_data, train_samples
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from trainforge.workloads.sbi.workload import SBIWorkload
+
+
+def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:
+    from trainforge.workloads.sbi import workload  # torch, sbi's estimators
+
+    return workload.build(cfg, seed, precision)
+
+
+SPEC = WorkloadSpec(
+    kind="sbi",
+    schema=SBIWorkloadConfig,
+    build=build,
+    check=check,
+    check_data=check_data,
+    train_samples=train_samples,
+    prepare_data=prepare_data,
+)
+
+
+def __getattr__(name: str) -> Any:
+    """``load_posterior`` (``from trainforge.workloads.sbi import load_posterior``), imported
+    when asked for: it needs torch and sbi."""
+    if name == "load_posterior":
+        from trainforge.workloads.sbi.export import load_posterior
+
+        return load_posterior
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["SPEC", "load_posterior"]

@@ -82,9 +82,9 @@ class EstimatorSection(Section):
 
     def check(self) -> None:
         # Builder names and embedding shapes: the estimator module's own rules, in one place.
-        from trainforge.workloads.sbi import estimator
+        from trainforge.workloads.sbi import architecture
 
-        estimator.check(self)
+        architecture.check(self)
 
 
 @dataclass
@@ -116,7 +116,7 @@ class EvaluationSection(Section):
     """Posterior pair plot (with the reference when C2ST runs) for the first observation."""
 
     def check(self) -> None:
-        from trainforge.workloads.sbi.tasks.base import NUM_OBSERVATIONS
+        from trainforge.workloads.sbi.catalogue import NUM_OBSERVATIONS
 
         bad = [n for n in self.observations if not 1 <= n <= NUM_OBSERVATIONS]
         if bad:

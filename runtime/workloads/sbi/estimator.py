@@ -14,98 +14,25 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
-from trainforge.errors import RecipeError, did_you_mean
-
-ESTIMATORS = (
-    "maf",
-    "nsf",
-    "mdn",
-    "made",
-    "maf_rqs",
-    "zuko_maf",
-    "zuko_nsf",
-    "zuko_nice",
-    "zuko_naf",
-    "zuko_gf",
-    "zuko_bpf",
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi.architecture import (  # noqa: F401 - re-exported: BuildRecord, …
+    EMBEDDINGS,
+    ESTIMATORS,
+    Z_SCORES,
+    BuildRecord,
+    check,
+    check_shape,
 )
-EMBEDDINGS = ("none", "fully_connected", "cnn", "permutation_invariant")
-Z_SCORES = ("independent", "structured", "none")
-
-
-@dataclass
-class BuildRecord:
-    """Everything besides the weights that decides the estimator's architecture."""
-
-    model: str
-    dim_theta: int
-    dim_x: int
-    hidden_features: int
-    num_transforms: int
-    num_bins: int
-    num_components: int
-    z_score_theta: str
-    z_score_x: str
-    embedding: str
-    embedding_features: int
-    embedding_hidden: int
-    embedding_input_shape: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_config(cls, estimator_cfg: Any, dim_theta: int, dim_x: int) -> BuildRecord:
-        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x"}
-        values = {name: getattr(estimator_cfg, name) for name in names}
-        values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
-        return cls(dim_theta=dim_theta, dim_x=dim_x, **values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def check(estimator_cfg: Any) -> None:
-    if estimator_cfg.model not in ESTIMATORS:
-        raise RecipeError(
-            f"workload.estimator.model: {estimator_cfg.model!r} is not a known estimator"
-            f"{did_you_mean(estimator_cfg.model, ESTIMATORS)}; choose one of: "
-            + ", ".join(ESTIMATORS)
-        )
-    if estimator_cfg.embedding not in EMBEDDINGS:
-        raise RecipeError(
-            f"workload.estimator.embedding: {estimator_cfg.embedding!r} is not one of "
-            + ", ".join(EMBEDDINGS)
-        )
-    for key in ("z_score_theta", "z_score_x"):
-        if getattr(estimator_cfg, key) not in Z_SCORES:
-            raise RecipeError(
-                f"workload.estimator.{key}: {getattr(estimator_cfg, key)!r} is not one of "
-                + ", ".join(Z_SCORES)
-            )
-    for key in ("hidden_features", "num_transforms", "num_bins", "num_components"):
-        value = getattr(estimator_cfg, key)
-        if value < 1:
-            raise RecipeError(f"workload.estimator.{key}: must be >= 1, got {value}")
-    shape = list(estimator_cfg.embedding_input_shape)
-    if estimator_cfg.embedding == "cnn" and len(shape) not in (1, 2, 3):
-        raise RecipeError(
-            "workload.estimator.embedding_input_shape: the cnn embedding needs the shape of one "
-            "x, e.g. [32, 32] or [3, 32, 32]"
-        )
-    if estimator_cfg.embedding == "permutation_invariant" and len(shape) != 2:
-        raise RecipeError(
-            "workload.estimator.embedding_input_shape: permutation_invariant needs "
-            "[set_size, features_per_element]"
-        )
 
 
 def embedding_net(record: BuildRecord) -> nn.Module:
     shape = list(record.embedding_input_shape)
-    _check_shape(shape, record.dim_x)
+    check_shape(shape, record.dim_x)
     if record.embedding == "none":
         return nn.Identity()
     # Only now: the driver checks recipes with this before any worker starts, and importing
@@ -142,14 +69,6 @@ def embedding_net(record: BuildRecord) -> nn.Module:
             output_dim=record.embedding_features,
         ),
     )
-
-
-def _check_shape(shape: list[int], dim_x: int) -> None:
-    if shape and int(torch.tensor(shape).prod()) != dim_x:
-        raise RecipeError(
-            f"workload.estimator.embedding_input_shape: {shape} holds "
-            f"{int(torch.tensor(shape).prod())} values, but x has {dim_x}"
-        )
 
 
 def build(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:

@@ -18,21 +18,21 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import sbibm_data
+from trainforge.workloads.sbi.catalogue import CUSTOM
 from trainforge.workloads.sbi.config import EvaluationSection, SBIWorkloadConfig
-from trainforge.workloads.sbi.tasks.base import Task
+
+if TYPE_CHECKING:  # torch only in the workers' evaluation (the driver's checks go without it)
+    from torch import Tensor
+
+    from trainforge.workloads.sbi.tasks.base import Task
 
 
 def uses_sbibm(cfg: SBIWorkloadConfig) -> bool:
     """Whether the evaluation reads sbibm's files (a built-in task, observations to score)."""
-    from trainforge.workloads.sbi.sources import CUSTOM
-
     evaluation = cfg.evaluation
     if cfg.task == CUSTOM or not evaluation.observations or evaluation.observations_from != "sbibm":
         return False
@@ -66,6 +66,8 @@ def prepare(cfg: SBIWorkloadConfig) -> SBIWorkloadConfig:
 
 
 def _check_design(data: sbibm_data.SbibmData) -> None:
+    import torch
+
     from trainforge.workloads.sbi.tasks.bernoulli_glm import design_matrix
 
     if not torch.equal(data.design_matrix().double(), design_matrix()):
@@ -114,6 +116,8 @@ class Observations:
         if n >= len(stored):
             return stored
         # a random subset: slcp's and bernoulli_glm's are stored in MCMC chain order
+        import torch
+
         pick = torch.randperm(len(stored), generator=torch.Generator().manual_seed(seed))
         return stored[pick[:n]]
 

@@ -32,13 +32,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from trainforge import atomic
 from trainforge.errors import RecipeError
+
+if TYPE_CHECKING:  # torch only where the files are read into tensors (not the driver's checks)
+    from torch import Tensor
 
 VERSION = "1.1.0"
 WHEEL = f"sbibm-{VERSION}-py2.py3-none-any.whl"
@@ -94,15 +96,19 @@ class SbibmData:
     def design_matrix(self) -> Tensor:
         """bernoulli_glm's design matrix, float32 ``[100, 10]``: a column of ones and the
         stimulus lagged by 0..8 bins."""
+        import torch
+
         raw = self._read(f"tasks/{TASK_NAMES['bernoulli_glm']}/files/design_matrix.pt")
         matrix = torch.load(io.BytesIO(raw), weights_only=True)
-        if not isinstance(matrix, Tensor):
+        if not isinstance(matrix, torch.Tensor):
             raise SbibmDataError(f"{self.location}: design_matrix.pt holds no tensor")
         return matrix
 
     def table(self, task: str, number: int, name: str) -> Tensor:
         """One stored CSV of observation ``number`` (``name``, e.g. bernoulli_glm's
         ``observation_raw.csv``, its spike train), float32 ``[rows, columns]``."""
+        import torch
+
         if task not in TASK_NAMES:
             raise SbibmDataError(
                 f"sbibm has no stored data for task {task!r}; it has {', '.join(TASK_NAMES)}"

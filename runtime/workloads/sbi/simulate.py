@@ -31,15 +31,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from trainforge import log, storage
 from trainforge.atomic import replacing
 from trainforge.errors import RecipeError
-from trainforge.workloads.sbi import chunking, sources
+from trainforge.workloads.sbi import catalogue, chunking
+
+if TYPE_CHECKING:  # torch and the sources' module (torch) only where simulations are made or read
+    import torch
+
+    from trainforge.workloads.sbi import sources
 
 FORMAT = 1  # bump when the chunk layout changes, so old entries are not misread
 MANIFEST = "manifest.json"
@@ -77,7 +81,8 @@ def cache_root(cfg: Any, storage_root: str) -> Path:
     return Path(storage_root) / "simulations"
 
 
-def simulation_device(cfg: Any, source: sources.SimulationSource, cluster_gpus: float) -> str:
+def simulation_device(cfg: Any, source: catalogue.SourceFacts | sources.SimulationSource,
+                      cluster_gpus: float) -> str:  # fmt: skip
     choice = cfg.simulation.device
     if choice not in ("auto", "cpu", "cuda"):
         raise RecipeError(f"workload.simulation.device: {choice!r} is not one of auto, cpu, cuda")
@@ -89,7 +94,8 @@ def simulation_device(cfg: Any, source: sources.SimulationSource, cluster_gpus: 
     return choice
 
 
-def plan(cfg: Any, source: sources.SimulationSource, seed: int, root: Path, device: str) -> Plan:
+def plan(cfg: Any, source: catalogue.SourceFacts | sources.SimulationSource, seed: int, root: Path,
+         device: str) -> Plan:  # fmt: skip
     sim = cfg.simulation
     rows = chunking.chunk_rows(sim.num_simulations, sim.chunk_size, source.vectorized)
     spec = {
@@ -121,6 +127,8 @@ _sources: dict[str, sources.SimulationSource] = {}
 def _source(cfg: Any) -> sources.SimulationSource:
     """The recipe's source, resolved once per process: a Ray worker runs many tasks of one
     stage, and resolving imports the user's code and probes it."""
+    from trainforge.workloads.sbi import sources
+
     key = json.dumps([cfg.task, cfg.prior, cfg.simulator, cfg.code_dir, cfg.vectorized])
     if key not in _sources:
         _sources[key] = sources.resolve(cfg)
@@ -129,6 +137,8 @@ def _source(cfg: Any) -> sources.SimulationSource:
 
 def simulate_chunk(cfg: Any, seed: int, index: int, size: int, device: str) -> dict[str, Any]:
     """One chunk: θ from the prior, x from the simulator; NaN/inf and raised rows counted."""
+    import torch
+
     # as many threads as the task holds CPUs (one by default), whatever the environment says:
     # more would compete with the other tasks on the machine
     threads = (
@@ -171,7 +181,7 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     """Make sure the recipe's simulations exist; return their folder. Needs a connected Ray."""
     import ray
 
-    source = sources.resolve(cfg)
+    source = facts(cfg)
     cluster = ray.cluster_resources()
     device = simulation_device(cfg, source, cluster.get("GPU", 0))
     job = plan(cfg, source, seed, cache_root(cfg, storage_root), device)
@@ -196,6 +206,16 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     _write_json(job.folder / MANIFEST, manifest)
     progress.finish(manifest)
     return job.folder
+
+
+def facts(cfg: Any) -> catalogue.SourceFacts | sources.SimulationSource:
+    """The recipe's source as the stage plans it: a built-in task's from the catalogue (no
+    torch in the driver); a user's prior and simulator imported and probed."""
+    if cfg.task != catalogue.CUSTOM:
+        return catalogue.builtin(cfg.task)
+    from trainforge.workloads.sbi import sources
+
+    return sources.resolve(cfg)
 
 
 def _spread(
@@ -377,6 +397,8 @@ def check_invalid(folder: Path, drop_invalid: bool) -> None:
 
 def load(folder: Path, drop_invalid: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """All simulations of a finished cache entry, in chunk order, invalid rows dropped."""
+    import torch
+
     manifest = read_manifest(folder)
     chunks = [read_chunk(chunk_file(folder, i)) for i in range(manifest["chunks"])]
     theta = torch.cat([theta for theta, _ in chunks])
@@ -396,12 +418,16 @@ def read_chunk(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    import torch
+
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _save_atomic(result: dict[str, Any], path: Path) -> None:
     chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
     chunk["worker"] = result.get("worker", "")
+    import torch
+
     with replacing(path) as temporary:
         torch.save(chunk, temporary)
 

@@ -29,11 +29,11 @@ from torch import Tensor
 
 from trainforge.errors import RecipeError, UserCodeError
 from trainforge.log import first_line
+from trainforge.workloads.sbi.catalogue import CUSTOM, KNOWN_TASKS  # noqa: F401 - theirs too
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
-from trainforge.workloads.sbi.tasks import TASKS, get_task
+from trainforge.workloads.sbi.tasks import get_task
 from trainforge.workloads.sbi.tasks.base import Task
 
-CUSTOM = "custom"
 PROBE_SEED = 0  # the probe's prior draws: the same ones at every check, not the RNG's state
 PROBE_RETRIES = 16  # single draws tried when the first two fail (a failing region, not a bug)
 
@@ -266,6 +266,3 @@ def _probe(
                 return theta.shape[1], check_simulator_output(out, 1, None).shape[1]
             error += f" (and on {PROBE_RETRIES} more draws, one at a time)"
     raise SimulatorError(f"workload.simulator: {error}")
-
-
-KNOWN_TASKS = (*TASKS, CUSTOM)

@@ -13,7 +13,6 @@ their steps are bound by kernel launches, not arithmetic, and 16-bit math would 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,107 +21,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainforge import log, storage
-from trainforge.config.schema import PrecisionSection, Recipe
+from trainforge import storage
+from trainforge.config.schema import PrecisionSection
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
-from trainforge.errors import RecipeError, did_you_mean
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import observations, simulate, sources, stream
+from trainforge.workloads.sbi import simulate, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.split import split_order
-from trainforge.workloads.spec import WorkloadSpec
 
 # Loading peaks at ~3.4 times the simulations' size (chunks, concatenation, split; measured in
 # bench/sbi_stream_memory.py): stream from disk when 4 times it, for every worker on the
 # machine, exceeds the available memory.
 HOST_COPIES = 4
-
-
-def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
-    """The task name and rules against other sections (the section checks its own values);
-    user code is imported by ``check_data``."""
-    if cfg.task not in sources.KNOWN_TASKS:
-        hint = did_you_mean(cfg.task, sources.KNOWN_TASKS)
-        raise RecipeError(
-            f"workload.task: {cfg.task!r} is not a known task{hint}; "
-            f"choose one of: {', '.join(sources.KNOWN_TASKS)}"
-        )
-    if cfg.task == sources.CUSTOM and (cfg.prior is None or cfg.simulator is None):
-        missing = " and ".join(k for k in ("prior", "simulator") if getattr(cfg, k) is None)
-        raise RecipeError(
-            f"workload.{missing.split(' ')[0]}: task {sources.CUSTOM} needs {missing} as import "
-            "paths, e.g. prior: my_pkg.sim:prior and simulator: my_pkg.sim:simulate"
-        )
-    if cfg.task != sources.CUSTOM and (cfg.prior is not None or cfg.simulator is not None):
-        raise RecipeError(
-            f"workload.prior/simulator: only used with task: {sources.CUSTOM} "
-            f"(task is {cfg.task!r})"
-        )
-    dtype = recipe.precision.dtype
-    if dtype != "fp32":
-        raise RecipeError(
-            f"precision.dtype: {dtype} is not supported for workload.kind sbi; use fp32 "
-            "(flow log-determinants and the NPE loss need it; see the sbi workload docs)"
-        )
-
-
-def check_data(cfg: SBIWorkloadConfig) -> None:
-    """Import and probe a user's prior and simulator; check a given simulation folder and a
-    given copy of sbibm's files."""
-    observations.check(cfg)
-    source = sources.resolve(cfg)
-    if cfg.simulation.path is not None:
-        folder = Path(cfg.simulation.path)
-        if not folder.is_dir():
-            raise RecipeError(f"workload.simulation.path: folder {folder} does not exist")
-        if not (folder / simulate.MANIFEST).is_file():
-            raise RecipeError(
-                f"workload.simulation.path: {folder} holds no finished simulations "
-                f"({simulate.MANIFEST} missing)"
-            )
-        manifest = simulate.read_manifest(folder)
-        if (manifest["dim_theta"], manifest["dim_x"]) != (source.dim_theta, source.dim_x):
-            raise RecipeError(
-                f"workload.simulation.path: {folder} holds θ of dim {manifest['dim_theta']} and "
-                f"x of dim {manifest['dim_x']}; the recipe's task has {source.dim_theta} and "
-                f"{source.dim_x}"
-            )
-    estimators.embedding_net(
-        estimators.BuildRecord.from_config(cfg.estimator, source.dim_theta, source.dim_x)
-    )
-
-
-def train_samples(cfg: SBIWorkloadConfig) -> int:
-    """Training rows under sbi's split rule: of the finished simulations when the recipe points
-    at them (invalid ones dropped if asked), else of the simulations it asks for."""
-    total = cfg.simulation.num_simulations
-    folder = Path(cfg.simulation.path) if cfg.simulation.path else None
-    if folder is not None and (folder / simulate.MANIFEST).is_file():
-        manifest = simulate.read_manifest(folder)
-        total = manifest["num_simulations"]
-        if cfg.simulation.drop_invalid:
-            total -= manifest["invalid"]
-    return total - max(1, int(cfg.val_fraction * total))
-
-
-def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
-    """The simulation stage, unless the recipe points at finished simulations. Returns the
-    section with ``code_dir`` (a custom task: where its prior and simulator were imported
-    from, for Ray tasks and workers on other machines) and ``simulation.path`` filled in;
-    refuses NaN/inf simulations unless the recipe drops them. sbibm's observations are located
-    (fetched once) first: a machine that cannot get them fails before simulating."""
-    cfg = observations.prepare(cfg)
-    if cfg.task == sources.CUSTOM and cfg.code_dir is None and cfg.simulator is not None:
-        sources.resolve(cfg)  # imports the user's modules, so their folder is known
-        cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
-    path = cfg.simulation.path
-    if path is None:
-        path = str(simulate.run(cfg, seed, storage_root))
-    simulate.check_invalid(Path(path), cfg.simulation.drop_invalid)
-    log.say(f"simulations ready: {path}")
-    return dataclasses.replace(cfg, simulation=dataclasses.replace(cfg.simulation, path=path))
 
 
 def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) -> tuple:
@@ -299,17 +211,6 @@ class SBIWorkload(Workload):
 
 def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:
     return SBIWorkload(cfg, seed=seed)  # fp32 only (see the module docstring): no precision
-
-
-SPEC = WorkloadSpec(
-    kind="sbi",
-    schema=SBIWorkloadConfig,
-    build=build,
-    check=check,
-    check_data=check_data,
-    train_samples=train_samples,
-    prepare_data=prepare_data,
-)
 
 
 def _row_bytes(manifest: dict[str, Any]) -> int:

@@ -18,8 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-# sbibm stores ten observations per task; so do we.
-NUM_OBSERVATIONS = 10
+from trainforge.workloads.sbi.catalogue import NUM_OBSERVATIONS  # sbibm's ten; so do we
 
 
 def generator_device(generator: torch.Generator | None) -> torch.device:

@@ -1,0 +1,52 @@
+"""The built-in tasks as the driver needs them: names, dimensions and cache fingerprints, without
+torch (the tasks themselves, in ``tasks/``, are torch code and are imported by the workers and
+the simulation stage). A test holds each entry to its task class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CUSTOM = "custom"
+NUM_OBSERVATIONS = 10
+"""Every built-in task has observations 1..10 (sbibm's numbering)."""
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    dim_theta: int
+    dim_x: int
+    revision: int = 1
+    """Raised when a task's simulator changes its output (``tasks/base.py``)."""
+
+
+TASK_SHAPES: dict[str, TaskShape] = {
+    "two_moons": TaskShape(2, 2),
+    "gaussian_linear": TaskShape(10, 10),
+    "gaussian_mixture": TaskShape(2, 2),
+    "slcp": TaskShape(5, 8),
+    "bernoulli_glm": TaskShape(10, 10, revision=2),
+}
+KNOWN_TASKS = (*TASK_SHAPES, CUSTOM)
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the driver needs of a simulation source (``sources.SimulationSource`` has these
+    too): its name, dimensions, whether it is torch code that runs on a GPU, and what
+    addresses its cache entry."""
+
+    name: str
+    dim_theta: int
+    dim_x: int
+    vectorized: bool
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+
+def builtin(name: str) -> SourceFacts:
+    """A built-in task's facts (``name`` one of ``TASK_SHAPES``)."""
+    shape = TASK_SHAPES[name]
+    fingerprint: dict[str, Any] = {"task": name}
+    if shape.revision > 1:
+        fingerprint["revision"] = shape.revision
+    return SourceFacts(name, shape.dim_theta, shape.dim_x, True, fingerprint)

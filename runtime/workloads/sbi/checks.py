@@ -1,0 +1,104 @@
+"""The driver's side of an SBI recipe: its checks before Ray, the rows it will train on, and the
+simulation stage's call. No torch for a built-in task (``catalogue.py`` has its dimensions and
+cache fingerprint): importing torch is seconds of every command on a GPU machine. A user's
+prior and simulator are imported and probed here, and they bring torch with them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from trainforge import log
+from trainforge.config.schema import Recipe
+from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.sbi import architecture, catalogue, observations, simulate
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+
+
+def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
+    """The task name and rules against other sections (the section checks its own values);
+    user code is imported by ``check_data``."""
+    known, custom = catalogue.KNOWN_TASKS, catalogue.CUSTOM
+    if cfg.task not in known:
+        raise RecipeError(
+            f"workload.task: {cfg.task!r} is not a known task{did_you_mean(cfg.task, known)}; "
+            f"choose one of: {', '.join(known)}"
+        )
+    if cfg.task == custom and (cfg.prior is None or cfg.simulator is None):
+        missing = " and ".join(k for k in ("prior", "simulator") if getattr(cfg, k) is None)
+        raise RecipeError(
+            f"workload.{missing.split(' ')[0]}: task {custom} needs {missing} as import "
+            "paths, e.g. prior: my_pkg.sim:prior and simulator: my_pkg.sim:simulate"
+        )
+    if cfg.task != custom and (cfg.prior is not None or cfg.simulator is not None):
+        raise RecipeError(
+            f"workload.prior/simulator: only used with task: {custom} (task is {cfg.task!r})"
+        )
+    dtype = recipe.precision.dtype
+    if dtype != "fp32":
+        raise RecipeError(
+            f"precision.dtype: {dtype} is not supported for workload.kind sbi; use fp32 "
+            "(flow log-determinants and the NPE loss need it; see the sbi workload docs)"
+        )
+
+
+def check_data(cfg: SBIWorkloadConfig) -> None:
+    """Import and probe a user's prior and simulator; check a given simulation folder and a
+    given copy of sbibm's files; check that the embedding net fits x."""
+    observations.check(cfg)
+    source = simulate.facts(cfg)
+    if cfg.simulation.path is not None:
+        folder = Path(cfg.simulation.path)
+        if not folder.is_dir():
+            raise RecipeError(f"workload.simulation.path: folder {folder} does not exist")
+        if not (folder / simulate.MANIFEST).is_file():
+            raise RecipeError(
+                f"workload.simulation.path: {folder} holds no finished simulations "
+                f"({simulate.MANIFEST} missing)"
+            )
+        manifest = simulate.read_manifest(folder)
+        if (manifest["dim_theta"], manifest["dim_x"]) != (source.dim_theta, source.dim_x):
+            raise RecipeError(
+                f"workload.simulation.path: {folder} holds θ of dim {manifest['dim_theta']} and "
+                f"x of dim {manifest['dim_x']}; the recipe's task has {source.dim_theta} and "
+                f"{source.dim_x}"
+            )
+    record = architecture.BuildRecord.from_config(cfg.estimator, source.dim_theta, source.dim_x)
+    architecture.check_shape(record.embedding_input_shape, record.dim_x)
+    if record.embedding != "none":  # built once here: sbi's own checks of its shape
+        from trainforge.workloads.sbi import estimator
+
+        estimator.embedding_net(record)
+
+
+def train_samples(cfg: SBIWorkloadConfig) -> int:
+    """Training rows under sbi's split rule: of the finished simulations when the recipe points
+    at them (invalid ones dropped if asked), else of the simulations it asks for."""
+    total = cfg.simulation.num_simulations
+    folder = Path(cfg.simulation.path) if cfg.simulation.path else None
+    if folder is not None and (folder / simulate.MANIFEST).is_file():
+        manifest = simulate.read_manifest(folder)
+        total = manifest["num_simulations"]
+        if cfg.simulation.drop_invalid:
+            total -= manifest["invalid"]
+    return total - max(1, int(cfg.val_fraction * total))
+
+
+def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
+    """The simulation stage, unless the recipe points at finished simulations. Returns the
+    section with ``code_dir`` (a custom task: where its prior and simulator were imported
+    from, for Ray tasks and workers on other machines) and ``simulation.path`` filled in;
+    refuses NaN/inf simulations unless the recipe drops them. sbibm's observations are located
+    (fetched once) first: a machine that cannot get them fails before simulating."""
+    cfg = observations.prepare(cfg)
+    if cfg.task == catalogue.CUSTOM and cfg.code_dir is None and cfg.simulator is not None:
+        from trainforge.workloads.sbi import sources
+
+        sources.resolve(cfg)  # imports the user's modules, so their folder is known
+        cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
+    path = cfg.simulation.path
+    if path is None:
+        path = str(simulate.run(cfg, seed, storage_root))
+    simulate.check_invalid(Path(path), cfg.simulation.drop_invalid)
+    log.say(f"simulations ready: {path}")
+    return dataclasses.replace(cfg, simulation=dataclasses.replace(cfg.simulation, path=path))
