@@ -140,7 +140,8 @@ class WarmWorker:
 
         self.claimed_by, self.running = driver_pid, True
         try:
-            with _lines_to(Path(payload["console_file"]), rank), settings.applied(payload["env"]):
+            env = payload["env"] | rank_env(rank, world_size)
+            with _lines_to(Path(payload["console_file"]), rank), settings.applied(env):
                 timeout = payload["recipe"]["scaling"]["timeout_s"]
                 store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
                                       timeout=_seconds(timeout))  # fmt: skip
@@ -179,6 +180,14 @@ class WarmWorker:
 
                 torch.cuda.empty_cache()  # the GPU's memory back to other processes
             self.loaded = _module_files()  # what this run imported is checked next time too
+
+
+def rank_env(rank: int, world_size: int) -> dict[str, str]:
+    """The variables Ray Train (and torchrun) give each worker, which code in the loop may read
+    (the SBI workload sizes its host memory by LOCAL_WORLD_SIZE): one machine, so the local
+    rank is the rank."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "NODE_RANK": "0"}  # fmt: skip
 
 
 class RunFolderReporter:

@@ -159,3 +159,25 @@ def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
     assert warm_pool._slot_gpus([0, 1]) == ["3", "5"]
     assert warm_pool._slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
+
+
+def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainforge.worker import settings
+    from trainforge.worker.warm import rank_env
+    from trainforge.workloads.sbi import workload
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert rank_env(1, 4) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+                              "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "0"}  # fmt: skip
+    import psutil
+
+    # the SBI workload's memory rule counts every worker on the machine: what one worker may
+    # load alone, four may not
+    one_quarter = psutil.virtual_memory().available // (workload.HOST_COPIES * 3)
+    with settings.applied(rank_env(0, 1)):
+        assert workload._fits_in_host_memory(one_quarter)
+    with settings.applied(rank_env(0, 4)):
+        assert not workload._fits_in_host_memory(one_quarter)
+    assert "LOCAL_WORLD_SIZE" not in os.environ  # the next command's run starts clean
