@@ -36,20 +36,36 @@ class RayNodes:
     def gcs(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
-    def start_head(self, *args: str) -> RayNodes:
-        self._start(
-            ["ray", "start", "--head", "--block", f"--port={self.gcs_port}",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-             "--ray-client-server-port", str(free_port()), *self._agent_ports(), *args],
-            "head",
-        )  # fmt: skip
-        try:
-            self._wait(lambda: self._status_ok(), "the Ray head")
-            self._wait(self._job_agent_ready, "the head's job agent")
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def start_head(self, *args: str, attempts: int = 3) -> RayNodes:
+        """The head, up with its job agent. Its ports are picked free but bound later, by
+        processes Ray starts: another process may take one first (seen in CI: "Address
+        already in use" for the client server), and then the head starts again on new ports."""
+        for attempt in range(1, attempts + 1):
+            self._start(
+                ["ray", "start", "--head", "--block", f"--port={self.gcs_port}",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                 "--ray-client-server-port", str(free_port()), *self._agent_ports(), *args],
+                "head",
+            )  # fmt: skip
+            try:
+                self._wait(lambda: self._status_ok(), "the Ray head")
+                self._wait(self._job_agent_ready, "the head's job agent")
+                return self
+            except RuntimeError:
+                self.stop()
+                if attempt == attempts or not self._lost_a_port():
+                    raise
+                self.processes.clear()
+                self.gcs_port, self.dashboard_port = free_port(), free_port()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _lost_a_port(self) -> bool:
+        log = self.log_dir / f"ray-head-{len(self.processes) - 1}.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        return "Address already in use" in text or "Failed to bind" in text
 
     @staticmethod
     def _agent_ports() -> list[str]:
