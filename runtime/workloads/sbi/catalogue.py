@@ -43,10 +43,13 @@ class SourceFacts:
     fingerprint: dict[str, Any] = field(default_factory=dict)
 
 
+def fingerprint(name: str, revision: int) -> dict[str, Any]:
+    """What identifies a built-in task's output in the simulation cache's key (the revision
+    only once one was raised, so the other tasks keep their cache entries)."""
+    return {"task": name} | ({"revision": revision} if revision > 1 else {})
+
+
 def builtin(name: str) -> SourceFacts:
     """A built-in task's facts (``name`` one of ``TASK_SHAPES``)."""
     shape = TASK_SHAPES[name]
-    fingerprint: dict[str, Any] = {"task": name}
-    if shape.revision > 1:
-        fingerprint["revision"] = shape.revision
-    return SourceFacts(name, shape.dim_theta, shape.dim_x, True, fingerprint)
+    return SourceFacts(name, shape.dim_theta, shape.dim_x, True, fingerprint(name, shape.revision))

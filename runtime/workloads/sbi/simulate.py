@@ -424,10 +424,10 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _save_atomic(result: dict[str, Any], path: Path) -> None:
-    chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
-    chunk["worker"] = result.get("worker", "")
     import torch
 
+    chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}
+    chunk["worker"] = result.get("worker", "")
     with replacing(path) as temporary:
         torch.save(chunk, temporary)
 

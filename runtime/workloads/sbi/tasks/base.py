@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
+from trainforge.workloads.sbi import catalogue
 from trainforge.workloads.sbi.catalogue import NUM_OBSERVATIONS  # sbibm's ten; so do we
 
 
@@ -109,9 +110,8 @@ class Task(ABC):
         return theta[0], x[0]
 
     def fingerprint(self) -> dict[str, object]:
-        """What identifies the simulator's output in the simulation cache's key (the revision
-        only once one was raised, so the other tasks keep their cache entries)."""
-        return {"task": self.name} | ({"revision": self.revision} if self.revision > 1 else {})
+        """What identifies the simulator's output in the simulation cache's key."""
+        return catalogue.fingerprint(self.name, self.revision)
 
     def _check_theta(self, theta: Tensor) -> Tensor:
         if theta.dim() != 2 or theta.shape[1] != self.dim_theta:
