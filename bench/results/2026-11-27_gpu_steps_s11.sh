@@ -6,6 +6,11 @@
 #   acc       bench/sbi_accuracy.py: the 10^6 row (recipes/sbi/npe_1e6.yaml, zuko NSF, CUDA
 #             graphs) on all five tasks, and gaussian_linear and bernoulli_glm at 10^5, on the
 #             host's GPUs; posteriors kept under $OUT/posteriors for scoring
+#   probe6    four 10^6 runs at once (npe_1e6.yaml; two_moons, gaussian_mixture, slcp,
+#             gaussian_linear), one GPU each through the lasting cluster's warm workers, each
+#             cut at 380 s: their logs (capture, step time, epochs) and posteriors or last
+#             checkpoints under $OUT/probe6 (the host lends this command 4 CPUs: `acc`'s seven
+#             runs did not end within 540 s there)
 #   start1sbi bench/startup.py, the SBI race recipe on 1 GPU: cold, warm
 #   start1cnn bench/startup.py, synthetic ResNet-18 on 1 GPU: cold, warm
 #   warmtest  tests/gpu/test_warm_gpu.py
@@ -36,6 +41,21 @@ for step in "$@"; do
            bernoulli_glm/1e6 gaussian_linear/1e5 bernoulli_glm/1e5 --concurrent-runs 7 \
            --gpu-share 0.5 --c2st-workers 40 --keep-posteriors "$OUT/posteriors" \
            --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
+    probe6) W=/tmp/probe6 && rm -rf $W && mkdir -p "$OUT/probe6" && trainforge cluster start
+           for task in two_moons gaussian_mixture slcp gaussian_linear; do
+             timeout 380 trainforge train recipes/sbi/npe_1e6.yaml workload.task=$task \
+               run.storage_path=$W/runs tracking.enabled=false workload.evaluation.c2st=false \
+               workload.evaluation.observations=[] workload.evaluation.observations_from=own \
+               > "$OUT/probe6/$task.log" 2>&1 &
+             sleep 2
+           done
+           wait
+           for run in "$W"/runs/*_npe_1e6; do
+             task=$(basename "$run" _npe_1e6)
+             if [ -f "$run/posterior.pt" ]; then cp "$run/posterior.pt" "$OUT/probe6/${task}_1e6.pt"
+             else last=$(find "$run" -maxdepth 1 -name "checkpoint_*" | sort | tail -1)
+               [ -n "$last" ] && cp -r "$last" "$OUT/probe6/${task}_checkpoint"; fi
+           done ;;
     start1sbi) timeout 300 python3 bench/startup.py --recipe sbi/two_moons_parity --repeats 2 \
            --modes cold,warm --out "$OUT/$step.json" train.max_steps=40 \
            workload.simulation.num_simulations=20000 workload.evaluation.observations=[] \
