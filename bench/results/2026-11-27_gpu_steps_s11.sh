@@ -8,7 +8,7 @@
 #             host's GPUs; posteriors kept under $OUT/posteriors for scoring
 #   probe6    four 10^6 runs at once (npe_1e6.yaml; two_moons, gaussian_mixture, slcp,
 #             gaussian_linear), one GPU each through the lasting cluster's warm workers, each
-#             cut at 380 s: their logs (capture, step time, epochs) and posteriors or last
+#             cut at 360 s: their logs (capture, step time, epochs) and posteriors or last
 #             checkpoints under $OUT/probe6 (the host lends this command 4 CPUs: `acc`'s seven
 #             runs did not end within 540 s there)
 #   start1sbi bench/startup.py, the SBI race recipe on 1 GPU: cold, warm
@@ -41,9 +41,9 @@ for step in "$@"; do
            bernoulli_glm/1e6 gaussian_linear/1e5 bernoulli_glm/1e5 --concurrent-runs 7 \
            --gpu-share 0.5 --c2st-workers 40 --keep-posteriors "$OUT/posteriors" \
            --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
-    probe6) W=/tmp/probe6 && rm -rf $W && mkdir -p "$OUT/probe6" && trainforge cluster start
+    probe6) W=/tmp/probe6 && rm -rf $W && mkdir -p "$OUT/probe6" && python3 -m trainforge cluster start
            for task in two_moons gaussian_mixture slcp gaussian_linear; do
-             timeout 380 trainforge train recipes/sbi/npe_1e6.yaml workload.task=$task \
+             timeout 360 python3 -m trainforge train recipes/sbi/npe_1e6.yaml workload.task=$task \
                run.storage_path=$W/runs tracking.enabled=false workload.evaluation.c2st=false \
                workload.evaluation.observations=[] workload.evaluation.observations_from=own \
                > "$OUT/probe6/$task.log" 2>&1 &
