@@ -225,7 +225,8 @@ def _cluster(action: str, num_cpus: int | None) -> int:
             return 1
         log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}, "
                 f"supervisor pid {state.supervisor_pid}, Ray {state.ray_version}")  # fmt: skip
-        workers = _warm_workers(state)
+        resources, workers = _cluster_view(state)
+        log.say(f"resources: {resources}")
         log.say(f"warm workers: {len(workers) or 'none'}")
         for line in workers:
             log.say(f"  {line}")
@@ -244,8 +245,9 @@ def _cluster(action: str, num_cpus: int | None) -> int:
     return 0
 
 
-def _warm_workers(state: Any) -> list[str]:
-    """The lasting cluster's warm workers (``driver/warm_pool.py``), a line each."""
+def _cluster_view(state: Any) -> tuple[str, list[str]]:
+    """The lasting cluster's CPUs and GPUs, and its warm workers (``driver/warm_pool.py``), a
+    line each."""
     import logging
 
     import ray
@@ -256,7 +258,10 @@ def _warm_workers(state: Any) -> list[str]:
     ray_compat.use_auth_token(state.token_path)
     ray.init(address=state.gcs_address, logging_level=logging.WARNING, log_to_driver=False)
     try:
-        return warm_pool.describe()
+        total = ray.cluster_resources()
+        cpus, gpus = int(total.get("CPU", 0)), int(total.get("GPU", 0))
+        resources = f"{cpus} CPU{'s' * (cpus != 1)}, {gpus} GPU{'s' * (gpus != 1)}"
+        return resources, warm_pool.describe()
     finally:
         ray.shutdown()
 

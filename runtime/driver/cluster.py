@@ -64,6 +64,9 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     port = os.environ.get(GCS_PORT_ENV) or str(local_cluster.free_port())
     previous = os.environ.get(GCS_PORT_ENV)
     os.environ[GCS_PORT_ENV] = port  # read by Ray when it starts the local GCS
+    cpus = local_cluster.usable_cpus()
+    if cpus is not None:
+        options.setdefault("num_cpus", cpus)
     try:
         _init_pinned(ray, "local", f"127.0.0.1:{port}", options)
     finally:

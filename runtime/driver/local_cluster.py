@@ -202,6 +202,7 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         f"--metrics-export-port={ports['metrics']}",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]  # fmt: skip
+    num_cpus = num_cpus if num_cpus is not None else usable_cpus()
     if num_cpus is not None:
         command.append(f"--num-cpus={num_cpus}")
     # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
@@ -329,6 +330,23 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
+
+
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on, where that is fewer than Ray would count (None: Ray's
+    own count stands). Ray counts the machine's cores, or a container's CPU quota, but not the
+    CPUs a process is confined to: a SLURM job's cpuset, ``taskset``, a shared GPU host that
+    lends a command 4 of its 64 cores. Ray would then run as many tasks at once as the machine
+    has cores, on those few."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+    if allowed >= (os.cpu_count() or allowed):
+        return None
+    from ray._private.utils import get_num_cpus  # the machine's or the container's count
+
+    return allowed if allowed < get_num_cpus() else None
 
 
 def idle_stop_s() -> float:

@@ -153,6 +153,7 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     status = run(home, "cluster", "status", cwd=tmp_path)  # what is kept warm, and its cost
     assert status.returncode == 0, status.stdout + status.stderr
     assert "[trainforge] warm workers: 2" in status.stdout
+    assert "[trainforge] resources: " in status.stdout
     for slot in (0, 1):
         assert re.search(rf"  worker-{slot}: pid \d+, the CPU, [\d,]+ MB, unused for \d+ s "
                          r"\(ends after 600 s unused\)", status.stdout), status.stdout  # fmt: skip
@@ -258,6 +259,22 @@ def step_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
     assert alive(first["supervisor_pid"])  # the first home's cluster is untouched
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert status.returncode == 0 and first["gcs_address"] in status.stdout
+
+    # A cluster started by a command confined to one of the machine's CPUs (a SLURM job's
+    # cpuset, `taskset`) is told that one: Ray counts the machine's cores.
+    confined = tmp_path / "confined-user"
+    one_cpu = {min(os.sched_getaffinity(0))}
+    started = subprocess.run(
+        [*trainforge(), "cluster", "start"], env=env_for(confined), cwd=tmp_path,
+        capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, one_cpu),
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        status = run(confined, "cluster", "status", cwd=tmp_path)
+        assert "[trainforge] resources: 1 CPU, 0 GPUs" in status.stdout, status.stdout
+    finally:
+        run(confined, "cluster", "stop", cwd=tmp_path)
 
 
 def step_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path) -> None:
