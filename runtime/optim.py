@@ -1,4 +1,6 @@
-"""Optimizer and learning-rate schedule from the recipe's ``train`` section."""
+"""Optimizer and learning-rate schedule from the recipe's ``train`` section: by step (constant,
+cosine, linear, after a linear warmup) or by validation (plateau: the LR falls each time val/loss
+stops improving, for runs whose length early stopping decides)."""
 
 from __future__ import annotations
 
@@ -44,10 +46,11 @@ def build_optimizer(
 
 
 def lr_factor(step: int, total_steps: int, train: Any) -> float:
-    """Multiplier of the peak LR at optimizer step ``step`` (0-based)."""
+    """Multiplier of the peak LR at optimizer step ``step`` (0-based); for ``plateau`` the
+    warmup's part (``PlateauLR`` multiplies in its own)."""
     if train.warmup_steps and step < train.warmup_steps:
         return (step + 1) / train.warmup_steps
-    if train.schedule == "constant":
+    if train.schedule in ("constant", "plateau"):
         return 1.0
     decay_steps = max(1, total_steps - train.warmup_steps)
     progress = min(1.0, (step - train.warmup_steps) / decay_steps)
@@ -60,6 +63,43 @@ def lr_factor(step: int, total_steps: int, train: Any) -> float:
 def build_schedule(
     optimizer: torch.optim.Optimizer, train: Any, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    if train.schedule == "plateau":
+        return PlateauLR(optimizer, train)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, total_steps, train)
     )
+
+
+class PlateauLR(torch.optim.lr_scheduler.LambdaLR):
+    """The LR times ``train.plateau_factor`` each time ``train.plateau_patience`` evaluations in
+    a row have not improved on the best val/loss, down to ``min_lr_ratio`` × lr (after the
+    warmup). A run of unknown length — early stopping decides it — cannot decay by step; a
+    constant LR keeps its validation loss noisy to the end (the 10^6 SBI recipes stopped at
+    epochs 25-30 with the loss still jumping between evaluations). Its counters are attributes,
+    so they are in ``state_dict`` and a resumed run goes on where it stopped."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, train: Any) -> None:
+        self.scale, self.best, self.since_best = 1.0, math.inf, 0
+        self.patience, self.factor = train.plateau_patience, train.plateau_factor
+        self.floor = train.min_lr_ratio
+        super().__init__(optimizer, lambda step: lr_factor(step, 0, train) * self.scale)
+
+    def evaluated(self, val_loss: float) -> bool:
+        """Record one evaluation (the same all-reduced value on every rank, so every rank
+        decides alike); True when it lowered the LR, which applies from the next step on."""
+        if val_loss < self.best:
+            self.best, self.since_best = val_loss, 0
+            return False
+        self.since_best += 1
+        if self.since_best < self.patience or self.scale <= self.floor:
+            return False
+        self.scale, self.since_best = max(self.floor, self.scale * self.factor), 0
+        rates = [base * factor(self.last_epoch) for base, factor in
+                 zip(self.base_lrs, self.lr_lambdas, strict=True)]  # fmt: skip
+        for group, lr in zip(self.optimizer.param_groups, rates, strict=True):
+            if isinstance(group["lr"], torch.Tensor):  # capturable: the graph reads this tensor
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        return True

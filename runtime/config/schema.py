@@ -29,7 +29,7 @@ MAX_WAIT_S = 365 * 24 * 3600
 Switch = Literal["auto", "true", "false"]
 Placement = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 Optimizer = Literal["adamw", "adam", "sgd"]
-Schedule = Literal["constant", "cosine", "linear"]
+Schedule = Literal["constant", "cosine", "linear", "plateau"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
@@ -119,11 +119,17 @@ class TrainSection(Section):
     momentum: float = 0.9
     """sgd momentum (Nesterov)."""
     schedule: Schedule = "constant"
-    """constant | cosine | linear (decay after warmup, to min_lr_ratio × lr)."""
+    """constant | cosine | linear (decay after warmup, to min_lr_ratio × lr) | plateau (×
+    plateau_factor whenever val/loss has not improved for plateau_patience evaluations, down to
+    min_lr_ratio × lr: for runs that early stopping ends)."""
     warmup_steps: int = 0
     """Linear warmup from 0 over this many optimizer steps."""
     min_lr_ratio: float = 0.0
-    """Final LR of cosine/linear decay as a fraction of lr."""
+    """Final LR of cosine/linear decay, or the lowest of plateau, as a fraction of lr."""
+    plateau_patience: int = 5
+    """plateau: evaluations without a new best val/loss before the LR falls."""
+    plateau_factor: float = 0.5
+    """plateau: what the LR is multiplied by each time it falls."""
     clip_grad_norm: float | None = None
     """Clip the global gradient norm to this value (None: no clipping; the norm is still logged)."""
     eval_every_epochs: int = 1
@@ -153,6 +159,15 @@ class TrainSection(Section):
         if not 0 <= self.momentum < 1:  # torch refuses < 0; 1 and above never decay
             raise RecipeError(f"train.momentum: must be in [0, 1), got {self.momentum}")
         self.fraction("min_lr_ratio", closed=True)
+        self.at_least("plateau_patience", 1)
+        self.fraction("plateau_factor")
+        patience = self.early_stopping_patience
+        if self.schedule == "plateau" and 0 < patience <= self.plateau_patience:
+            raise RecipeError(
+                f"train.schedule=plateau: train.early_stopping_patience ({patience}) must be "
+                f"larger than train.plateau_patience ({self.plateau_patience}), or the run stops "
+                "before its learning rate ever falls"
+            )
 
 
 @dataclass

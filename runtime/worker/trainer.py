@@ -33,7 +33,7 @@ from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_p
 from trainforge.data.types import Split
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
-from trainforge.optim import build_optimizer, build_schedule
+from trainforge.optim import PlateauLR, build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
@@ -233,6 +233,7 @@ class Trainer:
         if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0:
             val_metrics = self.evaluate()
             metrics |= val_metrics
+            self.lower_lr_on_plateau(val_metrics["val/loss"])
             last = self.early_stop(val_metrics["val/loss"], epoch + 1) or last  # a collective
         if last:  # what this attempt cost, and how much of it was tracking on this thread
             metrics["perf/train_s"] = self.progress.elapsed()
@@ -261,6 +262,15 @@ class Trainer:
             state.model, self.val_split, self.workload, state.precision, self.ctx, self.cfg.train
         )
         return metrics
+
+    def lower_lr_on_plateau(self, val_loss: float) -> None:
+        scheduler = self.state.scheduler
+        if isinstance(scheduler, PlateauLR) and scheduler.evaluated(val_loss):
+            lr = float(scheduler.get_last_lr()[0])
+            self.progress.note(
+                f"val/loss has not improved for {scheduler.patience} evaluations: learning "
+                f"rate lowered to {lr:.3g}"
+            )
 
     def early_stop(self, val_loss: float, epoch: int) -> bool:
         stopper = self.state.stopper

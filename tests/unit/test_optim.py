@@ -72,3 +72,44 @@ def test_schedule_drives_the_optimizer() -> None:
         optimizer.step()
         scheduler.step()
     assert lrs == pytest.approx([0.1 * (1 - s / 10) for s in range(10)])
+
+
+@pytest.mark.usefixtures("optimizer_imports")
+@pytest.mark.parametrize("capturable", [False, True])
+def test_plateau_lowers_the_lr_after_patience_evaluations_without_a_new_best(
+    capturable: bool,
+) -> None:
+    train = train_section(
+        "train.schedule=plateau", "train.lr=0.1", "train.optimizer=adam",
+        "train.plateau_patience=2", "train.plateau_factor=0.5", "train.min_lr_ratio=0.25",
+        "train.warmup_steps=2",
+    )  # fmt: skip
+    model = nn.Linear(2, 1)
+    optimizer = optim.build_optimizer(model, train, capturable=capturable)
+    lr_tensor = optimizer.param_groups[0]["lr"]  # capturable: the tensor a graph would read
+    scheduler = optim.build_schedule(optimizer, train, total_steps=0)
+
+    def lr() -> float:
+        return float(optimizer.param_groups[0]["lr"])
+
+    assert lr() == pytest.approx(0.05)  # warmup first
+    optimizer.step()
+    scheduler.step()
+    assert lr() == pytest.approx(0.1)
+    lowered = [scheduler.evaluated(loss) for loss in (3.0, 2.0, 2.5, 2.1, 1.0, 1.5, 1.5)]
+    assert lowered == [False, False, False, True, False, False, True]
+    assert lr() == pytest.approx(0.025)  # applied at once, not at the next step
+    optimizer.step()
+    scheduler.step()
+    assert lr() == pytest.approx(0.025)
+    if capturable:
+        assert optimizer.param_groups[0]["lr"] is lr_tensor  # filled in place
+    # at the floor (min_lr_ratio 0.25) it stays, however long the plateau
+    assert not any(scheduler.evaluated(2.0) for _ in range(6))
+    assert lr() == pytest.approx(0.025)
+
+    # a resumed run goes on counting where it stopped
+    fresh = optim.build_schedule(optim.build_optimizer(model, train), train, total_steps=0)
+    assert isinstance(fresh, optim.PlateauLR)
+    fresh.load_state_dict(scheduler.state_dict())
+    assert (fresh.scale, fresh.best, fresh.since_best) == (0.25, 1.0, scheduler.since_best)

@@ -211,3 +211,26 @@ def test_the_epoch_line_carries_the_epochs_mean_train_loss(
     assert mean == pytest.approx(sum(losses) / len(losses), abs=1e-4)  # lines round to 1e-4
     assert mean != pytest.approx(losses[-1], abs=1e-2)  # not the last window's loss
     assert f"epoch 1/1 done: train/epoch_loss {mean:.4f} val/loss" in out
+
+
+def test_a_plateau_schedule_lowers_the_lr_after_an_evaluation_without_a_new_best(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # an LR too high for Adam on digits: validation loss stalls from the third epoch (seen here)
+    reporter = train(
+        tmp_path, "train.lr=0.03", "train.schedule=plateau", "train.plateau_patience=1",
+        "train.plateau_factor=0.5", "train.epochs=5", "checkpoint.every_steps=null",
+        "train.log_every_steps=4",
+    )  # fmt: skip
+    epochs = [r for r in reporter.reports if "val/loss" in r]
+    assert len(epochs) == 5
+    best, expected = float("inf"), [0.03]  # the LR of each epoch's last steps
+    for report in epochs[:-1]:
+        improved = report["val/loss"] < best
+        best = min(best, report["val/loss"])
+        expected.append(expected[-1] * (1 if improved else 0.5))
+    assert [r["train/lr"] for r in epochs] == pytest.approx(expected)
+    assert expected[-1] < 0.03, "no evaluation failed to improve: nothing was tested"
+    assert "val/loss has not improved for 1 evaluations: learning rate lowered to" in (
+        capsys.readouterr().out
+    )
