@@ -217,20 +217,22 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
 def _cluster(action: str, num_cpus: int | None) -> int:
     from trainforge.driver import local_cluster
 
-    state = local_cluster.read_state()
-    stale = state is not None and local_cluster.why_stale(state) is not None
     if action == "status":
-        if state is None or stale:
-            log.say("no local cluster is running; the next local command starts one")
-            return 1
-        log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}, "
-                f"supervisor pid {state.supervisor_pid}, Ray {state.ray_version}")  # fmt: skip
-        resources, workers = _cluster_view(state)
+        with local_cluster.looked_at() as running:  # it cannot stop itself while we look
+            if running is None:
+                log.say("no local cluster is running; the next local command starts one")
+                return 1
+            log.say(f"local cluster at {running.gcs_address}, dashboard "
+                    f"{running.dashboard_url}, supervisor pid {running.supervisor_pid}, "
+                    f"Ray {running.ray_version}")  # fmt: skip
+            resources, workers = _cluster_view(running)
         log.say(f"resources: {resources}")
         log.say(f"warm workers: {len(workers) or 'none'}")
         for line in workers:
             log.say(f"  {line}")
         return 0
+    state = local_cluster.read_state()
+    stale = state is not None and local_cluster.why_stale(state) is not None
     if action == "stop":
         stopped = local_cluster.stop()
         log.say("local cluster stopped" if stopped else "no local cluster was running")

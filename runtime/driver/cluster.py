@@ -96,9 +96,8 @@ _joined_lasting = False
 def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     global _joined_lasting
     started_at = time.monotonic()
-    state, started = local_cluster.ensure(log.say)
+    state, started = _held.enter_context(local_cluster.claimed(log.say))
     ray_compat.use_auth_token(state.token_path)
-    _held.enter_context(local_cluster.in_use())
     # The workers' processes are children of a Ray started by an earlier command: this
     # command's settings (threads, MLflow, Python path) reach them through the payload
     # (launch.py, local_cluster.worker_env); the cluster's address and Ray Train's settings are

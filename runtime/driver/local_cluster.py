@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -155,18 +156,58 @@ def stop(state: ClusterState | None = None, timeout_s: float = RAY_STOP_TIMEOUT_
 
 
 @contextlib.contextmanager
-def in_use() -> Any:
+def claimed(say: Any) -> Iterator[tuple[ClusterState, bool]]:
+    """The running cluster (else a new one, as ``ensure``), held (``in_use``) for as long as
+    the block runs; True when started now. A cluster that stopped itself for being idle between
+    the look and the hold is not joined (its Ray is going: connecting would wait a minute for
+    its GCS); a new one is started."""
+    for _ in range(3):
+        state, started = ensure(say)
+        with in_use():
+            if _still(state):
+                yield state, started
+                return
+    raise RuntimeError(
+        f"the local cluster stopped three times as this command reached it; see "
+        f"{folder() / 'supervisor.log'}"
+    )
+
+
+@contextlib.contextmanager
+def looked_at() -> Iterator[ClusterState | None]:
+    """The running cluster, held without counting as use (``trainforge cluster status``): it
+    cannot stop itself while the block runs, and its idle clock goes on. None: there is none."""
+    state = running()
+    if state is None:
+        yield None
+        return
+    with in_use(touch=False):
+        yield state if _still(state) else None
+
+
+@contextlib.contextmanager
+def in_use(touch: bool = True) -> Any:
     """Held by a command for as long as it uses the cluster: the supervisor never stops a
-    cluster while any command holds it. The lock dies with the process."""
+    cluster while any command holds it (it stops only holding the lock alone, and a cluster that
+    is stopping holds it until it is gone). The lock dies with the process."""
     path = folder() / "in-use.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_SH)
-        os.utime(path)
+        if touch:
+            os.utime(path)
         try:
             yield
         finally:
-            os.utime(path)  # the idle clock starts when the last command ends
+            if touch:
+                os.utime(path)  # the idle clock starts when the last command ends
+
+
+def _still(state: ClusterState) -> bool:
+    """Whether ``state`` is still the published cluster (one that stops unpublishes itself
+    first)."""
+    current = read_state()
+    return current is not None and current.supervisor_pid == state.supervisor_pid
 
 
 def worker_env() -> dict[str, str]:
@@ -238,9 +279,13 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         if not published and ready.is_set():
             _write_json(home / "state.json", asdict(state))
             published = True
-        if published and _idle_for(lock_path) > idle_stop_s and _nobody_holds(lock_path):
-            print(f"idle for {idle_stop_s:.0f} s: stopping", flush=True)
-            break
+            os.utime(lock_path)  # the idle clock starts once commands can reach it
+        if published and _idle_for(lock_path) > idle_stop_s:
+            alone = _hold_alone(lock_path)  # held until this process ends: no command joins
+            if alone is not None:
+                print(f"idle for {idle_stop_s:.0f} s: stopping", flush=True)
+                (home / "state.json").unlink(missing_ok=True)  # a new command starts a new one
+                break
         # Short naps: a SIGTERM's handler runs, but the nap it interrupted goes on to its end,
         # and `stop` waits a bounded time for this process to go.
         time.sleep(0.5)
@@ -274,13 +319,22 @@ def _idle_for(lock_path: Path) -> float:
 
 
 def _nobody_holds(lock_path: Path) -> bool:
-    with open(lock_path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return True
+    handle = _hold_alone(lock_path)
+    if handle is None:
+        return False
+    handle.close()
+    return True
+
+
+def _hold_alone(lock_path: Path) -> IO[str] | None:
+    """The lock file, open and locked exclusively (no command holds it), else None."""
+    handle = open(lock_path, "a")  # noqa: SIM115 - returned open: closing it releases the lock
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -246,6 +246,12 @@ def step_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
     started = run(other, "cluster", "start", cwd=tmp_path, TRAINFORGE_CLUSTER_IDLE_S="2")
     assert started.returncode == 0, started.stderr
     second = state_of(other)
+    # a look while it is about to stop itself: it waits for the look to end, or the look
+    # finds it gone (it once connected to the stopping Ray and waited a minute for its GCS)
+    looked_at = time.monotonic()
+    status = run(other, "cluster", "status", cwd=tmp_path)
+    assert time.monotonic() - looked_at < 20
+    assert ("resources: " in status.stdout) == (status.returncode == 0), status.stdout
     assert second["gcs_address"] != first["gcs_address"]
     tokens = [(h / "local-cluster" / "token").read_text() for h in (home, other)]
     assert tokens[0] != tokens[1]
