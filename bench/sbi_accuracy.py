@@ -148,6 +148,7 @@ def header(args: argparse.Namespace, sbibm_path: str | None) -> dict[str, Any]:
     return {
         "date": time.strftime("%Y-%m-%d"),
         "host_cpus": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
         "observations_from": args.observations_from,
         "sbibm_version": sbibm_data.VERSION if sbibm_path else None,
         "sbibm_path": sbibm_path,
@@ -181,6 +182,10 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
@@ -232,9 +237,11 @@ def main() -> None:
     parser.add_argument(
         "--sbibm-path", help="sbibm 1.1.0 wheel or folder (default: $TRAINFORGE_SBIBM, cache)"
     )
-    parser.add_argument("--concurrent-runs", type=int, default=8)
+    # the CPUs this process may use, not the machine's: a GPU host may lend a command 4 of 64
+    usable = usable_cpus()
+    parser.add_argument("--concurrent-runs", type=int, default=max(1, min(8, usable // 2)))
     parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")
-    parser.add_argument("--c2st-workers", type=int, default=max(1, (os.cpu_count() or 2) - 10))
+    parser.add_argument("--c2st-workers", type=int, default=max(1, usable - 10))
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--overrides", nargs="*", default=[], help="extra recipe overrides")
     parser.add_argument(
@@ -254,7 +261,8 @@ def main() -> None:
 
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="sbi-accuracy-"))
-    head, env = start_ray(head_cpus=args.concurrent_runs + 8, gpus=gpus)  # + simulation chunks
+    # each run's worker and its simulation chunks; no more than the CPUs there are
+    head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable_cpus()), gpus=gpus)
     scaling = (
         [
             "scaling.use_gpu=true",

@@ -141,6 +141,7 @@ def main() -> None:
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)),
             "python": platform.python_version(),
         },
         "torch": torch.__version__,

@@ -110,6 +110,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)),
         },
         "recipe": args.recipe,
         "overrides": args.overrides,
