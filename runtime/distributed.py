@@ -67,6 +67,12 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def several_ranks() -> bool:
+    """Whether there is anyone to exchange with. A lone rank makes no collective call: on NCCL
+    the first one would create a communicator (most of a second) to talk to nobody."""
+    return is_initialized() and dist.get_world_size() > 1
+
+
 def wrap(
     model: nn.Module,
     ctx: WorkerContext,
@@ -141,7 +147,7 @@ def all_reduce_sums(
     keys = sorted(values)
     tensors = [torch.as_tensor(values[k], dtype=torch.float64, device=device) for k in keys]
     packed = torch.cat([t.reshape(-1) for t in tensors])
-    if is_initialized():
+    if several_ranks():
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     packed = packed.cpu()
     out, offset = {}, 0
@@ -162,8 +168,8 @@ def all_gather_objects(obj: Any, world_size: int) -> list[Any]:
 @contextlib.contextmanager
 def main_first(ctx: WorkerContext) -> Iterator[None]:
     """Let rank 0 do something first (e.g. fill a cache) while the others wait."""
-    if not ctx.is_main and is_initialized():
+    if not ctx.is_main and several_ranks():
         dist.barrier()
     yield
-    if ctx.is_main and is_initialized():
+    if ctx.is_main and several_ranks():
         dist.barrier()

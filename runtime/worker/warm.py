@@ -149,10 +149,13 @@ class WarmWorker:
                 if self.gpu is not None:
                     device = torch.device("cuda", 0)  # the one GPU this process sees
                     torch.cuda.set_device(device)
+                # NCCL's communicator is made here (device_id) where there are ranks to talk
+                # to; a lone rank makes no collective call (distributed.several_ranks), so its
+                # group never makes one
                 dist.init_process_group(
                     "gloo" if self.gpu is None else "nccl", store=store, rank=rank,
                     world_size=world_size, timeout=_seconds(timeout),
-                    device_id=device if self.gpu is not None else None,
+                    device_id=device if self.gpu is not None and world_size > 1 else None,
                 )  # fmt: skip
                 try:
                     if rank == 0:
@@ -208,6 +211,8 @@ class RunFolderReporter:
     def report(self, metrics: dict[str, float], folder: Path | None) -> None:
         import torch.distributed as dist
 
+        from trainforge import distributed
+
         if folder is not None and self.rank == 0:
             name = "checkpoint_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
             partial = self.run_dir / f".{name}.partial"
@@ -218,7 +223,8 @@ class RunFolderReporter:
             self._prune()
         elif self.checkpoint is None:
             self.last = {**metrics}
-        dist.barrier()
+        if distributed.several_ranks():
+            dist.barrier()
 
     def registered(self) -> dict[str, Any] | None:
         return None  # the run folder is the registry
