@@ -11,6 +11,8 @@
 #             cut at 360 s: their logs (capture, step time, epochs) and posteriors or last
 #             checkpoints under $OUT/probe6 (the host lends this command 4 CPUs: `acc`'s seven
 #             runs did not end within 540 s there)
+#   plateau6  as probe6, with train.schedule=plateau (plateau_patience 5), on two_moons,
+#             gaussian_mixture, slcp and bernoulli_glm (not yet run: for the next session)
 #   start1sbi bench/startup.py, the SBI race recipe on 1 GPU: cold, warm
 #   start1cnn bench/startup.py, synthetic ResNet-18 on 1 GPU: cold, warm
 #   warmtest  tests/gpu/test_warm_gpu.py
@@ -41,21 +43,27 @@ for step in "$@"; do
            bernoulli_glm/1e6 gaussian_linear/1e5 bernoulli_glm/1e5 --concurrent-runs 7 \
            --gpu-share 0.5 --c2st-workers 40 --keep-posteriors "$OUT/posteriors" \
            --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
-    probe6) W=/tmp/probe6 && rm -rf $W && mkdir -p "$OUT/probe6" && python3 -m trainforge cluster start
-           for task in two_moons gaussian_mixture slcp gaussian_linear; do
-             timeout 360 python3 -m trainforge train recipes/sbi/npe_1e6.yaml workload.task=$task \
-               run.storage_path=$W/runs tracking.enabled=false workload.evaluation.c2st=false \
+    probe6|plateau6)
+           tasks=(two_moons gaussian_mixture slcp gaussian_linear) extra=()
+           if [ "$step" = plateau6 ]; then
+             tasks=(two_moons gaussian_mixture slcp bernoulli_glm)
+             extra=(train.schedule=plateau train.plateau_patience=5)
+           fi
+           W=/tmp/$step && rm -rf "$W" && mkdir -p "$OUT/$step" && python3 -m trainforge cluster start
+           for task in "${tasks[@]}"; do
+             timeout 360 python3 -m trainforge train recipes/sbi/npe_1e6.yaml workload.task="$task" \
+               run.storage_path="$W/runs" tracking.enabled=false workload.evaluation.c2st=false \
                workload.evaluation.observations=[] workload.evaluation.observations_from=own \
-               > "$OUT/probe6/$task.log" 2>&1 &
+               "${extra[@]}" > "$OUT/$step/$task.log" 2>&1 &
              sleep 2
            done
            wait
+           # the posteriors and logs in one file: the device returns a limited number of files
            for run in "$W"/runs/*_npe_1e6; do
              task=$(basename "$run" _npe_1e6)
-             if [ -f "$run/posterior.pt" ]; then cp "$run/posterior.pt" "$OUT/probe6/${task}_1e6.pt"
-             else last=$(find "$run" -maxdepth 1 -name "checkpoint_*" | sort | tail -1)
-               [ -n "$last" ] && cp -r "$last" "$OUT/probe6/${task}_checkpoint"; fi
-           done ;;
+             [ -f "$run/posterior.pt" ] && cp "$run/posterior.pt" "$W/${task}_1e6.pt"
+           done
+           (cd "$W" && tar -cf "$OUT/$step/posteriors.tar" ./*_1e6.pt) ;;
     start1sbi) timeout 300 python3 bench/startup.py --recipe sbi/two_moons_parity --repeats 2 \
            --modes cold,warm --out "$OUT/$step.json" train.max_steps=40 \
            workload.simulation.num_simulations=20000 workload.evaluation.observations=[] \
