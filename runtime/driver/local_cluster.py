@@ -398,8 +398,10 @@ def usable_cpus() -> int | None:
         return None
     if allowed >= (os.cpu_count() or allowed):
         return None
-    from ray._private.utils import get_num_cpus  # the machine's or the container's count
-
+    try:  # Ray's own count: the machine's, or a container's CPU quota
+        from ray._private.utils import get_num_cpus
+    except ImportError:  # moved in another Ray: the affinity alone
+        return allowed
     return allowed if allowed < get_num_cpus() else None
 
 
