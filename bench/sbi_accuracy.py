@@ -262,7 +262,7 @@ def main() -> None:
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="sbi-accuracy-"))
     # each run's worker and its simulation chunks; no more than the CPUs there are
-    head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable_cpus()), gpus=gpus)
+    head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable), gpus=gpus)
     scaling = (
         [
             "scaling.use_gpu=true",

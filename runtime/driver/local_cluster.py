@@ -318,14 +318,6 @@ def _idle_for(lock_path: Path) -> float:
         return 0.0
 
 
-def _nobody_holds(lock_path: Path) -> bool:
-    handle = _hold_alone(lock_path)
-    if handle is None:
-        return False
-    handle.close()
-    return True
-
-
 def _hold_alone(lock_path: Path) -> IO[str] | None:
     """The lock file, open and locked exclusively (no command holds it), else None."""
     handle = open(lock_path, "a")  # noqa: SIM115 - returned open: closing it releases the lock

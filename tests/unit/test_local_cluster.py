@@ -45,12 +45,12 @@ def write_state(cluster: ClusterState) -> Path:
 
 
 def holds_nobody(path: Path) -> bool:
-    """_nobody_holds asked from another process (flock locks belong to open files, so this
-    process would always get its own)."""
+    """Whether the supervisor could hold the lock alone (``_hold_alone``), asked from another
+    process (flock locks belong to open files, so this process would always get its own)."""
     code = (
         "import sys; from pathlib import Path; "
-        "from trainforge.driver.local_cluster import _nobody_holds; "
-        "print(_nobody_holds(Path(sys.argv[1])))"
+        "from trainforge.driver.local_cluster import _hold_alone; "
+        "print(_hold_alone(Path(sys.argv[1])) is not None)"
     )
     answer = subprocess.run(
         [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
