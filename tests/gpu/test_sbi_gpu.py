@@ -3,6 +3,7 @@ GPUs through Ray Train (simulation on the GPU, one worker with CUDA graphs, two 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,39 @@ def test_graphed_ddp_step_matches_the_eager_ddp_step() -> None:
     """DDP's gradient all-reduce captured inside the graph: on two GPUs, each rank's losses and
     weights follow eager DDP's, and the ranks' weights stay bitwise equal."""
     run_on_gpus(_ddp_rank)
+
+
+def test_the_evaluation_samples_the_posterior_on_the_gpu(tmp_path: Path) -> None:
+    """A built-in task's posterior samples on the training device, its prior rebuilt there:
+    the same truncated distribution as on the CPU (a C2ST of the two near chance), and the
+    evaluation's C2ST and SBC from it."""
+    from trainforge.workloads.sbi import estimator as estimators
+    from trainforge.workloads.sbi import evaluate, sources
+    from trainforge.workloads.sbi.c2st import c2st
+
+    cfg = config.load(DEBUG, ["workload.evaluation.num_samples=2000"]).workload
+    source = sources.resolve(cfg)
+    generator = torch.Generator().manual_seed(0)
+    theta = source.sample_prior(2000, generator)
+    record = estimators.BuildRecord.from_config(cfg.estimator, 2, 2)
+    estimator = estimators.build(record, theta, source.simulate(theta, generator)).eval()
+    _, x_obs = get_task("two_moons").observation(1)
+    gpu = torch.device("cuda", 0)
+
+    on_gpu = evaluate.posterior_of(copy.deepcopy(estimator), source, gpu)
+    gpu_samples = on_gpu.sample((4000,), x=x_obs.to(gpu), show_progress_bars=False)
+    assert gpu_samples.device == gpu
+    on_cpu = evaluate.posterior_of(estimator, source)
+    cpu_samples = on_cpu.sample((4000,), x=x_obs, show_progress_bars=False)
+    assert bool(((gpu_samples >= -1) & (gpu_samples <= 1)).all())  # the prior's box
+    assert c2st(cpu_samples, gpu_samples.cpu(), seed=0) < 0.55
+
+    metrics, files = evaluate.run(
+        copy.deepcopy(estimator), source, cfg.evaluation, 0, tmp_path, gpu
+    )
+    assert 0.5 <= metrics["c2st/obs1"] <= 1.0
+    assert 0.0 <= metrics["sbc/ks_pvalue_min"] <= 1.0
+    assert (tmp_path / "sbc.png").stat().st_size > 0 and tmp_path / "sbc.png" in files
 
 
 @pytest.mark.ray

@@ -74,6 +74,18 @@ def test_a_user_simulator_resolves(user_module: str) -> None:
     assert numpy_source.simulate(theta, generator).dtype == torch.float32
 
 
+def test_a_posterior_samples_on_the_gpu_only_where_its_prior_can_follow(user_module: str) -> None:
+    """A built-in task's prior is rebuilt on the training device; a user's prior is an object
+    made on the CPU, so its posterior samples there (evaluate.run asks posterior_device)."""
+    gpu = torch.device("cuda", 0)  # only named: nothing is placed on it here
+    assert sources.resolve(SBIWorkloadConfig(task="two_moons")).posterior_device(gpu) == gpu
+    user = sources.resolve(_custom(user_module, "simulate"))
+    assert user.posterior_device(gpu) == torch.device("cpu")
+    assert user.prior_distribution("cpu") is user.prior
+    with pytest.raises(ValueError, match="a user's prior lives on the CPU, not cuda"):
+        user.prior_distribution(gpu)
+
+
 @pytest.mark.parametrize(
     ("simulator", "prior", "message"),
     [

@@ -154,10 +154,20 @@ class SimulationSource:
             x[row] = check_simulator_output(out, 1, self.dim_x)[0]
         return x, failures
 
-    def prior_distribution(self) -> torch.distributions.Distribution:
+    def posterior_device(self, training_device: torch.device) -> torch.device:
+        """Where this source's posterior samples: the training device for a built-in task,
+        whose prior is rebuilt there; the CPU for a user's prior, a Distribution made on the
+        CPU that torch has no way to move."""
+        return training_device if self.task is not None else torch.device("cpu")
+
+    def prior_distribution(
+        self, device: torch.device | str = "cpu"
+    ) -> torch.distributions.Distribution:
         if self.task is not None:
-            return self.task.prior_distribution()
+            return self.task.prior_distribution(device)
         assert self.prior is not None
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"a user's prior lives on the CPU, not {device}")
         return self.prior
 
 

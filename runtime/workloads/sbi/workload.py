@@ -170,7 +170,8 @@ class SBIWorkload(Workload):
     def finish(
         self, model: nn.Module, run_dir: str | None, folder: Path
     ) -> tuple[dict[str, float], list[Path]]:
-        """Rank 0 after training: export the posterior, then evaluate it (C2ST, SBC, plots)."""
+        """Rank 0 after training: export the posterior, then evaluate it (C2ST, SBC, plots)
+        with the posterior on the training device."""
         import copy
 
         from trainforge.workloads.sbi import evaluate, export
@@ -183,8 +184,9 @@ class SBIWorkload(Workload):
         run_folder = storage.local_folder(run_dir)
         if run_folder is not None:
             export.save_posterior(run_folder / "posterior.pt", estimator, self.record(), spec)
+        device = next(model.parameters()).device
         metrics, files = evaluate.run(
-            estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder
+            estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder, device
         )
         return metrics, [exported, *files]
 

@@ -55,8 +55,11 @@ class Task(ABC):
         """Normalised log prior density, ``[n]``; ``-inf`` outside the support."""
 
     @abstractmethod
-    def prior_distribution(self) -> torch.distributions.Distribution:
-        """The prior as a torch Distribution on CPU (what sbi's posteriors take as ``prior``)."""
+    def prior_distribution(
+        self, device: torch.device | str = "cpu"
+    ) -> torch.distributions.Distribution:
+        """The prior as a torch Distribution (what sbi's posteriors take as ``prior``), its
+        parameters on ``device``: a posterior samples where its prior lives."""
 
     @abstractmethod
     def _simulate(self, theta: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -156,10 +159,12 @@ class BoxUniformPriorMixin:
         log_density = -self.dim_theta * math.log(self.high - self.low)
         return torch.where(inside, log_density, -math.inf).to(theta.dtype)
 
-    def prior_distribution(self) -> torch.distributions.Distribution:
+    def prior_distribution(
+        self, device: torch.device | str = "cpu"
+    ) -> torch.distributions.Distribution:
         # the same construction as sbi's BoxUniform, without importing sbi here
-        low = torch.full((self.dim_theta,), self.low)
-        high = torch.full((self.dim_theta,), self.high)
+        low = torch.full((self.dim_theta,), self.low, device=device)
+        high = torch.full((self.dim_theta,), self.high, device=device)
         return torch.distributions.Independent(torch.distributions.Uniform(low, high), 1)
 
     def in_support(self, theta: Tensor) -> Tensor:

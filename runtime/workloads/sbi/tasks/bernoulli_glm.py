@@ -91,9 +91,11 @@ class BernoulliGLM(Task):
         )
         return z @ self._constant("scale_tril", self.prior_scale_tril, z).T
 
-    def prior_distribution(self) -> torch.distributions.Distribution:
-        zeros = torch.zeros(self.dim_theta)
-        scale_tril = self.prior_scale_tril.to(torch.float32)  # computed in float64
+    def prior_distribution(
+        self, device: torch.device | str = "cpu"
+    ) -> torch.distributions.Distribution:
+        zeros = torch.zeros(self.dim_theta, device=device)
+        scale_tril = self.prior_scale_tril.to(device, torch.float32)  # computed in float64
         return torch.distributions.MultivariateNormal(zeros, scale_tril=scale_tril)
 
     def prior_log_prob(self, theta: Tensor) -> Tensor:

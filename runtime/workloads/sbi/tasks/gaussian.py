@@ -41,9 +41,12 @@ class GaussianLinear(Task):
     def prior_log_prob(self, theta: Tensor) -> Tensor:
         return gaussian_log_density(theta, self.prior_variance)
 
-    def prior_distribution(self) -> torch.distributions.Distribution:
-        covariance = self.prior_variance * torch.eye(self.dim_theta)
-        return torch.distributions.MultivariateNormal(torch.zeros(self.dim_theta), covariance)
+    def prior_distribution(
+        self, device: torch.device | str = "cpu"
+    ) -> torch.distributions.Distribution:
+        covariance = self.prior_variance * torch.eye(self.dim_theta, device=device)
+        zeros = torch.zeros(self.dim_theta, device=device)
+        return torch.distributions.MultivariateNormal(zeros, covariance)
 
     def _simulate(self, theta: Tensor, generator: torch.Generator | None) -> Tensor:
         noise = torch.randn(
