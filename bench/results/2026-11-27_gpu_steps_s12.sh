@@ -8,7 +8,7 @@
 #             gaussian_linear at 10^6 with plateau, two_moons and gaussian_mixture at 10^6 with a
 #             cosine schedule over 60 epochs (no early stopping, best weights restored)
 #   start1sbi bench/startup.py, the SBI race recipe on 1 GPU: cold, warm
-#   evaltest  the GPU tests of the evaluation on the training device (after 6e1…: SBC sampled there)
+#   evaltest  the GPU tests of the evaluation on the training device (9ec4805: SBC sampled there)
 #   warmtest  tests/gpu/test_warm_gpu.py (its third command: one worker, no NCCL communicator)
 # Posteriors are scored on the CPU: bench/sbi_accuracy.py --score <dir> --sbibm-path <wheel>.
 # Carried: .device on the first call (the bundle, unpacked into /tmp/site, kept while the host
