@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 CHECKPOINT_DIR_GLOB = "checkpoint_*"
@@ -138,16 +138,49 @@ def replace_worker_log_printer(handler: Any) -> None:
     dispatcher.add_handler("ray_print_logs", handler)
 
 
-def restore_worker_log_printer() -> None:
-    """Ray's own printer back (as ray.init registers it), for a -v run after another run in
-    the same process."""
+def _ray_printer() -> Callable[[dict[str, Any]], None]:
     import functools
 
     from ray._private import worker
 
     ignore_prefix = worker._should_ignore_worker_log_prefix(worker.global_worker)
-    printer = functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
-    replace_worker_log_printer(printer)
+    return functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
+
+
+def restore_worker_log_printer() -> None:
+    """Ray's own printer back (as ray.init registers it), for a -v run after another run in
+    the same process."""
+    replace_worker_log_printer(_ray_printer())
+
+
+# What Ray's GCS, raylet and workers say when the metrics agent came up late (a busy host: seen
+# with four commands starting at once on 4 cores). Only Ray's own metrics are lost, which
+# trainforge does not use; ray-project/ray#59665 asks for a switch, and there is none.
+LATE_METRICS_AGENT = "connection to the event+metrics exporter agent"
+LATE_METRICS_AGENT_CORE = "connection to the metrics exporter agent"
+
+
+def is_late_metrics_agent(line: str) -> bool:
+    return LATE_METRICS_AGENT in line or LATE_METRICS_AGENT_CORE in line
+
+
+def without_late_metrics_agent(
+    printer: Callable[[dict[str, Any]], None],
+) -> Callable[[dict[str, Any]], None]:
+    """``printer`` (a handler of Ray's relayed log batches) less the late-metrics-agent lines."""
+
+    def handler(data: dict[str, Any]) -> None:
+        lines = [line for line in data.get("lines", []) if not is_late_metrics_agent(line)]
+        if lines:
+            printer({**data, "lines": lines})
+
+    return handler
+
+
+def quiet_ray_printer() -> None:
+    """Ray's own printer, less its late-metrics-agent lines: what the driver shows from
+    ``ray.init`` until a run's console takes over (the SBI simulation stage comes first)."""
+    replace_worker_log_printer(without_late_metrics_agent(_ray_printer()))
 
 
 @contextlib.contextmanager

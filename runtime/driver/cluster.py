@@ -35,6 +35,8 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
         return
     with ray_compat.keeping_sigterm_handler():
         said = _connect(ray, local_only, init_options)
+    if log.verbosity() <= 0:  # -v shows everything Ray says
+        ray_compat.quiet_ray_printer()
     if said:  # once the handler is back: a stop right after this line ends with one line too
         log.say(said)
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import log
+from trainforge import log, ray_compat
 
 # Python's `warnings` format: "path/file.py:12: UserWarning: text"
 _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
@@ -52,7 +52,8 @@ class Console:
             for line in data.get("lines", []):
                 self._keep(f"{source} {line}")
                 if pid == "raylet":  # rare and serious: a worker killed for memory, a crash
-                    self._print(f"(raylet) {line}")
+                    if not ray_compat.is_late_metrics_agent(line):  # harmless: kept only
+                        self._print(f"(raylet) {line}")
                 else:
                     self._show(line, bool(data.get("is_err")))
 
@@ -122,8 +123,6 @@ def attach(run_folder: Path | None, run_name: str) -> Console | None:
     """Put the console between Ray's relayed worker output and the terminal for this run
     (not under -v: then Ray prints as it always does). Returns it, to be closed at the end;
     it stays Ray's printer after that, dropping what a stopped run's workers still print."""
-    from trainforge import ray_compat
-
     if log.verbosity() > 0:
         ray_compat.restore_worker_log_printer()  # in case an earlier run replaced it
         return None

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainforge import log
+from trainforge import log, ray_compat
 from trainforge.checkpoint import Position
 from trainforge.distributed import WorkerContext
 from trainforge.driver import console
@@ -31,6 +31,13 @@ CORE = (
 MLFLOW_INFO = (
     "2026/11/26 15:41:59 INFO mlflow.system_metrics.system_metrics_monitor: "
     "Started monitoring system metrics."
+)
+
+# seen on a 4-core GPU host with four commands starting at once: harmless, kept, not shown
+LATE_AGENT = (
+    "[2026-11-27 09:41:12,619 E 1220 1220] (raylet) main.cc:1108: Failed to establish connection "
+    "to the metrics exporter agent. Metrics will not be exported. Exporter agent status: "
+    "RpcError: Running out of retries to initialize the metrics agent. rpc_code: 14"
 )
 
 
@@ -58,6 +65,7 @@ def test_only_trainforge_lines_and_warnings_are_shown_but_all_is_kept(tmp_path: 
     shown.handle(batch(CORE, "x.py:3: UserWarning: careful", "plain stderr", is_err=True))
     shown.handle(batch("Resized autoscaler table", "1 node idle", pid="autoscaler"))
     shown.handle({"lines": ["worker killed: out of memory"], "is_err": True, "pid": "raylet"})
+    shown.handle({"lines": [LATE_AGENT], "is_err": True, "pid": "raylet"})
     shown.close()
     assert out.getvalue().splitlines() == [
         "[trainforge] training 10 steps over 2 epochs",
@@ -72,6 +80,7 @@ def test_only_trainforge_lines_and_warnings_are_shown_but_all_is_kept(tmp_path: 
         "(RayTrainWorker 123) x.py:3: UserWarning: careful",
         "(RayTrainWorker 123) plain stderr",
         "(pid raylet) worker killed: out of memory",
+        f"(pid raylet) {LATE_AGENT}",
     ]
 
 
@@ -195,3 +204,38 @@ def test_summary_says_how_to_open_a_store(uri: str, capsys: pytest.CaptureFixtur
     if "@" not in uri:
         assert f"trainforge ui --tracking-uri {uri}\n" in text
     assert "user:pw" not in text  # never the database password, not even in the hint
+
+
+def test_the_late_metrics_agent_lines_are_dropped_from_any_printer() -> None:
+    printed: list[dict[str, Any]] = []
+    printer = ray_compat.without_late_metrics_agent(printed.append)
+    gcs = (
+        "gcs_server.cc:1361: Failed to establish connection to the event+metrics exporter "
+        "agent. Events and metrics will not be exported."
+    )
+    core = (
+        "core_worker_process.cc:842: Failed to establish connection to the metrics exporter "
+        "agent. Metrics will not be exported."
+    )
+    printer({"lines": [LATE_AGENT], "pid": "raylet", "is_err": True})
+    printer({"lines": [gcs], "pid": "gcs_server", "is_err": True})
+    printer({"lines": [core, "simulating chunk 3"], "pid": 77, "is_err": False})
+    assert printed == [{"lines": ["simulating chunk 3"], "pid": 77, "is_err": False}]
+
+
+@pytest.mark.ray
+def test_before_a_run_ray_prints_its_lines_less_the_late_metrics_agent(
+    ray_cluster, capsys: pytest.CaptureFixture
+) -> None:
+    """What the driver shows between connecting and a run's console (the simulation stage):
+    Ray's own printer, through the filter."""
+    from ray._private import worker
+
+    ray_compat.quiet_ray_printer()
+    dispatcher = worker.global_worker_stdstream_dispatcher
+    base = {"ip": "127.0.0.1", "job": "01000000", "task_name": "", "actor_name": ""}
+    dispatcher.emit(base | {"pid": "raylet", "is_err": True, "lines": [LATE_AGENT]})
+    dispatcher.emit(base | {"pid": 4242, "is_err": False, "lines": ["simulating chunk 3"]})
+    printed = capsys.readouterr()
+    assert "metrics exporter agent" not in printed.out + printed.err
+    assert "simulating chunk 3" in printed.out
