@@ -11,7 +11,7 @@ from trainforge.config.load import (
     to_container,
     to_yaml,
 )
-from trainforge.config.resolve import resolve
+from trainforge.config.resolve import resolve, resolve_data, resolve_workers
 from trainforge.config.schema import Recipe
 
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
     "global_batch",
     "load",
     "resolve",
+    "resolve_data",
+    "resolve_workers",
     "scaled_lr",
     "to_container",
     "to_yaml",

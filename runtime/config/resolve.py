@@ -3,7 +3,9 @@
 A loaded recipe may say ``use_gpu: auto``, ``use_all_gpus: true`` or leave an SBI recipe's
 simulations to be made; the driver connects to Ray, then calls :func:`resolve` once and runs,
 logs and checkpoints the recipe it returns. Checks never write; only this step does, and it
-returns a new recipe instead of changing the one it was given.
+returns a new recipe instead of changing the one it was given. It has two halves, which the
+driver calls apart to start its workers in between: :func:`resolve_workers` (how many, on what
+device; quick) and :func:`resolve_data` (the SBI simulation stage may take minutes).
 """
 
 from __future__ import annotations
@@ -19,16 +21,28 @@ def resolve(cfg: Recipe, available: Mapping[str, float], storage_root: str) -> R
     """``cfg`` with the worker count and device decided for the cluster's ``available``
     resources (``ray.cluster_resources()``), and the workload's data made and located (the SBI
     simulation stage runs here). Raises RecipeError when the cluster cannot host the run."""
-    from trainforge.workloads import resolve_workload, train_samples  # the registry
+    return resolve_data(resolve_workers(cfg, available), storage_root)
+
+
+def resolve_workers(cfg: Recipe, available: Mapping[str, float]) -> Recipe:
+    """``cfg`` with the worker count and device decided, checked before any data are made."""
+    from trainforge.workloads import train_samples  # the registry
 
     graphs = cfg.precision.cuda_graphs == "true"  # auto falls back to eager in the worker
     scaling = resolve_scaling(cfg.scaling, available, graphs)
     # before the data stage (which may simulate for minutes), with the recipe's sizes…
     check_batch_fits(cfg.train, scaling.num_workers, train_samples(cfg.workload))
+    return dataclasses.replace(cfg, scaling=scaling)
+
+
+def resolve_data(cfg: Recipe, storage_root: str) -> Recipe:
+    """``cfg`` (workers resolved) with the workload's data made and located."""
+    from trainforge.workloads import resolve_workload, train_samples  # the registry
+
     workload = resolve_workload(cfg.workload, cfg.run.seed, storage_root)
     # …and after it, with the data it made (an SBI run may drop invalid simulations)
-    check_batch_fits(cfg.train, scaling.num_workers, train_samples(workload))
-    return dataclasses.replace(cfg, scaling=scaling, workload=workload)
+    check_batch_fits(cfg.train, cfg.scaling.num_workers, train_samples(workload))
+    return dataclasses.replace(cfg, workload=workload)
 
 
 def resolve_scaling(

@@ -90,7 +90,11 @@ def train(cfg: Recipe) -> Outcome:
     connect()
     # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
     # worker count, device and data paths that were decided, not "auto".
-    cfg = config.resolve(cfg, ray.cluster_resources(), root)
+    cfg = config.resolve_workers(cfg, ray.cluster_resources())
+    why_not_warm = warm_pool.unavailable(cfg, root, on_lasting_cluster())
+    # new warm workers' imports overlap the data stage instead of following it
+    ahead = warm_pool.prestart(cfg) if why_not_warm is None else {}
+    cfg = config.resolve_data(cfg, root)
     recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
 
     recipe = config.to_container(cfg)
@@ -100,7 +104,6 @@ def train(cfg: Recipe) -> Outcome:
     payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
     ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
     payload["workers_requested_at"] = time.time()  # the workers say how long they took
-    why_not_warm = warm_pool.unavailable(cfg, root, on_lasting_cluster())
     failed: tuple[type[BaseException], ...] = (warm_pool.WorkersFailed,)
     if why_not_warm:  # Ray Train's import (~1 s) only where it runs the workers
         import ray.train
@@ -108,7 +111,7 @@ def train(cfg: Recipe) -> Outcome:
         failed += (ray.train.TrainingFailedError,)
     worker_output = console.attach(storage.local_folder(root), cfg.run.name)
     try:
-        return _run(cfg, payload, root, why_not_warm, failed, worker_output)
+        return _run(cfg, payload, root, why_not_warm, ahead, failed, worker_output)
     finally:
         if worker_output is not None:
             worker_output.close()
@@ -119,16 +122,18 @@ def _run(
     payload: dict[str, Any],
     root: str,
     why_not_warm: str | None,
+    ahead: dict[str, Any],
     failed: tuple[type[BaseException], ...],
     worker_output: Any,
 ) -> Outcome:
-    """The MLflow run and the workers' run, on warm workers or Ray Train's."""
+    """The MLflow run and the workers' run, on warm workers (with those this command started
+    ``ahead``) or Ray Train's."""
     recipe, recipe_yaml = payload["recipe"], config.to_yaml(cfg)
     status, checkpoint_path, reason, handle = "FAILED", None, None, None
     caught: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, *failed)
     with contextlib.ExitStack() as stack:
         warm = None if why_not_warm else stack.enter_context(
-            warm_pool.WarmRun(cfg, payload, worker_output)
+            warm_pool.WarmRun(cfg, payload, worker_output, ahead)
         )  # fmt: skip
         track = warm.track if warm else _track_here
         interrupted = [False]

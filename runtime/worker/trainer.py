@@ -315,7 +315,10 @@ class Trainer:
                 final, files = finish(model, run_dir, Path(folder))
                 self.tracker.log(final, self.state.position.global_step)
                 self.tracker.log_artifacts(files, "evaluation")
-            self.progress.note("evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+            if final:  # a recipe may ask for no metric (no observation, no SBC)
+                self.progress.note(
+                    "evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items())
+                )
             self.metrics = self.metrics | final
         return True
 

@@ -28,6 +28,7 @@ from tests.conftest import RECIPES
 pytestmark = pytest.mark.ray
 
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+SBI = RECIPES / "sbi" / "two_moons_debug.yaml"
 SHORT = ["train.epochs=2", "scaling.num_workers=2", "train.log_every_steps=5"]
 OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
 
@@ -44,6 +45,7 @@ def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> N
     steps = [step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines,
              step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar,
              step_warm_workers_restart_after_a_failure_and_stop_with_their_command,
+             step_new_workers_start_before_the_simulations_are_made,
              step_verbose_without_warm_workers_shows_ray_trains_lines,
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
              step_stop_ends_the_cluster_and_its_ray_processes]  # fmt: skip
@@ -225,6 +227,25 @@ def warm_workers(home: Path, doing: str = "") -> list[str]:
 
     return [args for pid, (_, args) in table.items()
             if args.startswith(f"ray::WarmWorker{doing}") and of_this_cluster(pid)]  # fmt: skip
+
+
+def step_new_workers_start_before_the_simulations_are_made(home: Path, tmp_path: Path) -> None:
+    """With no warm worker left (the step before), an SBI command starts its workers before
+    its simulation stage, so their imports overlap it, and its run takes them."""
+    assert warm_workers(home) == []
+    out = run(home, "train", str(SBI), "run.name=sbi", "train.epochs=1",
+              "workload.simulation.num_simulations=4000", "workload.evaluation.observations=[]",
+              "workload.evaluation.sbc_runs=0", cwd=tmp_path)  # fmt: skip
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    starting = lines.index("[trainforge] workers: starting 2 (they stay warm for later runs)")
+    simulating = next(i for i, line in enumerate(lines) if "] simulations: " in line)
+    assert starting < simulating, out.stdout
+    assert out.stdout.count("workers: starting") == 1  # the run took those two
+    assert "workers: 2 started, process group up (" in out.stdout
+    assert "evaluation:" not in out.stdout  # nothing was asked of it: no empty line
+    assert len(warm_workers(home)) == 2
 
 
 def step_verbose_without_warm_workers_shows_ray_trains_lines(home: Path, tmp_path: Path) -> None:
