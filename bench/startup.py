@@ -133,6 +133,10 @@ def main() -> None:
     )
     parser.add_argument("--torchrun-procs", type=int, default=2)
     parser.add_argument("--baseline", help="a folder holding another `trainforge` package")
+    parser.add_argument(
+        "--fresh-data", action="store_true",
+        help="each SBI command simulates anew (its own simulation cache), as a new recipe does",
+    )  # fmt: skip
     parser.add_argument("--out", default="startup.json")
     parser.add_argument(
         "--busy",
@@ -172,8 +176,10 @@ def main() -> None:
                 mode_env = {**mode_env, "PYTHONPATH": args.baseline}
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
-            result = trainforge_run(args.recipe, f"{mode}{repeat}", args.overrides, mode_env,
-                                    work)  # fmt: skip
+            overrides = list(args.overrides)
+            if args.fresh_data:
+                overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
+            result = trainforge_run(args.recipe, f"{mode}{repeat}", overrides, mode_env, work)
             runs[mode].append(result)
             print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
                   flush=True)  # fmt: skip
