@@ -242,6 +242,13 @@ def prestart(cfg: Recipe) -> dict[str, Any]:
                 started[name] = _new_worker(ray, name, gpus[index] if gpus else None)
     if started:
         log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
+    first = started.get(f"worker-{slots[0]}") if slots else None  # rank 0, most likely
+    if first is not None and cfg.tracking.enabled:  # it creates the MLflow run: open it now
+        from trainforge.tracking.client import resolve_uri  # here: a relative path is ours
+
+        first.open_tracking.remote(
+            resolve_uri(cfg.tracking.tracking_uri), local_cluster.worker_env()
+        )
     return started
 
 
