@@ -8,6 +8,12 @@
 #             gaussian_linear at 10^6 with plateau, two_moons and gaussian_mixture at 10^6 with a
 #             cosine schedule over 60 epochs (no early stopping, best weights restored)
 #   start1sbi bench/startup.py, the SBI race recipe on 1 GPU: cold, warm
+#   slcp6     (for the next session) four slcp runs at 10^6 with the plateau recipe, larger flows
+#             than npe_1e6.yaml's (hidden 256; 8 transforms; 16 bins and hidden 256; batch 4,096
+#             at lr 2e-3), towards C2ST <= 0.55 (0.569 with the recipe as committed)
+#   coldsbi   (for the next session) bench/startup.py, the SBI race recipe on 1 GPU, cold with a
+#             new simulation cache per command (--fresh-data): the prestarted workers (4fdc492)
+#   simscale  (for the next session, on a host that lends >= 16 cores) bench/sim_scaling.py
 #   evaltest  the GPU tests of the evaluation on the training device (9ec4805: SBC sampled there)
 #   warmtest  tests/gpu/test_warm_gpu.py (its third command: one worker, no NCCL communicator)
 # Posteriors are scored on the CPU: bench/sbi_accuracy.py --score <dir> --sbibm-path <wheel>.
@@ -28,8 +34,13 @@ export RAY_DEDUP_LOGS=0 MLFLOW_DISABLE_TELEMETRY=true OMP_NUM_THREADS=4 PYTHONUN
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    plateau6|mix)
-           if [ "$step" = plateau6 ]; then
+    plateau6|mix|slcp6)
+           if [ "$step" = slcp6 ]; then
+             runs=("slcp|npe_1e6|workload.estimator.hidden_features=256 run.name=slcp_h256|h256"
+                   "slcp|npe_1e6|workload.estimator.num_transforms=8 run.name=slcp_t8|t8"
+                   "slcp|npe_1e6|workload.estimator.num_bins=16 workload.estimator.hidden_features=256 run.name=slcp_b16|b16"
+                   "slcp|npe_1e6|train.batch_size=4096 train.lr=2e-3 run.name=slcp_b4096|b4096")
+           elif [ "$step" = plateau6 ]; then
              P="train.schedule=plateau train.plateau_patience=5"
              runs=("two_moons|npe_1e6|$P" "gaussian_mixture|npe_1e6|$P" "slcp|npe_1e6|$P"
                    "bernoulli_glm|npe_1e6|$P")
@@ -40,12 +51,12 @@ for step in "$@"; do
            fi
            W=/tmp/$step && rm -rf "$W" && mkdir -p "$OUT/$step" && python3 -m trainforge cluster start
            for spec in "${runs[@]}"; do
-             IFS='|' read -r task recipe overrides <<< "$spec"
+             IFS='|' read -r task recipe overrides label <<< "$spec"
              # shellcheck disable=SC2086  # the overrides are words
              timeout 500 python3 -m trainforge train "recipes/sbi/$recipe.yaml" workload.task="$task" \
                run.storage_path="$W/runs" tracking.enabled=false workload.evaluation.c2st=false \
                workload.evaluation.observations=[] workload.evaluation.observations_from=own \
-               $overrides > "$OUT/$step/${task}_$recipe.log" 2>&1 &
+               $overrides > "$OUT/$step/${task}_$recipe${label:+_$label}.log" 2>&1 &
              sleep 2
            done
            wait
@@ -59,6 +70,13 @@ for step in "$@"; do
            workload.simulation.num_simulations=20000 workload.evaluation.observations=[] \
            workload.evaluation.observations_from=own scaling.use_gpu=true \
            > "$OUT/$step.log" 2>&1 ;;
+    coldsbi) timeout 560 python3 bench/startup.py --recipe sbi/two_moons_parity --repeats 3 \
+           --modes cold --fresh-data --out "$OUT/$step.json" train.max_steps=40 \
+           workload.simulation.num_simulations=20000 workload.evaluation.observations=[] \
+           workload.evaluation.observations_from=own scaling.use_gpu=true \
+           > "$OUT/$step.log" 2>&1 ;;
+    simscale) timeout 580 python3 bench/sim_scaling.py --out "$OUT/$step.json" --budget-s 540 \
+           --seconds 5 > "$OUT/$step.log" 2>&1 ;;
     evaltest) timeout 200 python3 -m pytest -m gpu tests/gpu/test_sbi_gpu.py -v -s -p no:cacheprovider \
            -k "evaluation_samples_the_posterior or one_gpu_with_cuda_graphs" > "$OUT/$step.log" 2>&1 ;;
     warmtest) timeout 240 python3 -m pytest -m gpu tests/gpu/test_warm_gpu.py -x -v -s \
