@@ -92,3 +92,23 @@ def test_every_slot_stays_busy_to_the_end(slots: int, spread: float, mean_second
     ideal = sum(costs) / slots
     limit = 1.02 * ideal + chunking.MIN_TASK_SECONDS + max(costs)
     assert _makespan(costs, slots, 16) <= limit
+
+
+def test_the_stages_progress_line_shows_a_pace_only_once_there_is_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first task's chunks are in after the workers' start: no "0/s" line from them."""
+    from trainforge.workloads.sbi import simulate
+
+    clock = [0.0]
+    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    lines: list[str] = []
+    progress = simulate.Progress(20_000, 0, lines.append, started=0.0, last=0.0)
+    clock[0] = 6.0  # the first task, after the workers started
+    progress.add(2_500, {"node:1"})
+    clock[0] = 12.0
+    progress.add(5_000, {"node:1", "node:2"})
+    assert lines == [
+        "simulations: 2,500/20,000 (12%) on 1 process",
+        "simulations: 7,500/20,000 (38%), 833/s on 2 processes, ETA 15 s",
+    ]

@@ -298,10 +298,13 @@ class Progress:
             # from the first finished task on: the workers' start-up is not the pace
             since, before = self.first
             rate = (self.simulated - before) / max(now - since, 1e-9)
+            # only the first task in: no pace to tell yet
+            pace = f", {rate:,.0f}/s" if rate > 0 else ""
             eta = f", ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 else ""
+            processes = f"{len(self.workers)} process{'es' if len(self.workers) != 1 else ''}"
             self.say(
-                f"simulations: {self.done:,}/{self.total:,} ({self.done / self.total:.0%}), "
-                f"{rate:,.0f}/s on {len(self.workers)} processes{eta}"
+                f"simulations: {self.done:,}/{self.total:,} ({self.done / self.total:.0%})"
+                f"{pace} on {processes}{eta}"
             )
 
     def finish(self, manifest: dict[str, Any]) -> None:
