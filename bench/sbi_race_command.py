@@ -48,7 +48,7 @@ VARIANTS = {
     "sbi_hyperparameters": [],  # batch 200, lr 5e-4, patience 20: the recipe as shipped
     "b512_lr1e-3": ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50"],
 }
-EPOCH_DONE = re.compile(r"\[trainforge\] epoch (\d+)/\d+ done: .*val/loss (-?[\d.]+)")
+EPOCH_DONE = re.compile(r"\[trainforge\] epoch (\d+)(?:/\d+)? done: .*val/loss (-?[\d.]+)")
 
 
 def command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[tuple[float, str]]]:

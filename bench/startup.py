@@ -40,8 +40,8 @@ MARKS = {
     "ray": re.compile(r"\[trainforge\] ray: .*\((?P<s>[\d.]+) s\)"),
     "mlflow": re.compile(r"\[trainforge\] mlflow: .*\((?P<s>[\d.]+) s\)"),
     "workers": re.compile(r"\[trainforge\] workers: .*\((?P<s>[\d.]+) s\)"),
-    "setup_done": re.compile(r"\[trainforge\] training \d+ steps"),
-    "first_step": re.compile(r"\[trainforge\] epoch 1/\d+ step 1/"),
+    "setup_done": re.compile(r"\[trainforge\] training (\d+ steps|until early stopping)"),
+    "first_step": re.compile(r"\[trainforge\] epoch 1(/\d+)? step 1[/ ]"),
     "loop_end": re.compile(r"\[trainforge\] finished at step \d+ in (?P<s>[\d.]+) s"),
     "summary": re.compile(r"\[trainforge\] run '.*' finished in"),
     "anchor_first_step": re.compile(r"^\[anchor\] first step"),  # startup_torchrun_digits.py

@@ -17,14 +17,15 @@ class Progress:
     def __init__(
         self,
         ctx: WorkerContext,
-        total_steps: int,
-        epochs: int,
+        total_steps: int | None,
+        epochs: int | None,
         global_batch: int,
         facts: dict[str, Any],
         early_stopping: bool = False,
     ) -> None:
         self.ctx = ctx
-        # with early stopping, the planned steps are only an upper bound on the run
+        # total_steps and epochs None: the run goes on until early stopping ends it.
+        # With early stopping, the planned steps are only an upper bound on the run
         self.eta_prefix = "≤ " if early_stopping else ""
         self.total_steps = total_steps
         self.epochs = epochs
@@ -39,8 +40,13 @@ class Progress:
         self.first_step = position.global_step
         facts = ", ".join(f"{k}={v}" for k, v in self.facts.items())
         resumed = f", resuming at epoch {position.epoch + 1} step {position.global_step}"
+        length = (
+            f"{self.total_steps} steps over {self.epochs} epochs"
+            if self.total_steps is not None
+            else "until early stopping ends the run"
+        )
         self._print(
-            f"training {self.total_steps} steps over {self.epochs} epochs on "
+            f"training {length} on "
             f"{self.ctx.world_size} worker(s) ({self.ctx.device.type}), global batch "
             f"{self.global_batch}{resumed if position.global_step else ''}; {facts}"
         )
@@ -61,12 +67,18 @@ class Progress:
         return metrics
 
     def log_step(self, position: Position, metrics: dict[str, float]) -> None:
-        remaining = (self.total_steps - position.global_step) * self.step_ms / 1000
+        if self.total_steps is None:
+            where, eta = f"epoch {position.epoch + 1} step {position.global_step}", "early stop"
+        else:
+            remaining = (self.total_steps - position.global_step) * self.step_ms / 1000
+            where = (
+                f"epoch {position.epoch + 1}/{self.epochs} step "
+                f"{position.global_step}/{self.total_steps}"
+            )
+            eta = f"{self.eta_prefix}{timedelta(seconds=round(remaining))}"
         self._print(
-            f"epoch {position.epoch + 1}/{self.epochs} step {position.global_step}/"
-            f"{self.total_steps} loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
-            f"{metrics['perf/samples_per_s']:,.0f} samples/s {self.step_ms:.1f} ms/step "
-            f"eta {self.eta_prefix}{timedelta(seconds=round(remaining))}"
+            f"{where} loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
+            f"{metrics['perf/samples_per_s']:,.0f} samples/s {self.step_ms:.1f} ms/step eta {eta}"
         )
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
@@ -74,7 +86,8 @@ class Progress:
         train_key = "train/epoch_loss" if "train/epoch_loss" in metrics else "train/loss"
         shown = {k: v for k, v in metrics.items() if k == train_key or k.startswith("val/")}
         text = " ".join(f"{k} {v:.4f}" for k, v in shown.items())
-        self._print(f"epoch {epoch + 1}/{self.epochs} done: {text}")
+        of = f"/{self.epochs}" if self.epochs is not None else ""
+        self._print(f"epoch {epoch + 1}{of} done: {text}")
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

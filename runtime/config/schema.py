@@ -102,8 +102,9 @@ class ScalingSection(Section):
 class TrainSection(Section):
     KEY = "train"
 
-    epochs: int = 1
-    """Passes over the training set (ignored when max_steps is set)."""
+    epochs: int | None = 1
+    """Passes over the training set (ignored when max_steps is set); null: until early stopping
+    ends the run."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     batch_size: int = 64
@@ -162,6 +163,19 @@ class TrainSection(Section):
         self.at_least("plateau_patience", 1)
         self.fraction("plateau_factor")
         patience = self.early_stopping_patience
+        if self.epochs is None and not self.max_steps:
+            if patience == 0:
+                raise RecipeError(
+                    "train.epochs: null trains until early stopping ends the run, and "
+                    "train.early_stopping_patience is 0 (off): set it, or train.epochs, or "
+                    "train.max_steps"
+                )
+            if self.schedule in ("cosine", "linear"):
+                raise RecipeError(
+                    f"train.schedule={self.schedule}: decays over the run's length, and "
+                    "train.epochs is null (until early stopping): set train.epochs or "
+                    "train.max_steps, or use schedule constant or plateau"
+                )
         if self.schedule == "plateau" and 0 < patience <= self.plateau_patience:
             raise RecipeError(
                 f"train.schedule=plateau: train.early_stopping_patience ({patience}) must be "

@@ -24,8 +24,9 @@ from trainforge import log, ray_compat
 # Python's `warnings` format: "path/file.py:12: UserWarning: text"
 _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 # Progress's step line (progress.py): the bar is drawn from it
+# (a run that early stopping ends has no totals: "epoch 3 step 900 … eta early stop")
 _STEP = re.compile(
-    r"^epoch (?P<epoch>\d+)/(?P<epochs>\d+) step (?P<step>\d+)/(?P<total>\d+) "
+    r"^epoch (?P<epoch>\d+)(?:/(?P<epochs>\d+))? step (?P<step>\d+)(?:/(?P<total>\d+))? "
     r"loss (?P<loss>\S+) lr \S+ (?P<rate>[\d,]+) samples/s \S+ ms/step eta (?P<eta>.+)$"
 )
 BAR_WIDTH = 24
@@ -90,13 +91,21 @@ class Console:
         self.out.flush()
 
     def _draw_bar(self, step: re.Match[str]) -> None:
-        done, total = int(step["step"]), max(1, int(step["total"]))
-        filled = round(BAR_WIDTH * done / total)
+        done = int(step["step"])
         self._clear_bar()
-        self._bar = (
-            f"epoch {step['epoch']}/{step['epochs']} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
-            f"{done}/{total} loss {step['loss']} {step['rate']} samples/s eta {step['eta']}"
-        )
+        if step["total"] is None:  # until early stopping: no end to fill towards
+            self._bar = (
+                f"epoch {step['epoch']} step {done} loss {step['loss']} {step['rate']} "
+                "samples/s, until early stopping"
+            )
+        else:
+            total = max(1, int(step["total"]))
+            filled = round(BAR_WIDTH * done / total)
+            self._bar = (
+                f"epoch {step['epoch']}/{step['epochs']} [{'#' * filled}"
+                f"{'.' * (BAR_WIDTH - filled)}] {done}/{total} loss {step['loss']} "
+                f"{step['rate']} samples/s eta {step['eta']}"
+            )
         self.out.write(self._bar)
         self.out.flush()
 
@@ -113,7 +122,7 @@ class Console:
         self._file.write(line + "\n")
 
 
-def step_bar_fields(text: str) -> dict[str, str] | None:
+def step_bar_fields(text: str) -> dict[str, str | None] | None:
     """The fields the bar shows, from one of progress.py's step lines (None: not one)."""
     match = _STEP.match(text)
     return match.groupdict() if match else None

@@ -8,7 +8,8 @@ checkpoint (``recipe.yaml``, what those weights were trained with), key by key.
 from then on carry the new recipe.
 
 Keys that cannot change what is computed pass silently (``PASS_ANY_CHANGE``), and so does
-``train.epochs`` / ``train.max_steps`` extended (``PASS_WHEN_LARGER``): the run goes on from
+``train.epochs`` / ``train.max_steps`` extended (``PASS_WHEN_LARGER``; epochs to null, until
+early stopping, too): the run goes on from
 where it is (with a decaying LR schedule, the remaining steps follow the schedule recomputed
 for the new length). Keys present in only one of the two recipes (a newer trainforge's new
 setting) are not compared. Remote storage (``s3://…``) has no folder to read: not checked.
@@ -75,7 +76,7 @@ def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, t
     for key in sorted(old.keys() & new.keys()):
         if old[key] == new[key] or key.startswith(PASS_ANY_CHANGE):
             continue
-        if key in PASS_WHEN_LARGER and _grows(old[key], new[key]):
+        if key in PASS_WHEN_LARGER and _grows(key, old[key], new[key]):
             continue
         changed[key] = (old[key], new[key])
     return changed
@@ -91,5 +92,9 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _grows(old: Any, new: Any) -> bool:
+def _grows(key: str, old: Any, new: Any) -> bool:
+    """A larger number; or, for train.epochs, null (until early stopping: no limit). A null
+    max_steps is not one: the length goes back to what epochs says."""
+    if key == "train.epochs" and new is None:
+        return isinstance(old, int)
     return isinstance(old, int) and isinstance(new, int) and new > old

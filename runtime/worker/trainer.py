@@ -92,14 +92,20 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     trainer.close()
 
 
+# The plan of a run that early stopping ends (train.epochs: null): a bound never reached
+UNBOUNDED_STEPS = 2**62
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How long the run is, in optimizer steps."""
+    """How long the run is, in optimizer steps (``bounded`` False: until early stopping, with
+    ``total_steps`` and ``epochs`` out of reach)."""
 
     global_batch: int
     steps_per_epoch: int
     total_steps: int
     epochs: int
+    bounded: bool = True
 
     @classmethod
     def of(cls, train_cfg: TrainSection, train_samples: int, ctx: WorkerContext) -> Plan:
@@ -112,9 +118,15 @@ class Plan:
                 f"{train_cfg.grad_accum_steps} is larger than a worker's shard of "
                 f"{train_samples} / {ctx.world_size} samples: no optimizer step fits in an epoch"
             )
-        total_steps = train_cfg.max_steps or steps_per_epoch * train_cfg.epochs
+        bounded = bool(train_cfg.max_steps) or train_cfg.epochs is not None
+        if train_cfg.max_steps:
+            total_steps = train_cfg.max_steps
+        elif train_cfg.epochs is not None:
+            total_steps = steps_per_epoch * train_cfg.epochs
+        else:
+            total_steps = UNBOUNDED_STEPS
         epochs = -(-total_steps // steps_per_epoch)
-        return cls(global_batch, steps_per_epoch, total_steps, epochs)
+        return cls(global_batch, steps_per_epoch, total_steps, epochs, bounded)
 
 
 class Trainer:
@@ -152,9 +164,10 @@ class Trainer:
         self.profiler = StepProfiler(
             cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx
         )
+        bounded = self.plan.bounded
         self.progress = Progress(
-            ctx, self.plan.total_steps, self.plan.epochs, self.plan.global_batch,
-            self.workload.describe(), self.state.stopper.patience > 0,
+            ctx, self.plan.total_steps if bounded else None, self.plan.epochs if bounded else None,
+            self.plan.global_batch, self.workload.describe(), self.state.stopper.patience > 0,
         )  # fmt: skip
         self.progress.start(self.state.position)
         if eager_why:

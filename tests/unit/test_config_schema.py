@@ -163,3 +163,16 @@ def test_a_cnn_recipe_loads_without_importing_sbi() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_epochs_null_trains_until_early_stopping_and_needs_it() -> None:
+    """train.epochs: null is the SBI recipes' "until early stopping"; without early stopping
+    (or max_steps) it would never end, and a decay schedule has no length to decay over."""
+    stopping = ["train.epochs=null", "train.early_stopping_patience=5"]
+    cfg = config.load(DIGITS, [*stopping, "train.schedule=plateau", "train.plateau_patience=2"])
+    assert cfg.train.epochs is None
+    with pytest.raises(RecipeError, match=r"^train\.epochs: null trains until early stopping"):
+        config.load(DIGITS, ["train.epochs=null", "train.schedule=constant"])
+    with pytest.raises(RecipeError, match=r"^train\.schedule=cosine: decays over the run's len"):
+        config.load(DIGITS, [*stopping, "train.schedule=cosine"])
+    assert config.load(DIGITS, [*stopping, "train.max_steps=30"]).train.max_steps == 30

@@ -154,6 +154,27 @@ def test_the_step_pattern_matches_what_progress_prints(capsys: pytest.CaptureFix
     assert console.step_bar_fields("epoch 1/2 done: train/loss 0.5000") is None
 
 
+def test_a_run_that_early_stopping_ends_shows_no_totals(capsys: pytest.CaptureFixture) -> None:
+    """train.epochs: null: no "epoch 2/100000 step 35/43900000 … eta ≤ 1 day" any more."""
+    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
+    lines = Progress(ctx, None, None, 64, {}, early_stopping=True)
+    lines.start(Position(0, 0, 0))
+    metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
+    lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
+    lines.log_epoch(1, {"val/loss": 0.25})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{log.PREFIX} training until early stopping ends the run on 1 ")
+    step = printed[1][len(log.PREFIX) + 1 :]
+    assert step.startswith("epoch 2 step 35 loss 0.5000 ") and step.endswith(" eta early stop")
+    assert printed[2] == f"{log.PREFIX} epoch 2 done: val/loss 0.2500"
+    fields = console.step_bar_fields(step)
+    assert fields is not None and (fields["epochs"], fields["total"]) == (None, None)
+    out = Terminal()
+    Console(None, out).handle(batch(printed[1]))
+    assert out.getvalue().startswith("epoch 2 step 35 loss 0.5000 ")
+    assert out.getvalue().endswith("samples/s, until early stopping")
+
+
 def test_summary_table(capsys: pytest.CaptureFixture) -> None:
     metrics = {
         "perf/samples_per_s": 12345.6,

@@ -81,3 +81,13 @@ def test_keys_known_to_one_side_only_are_not_compared() -> None:
     assert recipe_change.changes(saved, current) == {}
     current["workload"] = {"kind": "sbi"}
     assert recipe_change.changes(saved, current) == {"workload.kind": ("cnn", "sbi")}
+
+
+def test_epochs_null_extends_a_run_and_a_number_after_it_shortens_one(tmp_path: Path) -> None:
+    """train.epochs: null trains until early stopping: no limit, the longest run there is."""
+    stopping = ("train.early_stopping_patience=3", "train.schedule=constant")
+    checkpointed(tmp_path / "bounded", 10, *stopping, "train.epochs=4")
+    recipe_change.check(recipe(*stopping, "train.epochs=null"), str(tmp_path / "bounded"))
+    checkpointed(tmp_path / "unbounded", 10, *stopping, "train.epochs=null")
+    with pytest.raises(RecipeError, match=r"train\.epochs None -> 4"):
+        recipe_change.check(recipe(*stopping, "train.epochs=4"), str(tmp_path / "unbounded"))

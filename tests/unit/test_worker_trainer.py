@@ -234,3 +234,21 @@ def test_a_plateau_schedule_lowers_the_lr_after_an_evaluation_without_a_new_best
     assert "val/loss has not improved for 1 evaluations: learning rate lowered to" in (
         capsys.readouterr().out
     )
+
+
+def test_epochs_null_trains_until_early_stopping_ends_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the LR that stalls validation from the third epoch (the plateau test's): patience 1 ends it
+    reporter = train(
+        tmp_path, "train.epochs=null", "train.early_stopping_patience=1", "train.lr=0.03",
+        "train.schedule=constant", "checkpoint.every_steps=null", "train.log_every_steps=20",
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    epochs = [r for r in reporter.reports if "val/loss" in r]
+    stopped = re.search(r"early stop after epoch (\d+)", out)
+    assert stopped is not None, out
+    assert 2 <= int(stopped[1]) == epochs[-1]["epoch"] <= 20
+    assert "training until early stopping ends the run on 1 worker(s)" in out
+    assert re.search(r"epoch 1 step 20 loss \S+ .* eta early stop\n", out)
+    assert "[trainforge] epoch 1 done: " in out  # no "/<epochs>" to a run without one
