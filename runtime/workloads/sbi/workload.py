@@ -177,7 +177,9 @@ class SBIWorkload(Workload):
         from trainforge.workloads.sbi import evaluate, export
 
         assert isinstance(model, estimators.NPELoss)
-        estimator = copy.deepcopy(model.estimator).cpu().eval()
+        # a copy where it trained: the export takes its weights to the CPU, the evaluation
+        # samples on this device (no round trip through the CPU)
+        estimator = copy.deepcopy(model.estimator).eval()
         spec = export.prior_spec(self.cfg)
         exported = folder / "posterior.pt"
         export.save_posterior(exported, estimator, self.record(), spec)
