@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -156,12 +157,11 @@ def restore_worker_log_printer() -> None:
 # What Ray's GCS, raylet and workers say when the metrics agent came up late (a busy host: seen
 # with four commands starting at once on 4 cores). Only Ray's own metrics are lost, which
 # trainforge does not use; ray-project/ray#59665 asks for a switch, and there is none.
-LATE_METRICS_AGENT = "connection to the event+metrics exporter agent"
-LATE_METRICS_AGENT_CORE = "connection to the metrics exporter agent"
+_LATE_METRICS_AGENT = re.compile(r"connection to the (event\+)?metrics exporter agent")
 
 
 def is_late_metrics_agent(line: str) -> bool:
-    return LATE_METRICS_AGENT in line or LATE_METRICS_AGENT_CORE in line
+    return _LATE_METRICS_AGENT.search(line) is not None
 
 
 def without_late_metrics_agent(
