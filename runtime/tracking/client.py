@@ -123,6 +123,18 @@ def configure_client_env() -> None:
         os.environ.setdefault(key, value)
 
 
+def open_store(uri: str, ask_server: bool = True) -> None:
+    """MLflow imported and the store at ``uri`` opened — a local database's schema made or
+    checked — so that a later MLflow call in this process finds both done (MLflow keeps one
+    store per URI in a process). ``ask_server`` False: a server is asked nothing, only MLflow
+    is imported."""
+    configure_client_env()
+    from mlflow.tracking import MlflowClient
+
+    if ask_server or not uri.startswith(("http://", "https://")):
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+
+
 def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     """HTTP servers answer /health; local stores (sqlite, file) are always reachable."""
     if not uri.startswith(("http://", "https://")):

@@ -139,17 +139,6 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def open_store(uri: str) -> None:
-    """MLflow imported and a local store (SQLite, a folder) opened — its schema made or
-    checked — so that the run's first MLflow call finds both done. The store stays open in
-    this process (MLflow keeps one per URI). A server is asked nothing here."""
-    from mlflow.tracking import MlflowClient
-
-    configure_client_env()
-    if not uri.startswith(("http://", "https://")):
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-
-
 def start_run(
     section: Any,
     run_name: str,

@@ -26,7 +26,7 @@ from torch import nn
 
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
-from trainforge.tracking.client import RunHandle, configure_client_env, redact
+from trainforge.tracking.client import RunHandle, configure_client_env, open_store, redact
 from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
 
@@ -131,10 +131,7 @@ class WorkerTracker:
 
         def warm() -> None:
             with contextlib.suppress(Exception):  # start() meets any problem itself
-                configure_client_env()
-                from mlflow.tracking import MlflowClient
-
-                MlflowClient(uri).search_experiments(max_results=1)
+                open_store(uri)
                 if monitors:
                     import mlflow.system_metrics.system_metrics_monitor  # noqa: F401
 

@@ -134,10 +134,10 @@ class WarmWorker:
         a new process's first MLflow call costs seconds (2 s on this project's CPU, 5-7 s on a
         4-core GPU host), which then overlap the data stage. A failure is left to the run's
         own MLflow call, which reports it."""
-        from trainforge.tracking import driver as tracking
+        from trainforge.tracking.client import open_store
 
         with settings.applied(env), contextlib.suppress(Exception):
-            tracking.open_store(uri)
+            open_store(uri, ask_server=False)  # a slow server would hold this process's queue
 
     def run(self, payload: dict[str, Any], rank: int, world_size: int, port: int,
             driver_pid: int) -> dict[str, Any]:  # fmt: skip

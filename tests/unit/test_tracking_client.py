@@ -120,3 +120,18 @@ def test_redact_all_hides_the_credentials_of_every_url_in_a_text() -> None:
         "trainforge train r.yaml tracking.tracking_uri=https://***@h:5/x s3://***@bucket/p"
     )
     assert tracking_client.redact_all("no url here: a@b") == "no url here: a@b"
+
+
+def test_open_store_makes_a_local_databases_schema_and_asks_a_server_nothing(
+    tmp_path: Path,
+) -> None:
+    """What a prestarted warm worker does ahead of its run (warm_pool.prestart)."""
+    import sqlite3
+
+    database = tmp_path / "mlflow.db"
+    tracking_client.open_store(f"sqlite:///{database}", ask_server=False)
+    with sqlite3.connect(database) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+    assert {"experiments", "runs", "alembic_version"} <= tables
+    # the discard port: a request would fail
+    tracking_client.open_store("http://127.0.0.1:9", ask_server=False)

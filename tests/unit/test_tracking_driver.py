@@ -128,17 +128,3 @@ def test_library_versions_come_from_whichever_distribution_is_installed() -> Non
     # MLflow may be installed as mlflow-skinny alone: the next name is tried
     assert _installed("no-such-distribution-here", "torch") == version("torch")
     assert _installed("no-such-distribution-here") == "unknown"  # a tag, never a crash
-
-
-def test_open_store_makes_a_local_databases_schema_and_asks_a_server_nothing(
-    tmp_path: Path,
-) -> None:
-    """What a prestarted warm worker does ahead of its run (warm_pool.prestart)."""
-    import sqlite3
-
-    database = tmp_path / "mlflow.db"
-    driver.open_store(f"sqlite:///{database}")
-    with sqlite3.connect(database) as connection:
-        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
-    assert {"experiments", "runs", "alembic_version"} <= tables
-    driver.open_store("http://127.0.0.1:9")  # the discard port: a request would fail
