@@ -13,10 +13,15 @@ process; then for each core count N (1, all, then 2, 4, … in between):
                it (simulation_batch_size=1, its default), and with batches of M_N / (4 N)
                (``--sbi-batch 1,auto``: a tuned call), each after a warm-up call that starts
                joblib's workers.
+  processes  — the host's own ceiling, no framework: N fresh processes, each given M_N / N
+               parameters, started and warmed up, then all released at once; the time until
+               the last one finishes. Hyper-threads, turbo clocks and shared caches make this
+               fall short of linear on many hosts; the stage cannot beat it.
 
 ``M_N`` is sized for about ``--seconds`` of work at linear scaling; every method simulates the
 same ``M_N`` (one far from linear takes longer). The order of the methods turns at every core
-count. Efficiency is rate / (N × the stage's rate on one core); the target
+count, and at every repeat (``--repeats``; rates are medians). Efficiency is rate / (N × the
+stage's rate on one core); the host's own efficiency is the same for ``processes``; the target
 "at least sbi's rate" is checked against sbi's best variant at each core count.
 The JSON is rewritten after every measurement, so a run cut short keeps what it measured;
 ``--budget-s`` stops starting new core counts when the next one would not fit.
@@ -28,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -57,12 +64,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def physical_cores(cpus: set[int]) -> int | None:
+    """Distinct (package, core) pairs among ``cpus``: hyper-threads share a core."""
+    pairs = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            package = (topology / "physical_package_id").read_text().strip()
+            pairs.add((package, (topology / "core_id").read_text().strip()))
+        except OSError:
+            return None
+    return len(pairs)
+
+
 def hardware() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    usable = len(cpus) if cpus else os.cpu_count()
     return {
         "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": usable,
+        "usable_physical_cores": physical_cores(cpus) if cpus else None,
         "load_average_at_start": list(os.getloadavg()),
         "machine": platform.machine(),
         "system": platform.platform(),
@@ -125,15 +147,19 @@ def trainforge_stage(cores: int, simulations: int, warmup: int, scratch: Path) -
                      f"workload.simulation.cache_dir={folder}", "train.batch_size=8"]  # fmt: skip
         return config.load(RECIPE, overrides).workload
 
+    warmup_section, timed_section = (
+        section(warmup, scratch / "warmup"),
+        section(simulations, scratch / "timed"),
+    )  # the recipe read before any clock starts: a command reads it before its stage
     started = time.perf_counter()
     connect(local_only=True, num_cpus=cores, num_gpus=0)
     ray_start_s = time.perf_counter() - started
     try:
         started = time.perf_counter()
-        simulate.run(section(warmup, scratch / "warmup"), 1, str(scratch), quiet=True)
+        simulate.run(warmup_section, 1, str(scratch), quiet=True)
         first_call_s = time.perf_counter() - started
         started = time.perf_counter()
-        folder = simulate.run(section(simulations, scratch / "timed"), 0, str(scratch), quiet=True)
+        folder = simulate.run(timed_section, 0, str(scratch), quiet=True)
         seconds = time.perf_counter() - started
         manifest = simulate.read_manifest(folder)
     finally:
@@ -166,29 +192,68 @@ def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int) -> dict[st
     return {"seconds": seconds, "first_call_s": first_call_s, "simulation_batch_size": batch}
 
 
+def _plain_process(theta: Any, barrier: Any, finished: Any) -> None:
+    """One of ``plain_processes``' processes: warm up, wait for the others, simulate its part."""
+    torch.set_num_threads(1)
+    from trainforge.workloads.sbi.examples import sir
+
+    sir.simulate(theta[:2])  # SciPy's first call imports and warms up
+    barrier.wait()
+    sir.simulate(theta)
+    finished.put(time.perf_counter())  # CLOCK_MONOTONIC: one clock for all processes
+
+
+def plain_processes(cores: int, simulations: int) -> dict[str, Any]:
+    """The host's ceiling: ``cores`` new processes, each simulating its share serially."""
+    from trainforge.workloads.sbi.examples import sir
+
+    theta = sir.prior().sample((simulations,))
+    context = multiprocessing.get_context("spawn")  # nothing of this process's threads
+    barrier, finished = context.Barrier(cores + 1), context.Queue()
+    started = time.perf_counter()
+    processes = [context.Process(target=_plain_process, args=(part, barrier, finished))
+                 for part in theta.chunk(cores)]  # fmt: skip
+    for process in processes:
+        process.start()
+    barrier.wait()
+    released = time.perf_counter()
+    ends = [finished.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    return {"seconds": max(ends) - released, "first_call_s": released - started}
+
+
 def sbi_batch(choice: str, simulations: int, cores: int) -> int:
     """An sbi batch size: a number, or auto (four batches per worker, as a tuned call might)."""
     return max(1, simulations // (4 * cores)) if choice == "auto" else int(choice)
 
 
-def sbi_label(choice: str) -> str:
-    return "sbi_joblib" if choice == "1" else f"sbi_joblib_batch_{choice}"
+def label(method: str) -> str:
+    if method in ("trainforge", "processes"):
+        return method
+    return "sbi_joblib" if method == "1" else f"sbi_joblib_batch_{method}"
 
 
 def summarize(document: dict[str, Any]) -> None:
-    """Per core count: the rates, the stage's efficiency against its one-core rate, and its
-    ratio to each sbi variant; then whether the targets were met on what was measured (against
-    sbi's best variant at each core count)."""
-    rates: dict[tuple[str, int], float] = {
-        (r["method"], r["cores"]): r["simulations_per_s"] for r in document["runs"]
-    }
-    base = rates.get(("trainforge", 1))
+    """Per core count: the median rates, the stage's efficiency against its one-core rate (and
+    the plain processes' against theirs: the host's own), the stage's ratio to each sbi variant
+    and to the plain processes; then whether the targets were met on what was measured
+    (against sbi's best variant at each core count)."""
+    measured: dict[tuple[str, int], list[float]] = {}
+    for run in document["runs"]:
+        measured.setdefault((run["method"], run["cores"]), []).append(run["simulations_per_s"])
+    rates = {key: statistics.median(values) for key, values in measured.items()}
+    base, host_base = rates.get(("trainforge", 1)), rates.get(("processes", 1))
     rows = []
     for cores in sorted({c for _, c in rates}):
-        row: dict[str, Any] = {"cores": cores}
-        ours = rates.get(("trainforge", cores))
+        repeats = len(measured.get(("trainforge", cores), []))
+        row: dict[str, Any] = {"cores": cores, "repeats": repeats}
+        ours, plain = rates.get(("trainforge", cores)), rates.get(("processes", cores))
         row["trainforge_per_s"] = ours
         row["trainforge_efficiency"] = ours / (cores * base) if ours and base else None
+        row["processes_per_s"] = plain
+        row["host_efficiency"] = plain / (cores * host_base) if plain and host_base else None
+        row["trainforge_over_processes"] = ours / plain if ours and plain else None
         theirs = {m: r for (m, c), r in rates.items() if c == cores and m.startswith("sbi")}
         for method, rate in sorted(theirs.items()):
             row[f"{method}_per_s"] = rate
@@ -212,6 +277,8 @@ def main() -> int:
     add("--cores", help="comma-separated core counts (default 1, 2, 4, … all)")
     add("--seconds", type=float, default=5.0, help="work per point at linear scaling")
     add("--sbi-batch", default="1,auto", help="simulate_for_sbi simulation_batch_size values")
+    add("--repeats", type=int, default=1, help="measurements per method and core count")
+    add("--no-processes", action="store_true", help="skip the plain processes (host ceiling)")
     add("--budget-s", type=float, default=270.0, help="start no core count ending after this")
     add("--note", default="", help="free text stored with the result")
     args = parser.parse_args()
@@ -231,31 +298,36 @@ def main() -> int:
     print(f"[bench] {machine['cpu_model']}, {machine['usable_cpus']} usable CPUs; "
           f"serial {cost * 1e3:.2f} ms per simulation", flush=True)  # fmt: skip
     methods = ["trainforge", *args.sbi_batch.split(",")]
+    methods += [] if args.no_processes else ["processes"]
     last_point_s = 0.0
     for step, cores in enumerate(core_counts(machine["usable_cpus"], args.cores)):
         elapsed = time.perf_counter() - started
-        if elapsed + 1.3 * max(last_point_s, 4 * args.seconds) > args.budget_s:
+        if elapsed + 1.3 * max(last_point_s, 4 * args.repeats * args.seconds) > args.budget_s:
             document["stopped_early"] = f"budget of {args.budget_s:.0f} s before {cores} cores"
             break
         point_started = time.perf_counter()
         simulations = max(64, round(cores * args.seconds / cost))
         warmup = cores * 64  # four 16-row chunks per core: every worker starts and imports
-        # interleaved: the order turns at every core count
-        for method in methods if step % 2 == 0 else methods[::-1]:
-            label = "trainforge" if method == "trainforge" else sbi_label(method)
-            n = simulations
-            if method == "trainforge":
-                scratch = Path(tempfile.mkdtemp(prefix="sim_scaling_"))
-                result = trainforge_stage(cores, n, warmup, scratch)
-            else:
-                result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores))
-            rate = n / result["seconds"]
-            document["runs"].append({"method": label, "cores": cores, "num_simulations": n,
-                                     "simulations_per_s": rate, **result})  # fmt: skip
-            summarize(document)
-            writer.save()
-            print(f"[bench] {cores:3d} cores {label:24s} {n:8,d} simulations "
-                  f"in {result['seconds']:6.2f} s: {rate:9,.0f}/s", flush=True)  # fmt: skip
+        # interleaved: the order turns at every core count and every repeat
+        for repeat in range(args.repeats):
+            order = methods if (step + repeat) % 2 == 0 else methods[::-1]
+            for method in order:
+                n = simulations
+                if method == "trainforge":
+                    scratch = Path(tempfile.mkdtemp(prefix="sim_scaling_"))
+                    result = trainforge_stage(cores, n, warmup, scratch)
+                elif method == "processes":
+                    result = plain_processes(cores, n)
+                else:
+                    result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores))
+                rate = n / result["seconds"]
+                document["runs"].append({"method": label(method), "cores": cores,
+                                         "repeat": repeat, "num_simulations": n,
+                                         "simulations_per_s": rate, **result})  # fmt: skip
+                summarize(document)
+                writer.save()
+                print(f"[bench] {cores:3d} cores {label(method):24s} {n:8,d} simulations "
+                      f"in {result['seconds']:6.2f} s: {rate:9,.0f}/s", flush=True)  # fmt: skip
         last_point_s = time.perf_counter() - point_started
     else:
         document["complete"] = True
