@@ -29,7 +29,7 @@ for step in "$@"; do
   case "$step" in
     slcp7) H="workload.estimator.hidden_features=256"
            B="train.batch_size=4096 train.lr=2e-3"
-           runs=("slcp|npe_1e6|$H train.max_steps=100000 run.name=slcp_h256|h256"
+           runs=("slcp|npe_1e6|$H train.max_steps=95000 run.name=slcp_h256|h256"
                  "slcp|npe_1e6|$H $B train.max_steps=80000 run.name=slcp_h256_b4096|h256_b4096"
                  "slcp|npe_1e6|$H $B workload.estimator.num_transforms=8 train.max_steps=55000 run.name=slcp_h256_b4096_t8|h256_b4096_t8"
                  "slcp|npe_1e6|$H $B train.schedule=cosine train.max_steps=75000 train.early_stopping_patience=0 run.name=slcp_h256_b4096_cos|h256_b4096_cos")
