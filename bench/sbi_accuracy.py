@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument(
         "--sbibm-path", help="sbibm 1.1.0 wheel or folder (default: $TRAINFORGE_SBIBM, cache)"
     )
-    # the CPUs this process may use, not the machine's: a GPU host may lend a command 4 of 64
+    # the CPUs this process may use, not the machine's: a cpuset or taskset may confine it
     usable = usable_cpus()
     parser.add_argument("--concurrent-runs", type=int, default=max(1, min(8, usable // 2)))
     parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")

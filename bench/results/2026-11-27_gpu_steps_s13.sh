@@ -22,7 +22,10 @@ fi
 mkdir -p /tmp/tf && ln -sfn "$PWD/runtime" /tmp/tf/trainforge
 export PYTHONPATH="$PYTHONPATH:/tmp/tf:$PWD"
 export RAY_DEDUP_LOGS=0 MLFLOW_DISABLE_TELEMETRY=true OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1
-[ -f "$OUT/host.txt" ] || { nvidia-smi -L; nproc; grep -m1 "model name" /proc/cpuinfo
+# the CPUs this command may run on (not `nproc`: it honours OMP_NUM_THREADS)
+[ -f "$OUT/host.txt" ] || { nvidia-smi -L
+  python3 -c "import os; print(len(os.sched_getaffinity(0)), 'usable CPUs')"
+  grep -m1 "model name" /proc/cpuinfo
   python3 -c "import torch; print(torch.__version__)"; } > "$OUT/host.txt" 2>&1
 for step in "$@"; do
   t0=$(date +%s)

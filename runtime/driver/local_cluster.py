@@ -381,9 +381,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def usable_cpus() -> int | None:
     """The CPUs this process may run on, where that is fewer than Ray would count (None: Ray's
     own count stands). Ray counts the machine's cores, or a container's CPU quota, but not the
-    CPUs a process is confined to: a SLURM job's cpuset, ``taskset``, a shared GPU host that
-    lends a command 4 of its 64 cores. Ray would then run as many tasks at once as the machine
-    has cores, on those few."""
+    CPUs a process is confined to: a SLURM job's cpuset, ``taskset``, a container pinned to a
+    few cores of a large host. Ray would then run as many tasks at once as the machine has
+    cores, on those few."""
     try:
         allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
