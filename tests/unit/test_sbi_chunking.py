@@ -112,3 +112,25 @@ def test_the_stages_progress_line_shows_a_pace_only_once_there_is_one(
         "simulations: 2,500/20,000 (12%) on 1 process",
         "simulations: 7,500/20,000 (38%), 833/s on 2 processes, ETA 15 s",
     ]
+
+
+def test_the_stages_last_line_counts_processes_and_nodes_in_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainforge.workloads.sbi import simulate
+
+    clock = [0.0]
+    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    manifest = {"invalid": 0}
+    lines: list[str] = []
+    alone = simulate.Progress(400, 0, lines.append, started=0.0, last=0.0)
+    alone.add(400, {"nodeA:11"})
+    clock[0] = 2.0
+    alone.finish(manifest)
+    several = simulate.Progress(400, 0, lines.append, started=0.0, last=2.0)
+    several.add(400, {"nodeA:11", "nodeA:12", "nodeB:13"})
+    several.finish(manifest)
+    assert lines == [
+        "simulations: 400 in 2.0 s (200/s) by 1 process on 1 node",
+        "simulations: 400 in 2.0 s (200/s) by 3 processes on 2 nodes",
+    ]

@@ -301,10 +301,9 @@ class Progress:
             # only the first task in: no pace to tell yet
             pace = f", {rate:,.0f}/s" if rate > 0 else ""
             eta = f", ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 else ""
-            processes = f"{len(self.workers)} process{'es' if len(self.workers) != 1 else ''}"
             self.say(
                 f"simulations: {self.done:,}/{self.total:,} ({self.done / self.total:.0%})"
-                f"{pace} on {processes}{eta}"
+                f"{pace} on {_count(len(self.workers), 'process', 'processes')}{eta}"
             )
 
     def finish(self, manifest: dict[str, Any]) -> None:
@@ -313,11 +312,16 @@ class Progress:
             nodes = {w.split(":")[0] for w in self.workers}
             self.say(
                 f"simulations: {self.simulated:,} in {seconds:.1f} s "
-                f"({self.simulated / max(seconds, 1e-9):,.0f}/s) by {len(self.workers)} "
-                f"processes on {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+                f"({self.simulated / max(seconds, 1e-9):,.0f}/s) by "
+                f"{_count(len(self.workers), 'process', 'processes')} on "
+                f"{_count(len(nodes), 'node', 'nodes')}"
             )
         if manifest["invalid"]:
             self.say(f"simulations: {invalid_summary(manifest)}")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def invalid_summary(manifest: dict[str, Any]) -> str:
