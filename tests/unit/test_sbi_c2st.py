@@ -58,6 +58,14 @@ def test_c2st_is_sbibms_definition_in_float32(samples: tuple[torch.Tensor, torch
     assert same(swapped, sbibm_definition(other, reference, seed=7, dtype=torch.float32))
 
 
+def test_folds_trained_in_several_processes_give_the_same_score(
+    samples: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Each fold's classifier is seeded alike wherever it trains: two processes, one score."""
+    reference, other = samples
+    assert c2st(reference, other, seed=7, processes=2) == c2st(reference, other, seed=7)
+
+
 def test_sbi_with_sbibms_settings_equals_the_former_float64_copy(
     samples: tuple[torch.Tensor, torch.Tensor],
 ) -> None:

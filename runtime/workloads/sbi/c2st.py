@@ -20,6 +20,11 @@ in float64: on the same samples and seed, sbi's c2st equals that copy's value fo
 and sbibm's for float32 input, and the two dtypes can differ by about a standard error of the
 score (0.520 against 0.507 on 1,000 + 1,000 five-dimensional samples). Inputs are therefore cast
 to float32 first, as sbibm's were; ``tests/unit/test_sbi_c2st.py`` checks both equalities.
+
+The folds are independent (each classifier is seeded alike), so they can train at once in
+several processes (``processes``: joblib's loky pool, which sklearn's cross-validation uses when
+asked) with the same score: a 10-d C2ST of 10,000 + 10,000 samples takes 1-2 min on one core.
+The pool's processes stay for later calls of the same process (a warm worker's next run).
 """
 
 from __future__ import annotations
@@ -53,17 +58,34 @@ def _as_tensor(samples: ArrayLike, label: str) -> torch.Tensor:
     return tensor
 
 
-def c2st(samples_p: ArrayLike, samples_q: ArrayLike, seed: int = 1, n_folds: int = 5) -> float:
+def c2st(
+    samples_p: ArrayLike, samples_q: ArrayLike, seed: int = 1, n_folds: int = 5,
+    processes: int = 1,
+) -> float:  # fmt: skip
     """Mean cross-validated accuracy of a classifier telling ``samples_p`` (the reference) from
-    ``samples_q``; 0.5 means indistinguishable."""
+    ``samples_q``; 0.5 means indistinguishable. ``processes``: folds trained at once."""
+    import joblib
     from sbi.utils.metrics import c2st as sbi_c2st
 
     p = _as_tensor(samples_p, "reference samples")
     q = _as_tensor(samples_q, "samples")
     if p.shape[1] != q.shape[1]:
         raise ValueError(f"sample dimensions differ: {p.shape[1]} vs {q.shape[1]}")
-    score = sbi_c2st(
-        p, q, seed=seed, n_folds=n_folds, classifier="mlp",
-        classifier_kwargs=sbibm_classifier(p.shape[1]),
-    )  # fmt: skip
+    jobs = max(1, min(processes, n_folds))
+    with joblib.parallel_config(backend="loky", n_jobs=jobs):  # sbi leaves n_jobs to this
+        score = sbi_c2st(
+            p, q, seed=seed, n_folds=n_folds, classifier="mlp",
+            classifier_kwargs=sbibm_classifier(p.shape[1]),
+        )  # fmt: skip
     return float(score)
+
+
+def usable_processes() -> int:
+    """The CPUs this process may run on (a cpuset or taskset may allow fewer than the machine
+    has): how many folds an evaluation trains at once."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
