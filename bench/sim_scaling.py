@@ -13,10 +13,11 @@ process; then for each core count N (1, all, then 2, 4, … in between):
                it (simulation_batch_size=1, its default), and with batches of M_N / (4 N)
                (``--sbi-batch 1,auto``: a tuned call), each after a warm-up call that starts
                joblib's workers.
-  processes  — the host's own ceiling, no framework: N fresh processes, each given M_N / N
+  processes  — the host's own scaling, no framework: N fresh processes, each given M_N / N
                parameters, started and warmed up, then all released at once; the time until
                the last one finishes. Hyper-threads, turbo clocks and shared caches make this
-               fall short of linear on many hosts; the stage cannot beat it.
+               fall short of linear on many hosts. A static split: where cores run at unequal
+               speeds the slowest decides, and a stage handing out small tasks can beat it.
 
 ``M_N`` is sized for about ``--seconds`` of work at linear scaling; every method simulates the
 same ``M_N`` (one far from linear takes longer). The order of the methods turns at every core
@@ -204,7 +205,7 @@ def _plain_process(theta: Any, barrier: Any, finished: Any) -> None:
 
 
 def plain_processes(cores: int, simulations: int) -> dict[str, Any]:
-    """The host's ceiling: ``cores`` new processes, each simulating its share serially."""
+    """The host's own scaling: ``cores`` new processes, each simulating its share serially."""
     from trainforge.workloads.sbi.examples import sir
 
     theta = sir.prior().sample((simulations,))
@@ -278,7 +279,7 @@ def main() -> int:
     add("--seconds", type=float, default=5.0, help="work per point at linear scaling")
     add("--sbi-batch", default="1,auto", help="simulate_for_sbi simulation_batch_size values")
     add("--repeats", type=int, default=1, help="measurements per method and core count")
-    add("--no-processes", action="store_true", help="skip the plain processes (host ceiling)")
+    add("--no-processes", action="store_true", help="skip the plain processes (static split)")
     add("--budget-s", type=float, default=270.0, help="start no core count ending after this")
     add("--note", default="", help="free text stored with the result")
     args = parser.parse_args()
