@@ -7,8 +7,9 @@
 #             lr 2e-3; the same with 8 transforms; a cosine schedule over a fixed 75,000 steps
 #   coldsbi   bench/startup.py, the SBI race recipe on 1 GPU, cold with a new simulation cache
 #             per command (--fresh-data): the prestarted workers (4fdc492)
-#   simscale  bench/sim_scaling.py with three repeats and the host's own ceiling (plain
-#             processes), on a host that lends all its cores (nvidia-h100-x1: 16)
+#   simscale  bench/sim_scaling.py with three repeats (REPEATS), 4 s points
+#             (SECONDS_PER_POINT) and the plain processes, on nvidia-h100-x1 (16 usable CPUs);
+#             CORES=4,8 for the points a 10-minute call cannot also fit
 # Posteriors are scored on the CPU: bench/sbi_accuracy.py --score <dir> --sbibm-path <wheel>.
 # Carried: .device on the first call (the bundle, unpacked into /tmp/site, kept while the host
 # stays warm).
@@ -57,8 +58,10 @@ for step in "$@"; do
            workload.simulation.num_simulations=20000 workload.evaluation.observations=[] \
            workload.evaluation.observations_from=own scaling.use_gpu=true \
            > "$OUT/$step.log" 2>&1 ;;
-    simscale) timeout 580 python3 bench/sim_scaling.py --out "$OUT/$step.json" --budget-s 540 \
-           --seconds 4 --repeats 3 > "$OUT/$step.log" 2>&1 ;;
+    simscale) # shellcheck disable=SC2086  # CORES: an optional --cores list
+           timeout 580 python3 bench/sim_scaling.py --out "$OUT/$step.json" --budget-s 540 \
+           --seconds "${SECONDS_PER_POINT:-4}" --repeats "${REPEATS:-3}" ${CORES:+--cores $CORES} \
+           > "$OUT/$step.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   echo "== $step rc=$? $(( $(date +%s) - t0 )) s"
