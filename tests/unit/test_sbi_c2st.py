@@ -66,6 +66,14 @@ def test_folds_trained_in_several_processes_give_the_same_score(
     assert c2st(reference, other, seed=7, processes=2) == c2st(reference, other, seed=7)
 
 
+def test_small_c2sts_on_few_cores_keep_their_folds_in_one_process() -> None:
+    from trainforge.workloads.sbi.c2st import fold_processes
+
+    assert fold_processes(1_000, 2, usable=2) == 1  # the pool's start would cost more
+    assert fold_processes(10_000, 2, usable=2) == 2
+    assert fold_processes(1_000, 2, usable=16) == 16  # c2st uses at most one per fold
+
+
 def test_sbi_with_sbibms_settings_equals_the_former_float64_copy(
     samples: tuple[torch.Tensor, torch.Tensor],
 ) -> None:

@@ -24,7 +24,8 @@ to float32 first, as sbibm's were; ``tests/unit/test_sbi_c2st.py`` checks both e
 The folds are independent (each classifier is seeded alike), so they can train at once in
 several processes (``processes``: joblib's loky pool, which sklearn's cross-validation uses when
 asked) with the same score: a 10-d C2ST of 10,000 + 10,000 samples takes 1-2 min on one core.
-The pool's processes stay for later calls of the same process (a warm worker's next run).
+The pool's processes stay for later calls of the same process (a warm worker's next run);
+``fold_processes`` keeps a small C2ST on a small machine in one process.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ def c2st(
             classifier_kwargs=sbibm_classifier(p.shape[1]),
         )  # fmt: skip
     return float(score)
+
+
+SMALL_C2ST = 20_000
+"""samples × dimensions per side under which a machine of ≤ 3 usable CPUs keeps the folds in
+one process: there the pool's start (~2 s on 2 cores, the first time in a process) costs more
+than its two or three processes save (1,000 + 1,000 2-d samples: 4.5 s in one process)."""
+
+
+def fold_processes(samples: int, dim: int, usable: int) -> int:
+    """How many processes an evaluation's C2ST trains its folds in."""
+    if usable <= 3 and samples * dim < SMALL_C2ST:
+        return 1
+    return usable
 
 
 def usable_processes() -> int:

@@ -51,7 +51,7 @@ def run(
     """Metrics (``c2st/obs<k>``, ``c2st/mean``, ``sbc/…``) and the figures written to
     ``folder``; the posterior samples on ``device`` (the training device; None: the CPU)
     where the source allows it."""
-    from trainforge.workloads.sbi.c2st import c2st, usable_processes
+    from trainforge.workloads.sbi.c2st import c2st, fold_processes, usable_processes
     from trainforge.workloads.sbi.observations import Observations
 
     device = source.posterior_device(device or torch.device("cpu"))
@@ -79,9 +79,8 @@ def run(
             reference = observed.reference(number, cfg.num_samples, seed=seed + number)
             # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
             # the folds on the machine's idle cores: training is over
-            score = c2st(
-                reference, samples[: len(reference)], seed=seed, processes=usable_processes()
-            )
+            processes = fold_processes(len(reference), source.dim_theta, usable_processes())
+            score = c2st(reference, samples[: len(reference)], seed=seed, processes=processes)
             metrics[f"c2st/obs{number}"] = score
             metrics["c2st/seconds"] = metrics.get("c2st/seconds", 0.0) + (
                 time.perf_counter() - started
