@@ -66,6 +66,7 @@ def run(
     numbers = list(cfg.observations) if observed is not None else []
     if observed is not None:
         files.append(observed.write(numbers, folder / "observations.json"))
+    announce(numbers, observed.label if observed is not None else "", cfg)
     for rank, number in enumerate(numbers):
         assert observed is not None
         theta_true, x_obs = observed.observation(number)
@@ -101,6 +102,22 @@ def run(
         metrics |= sbc(posterior, source, cfg, seed, folder / "sbc.png", labels, device)
         files.append(folder / "sbc.png")
     return metrics, files
+
+
+def announce(numbers: list[int], label: str, cfg: Any) -> None:
+    """One line before the evaluation's work: a C2ST can take minutes, and until its result
+    the console would show nothing. Nothing asked, nothing said."""
+    parts = []
+    if numbers:
+        which = f"observation{'s' if len(numbers) != 1 else ''} {', '.join(map(str, numbers))}"
+        parts.append(
+            f"the posterior at {label} {which}"
+            + (", C2ST against reference samples" if cfg.c2st else "")
+        )
+    if cfg.sbc_runs > 0:
+        parts.append(f"SBC over {cfg.sbc_runs} runs")
+    if parts:
+        say("evaluation: " + "; ".join(parts))
 
 
 def sbc(
