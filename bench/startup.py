@@ -9,6 +9,7 @@ Each repeat runs, in one invocation on one machine and in this order:
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
              e.g. the commit before the start-up work), run like `private`
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
+  baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
 
@@ -147,7 +148,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="cold,warm,private",
-        help="which of cold, warm, raytrain, private, baseline_cold to run, in this order",
+        help="which of cold, warm, raytrain, private, baseline_cold, baseline_warm to run, "
+        "in this order",
     )
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
@@ -157,7 +159,7 @@ def main() -> None:
     env.pop("RAY_ADDRESS", None)
     env.pop("TRAINFORGE_KEEP_CLUSTER", None)
     modes = args.modes.split(",")
-    if args.baseline and "baseline_cold" not in modes:
+    if args.baseline and not {"baseline_cold", "baseline_warm"} & set(modes):
         modes.append("baseline")
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:  # a laptop running a simulation in the background
@@ -172,7 +174,7 @@ def main() -> None:
                 stop_cluster(env)
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
-            if mode in ("baseline", "baseline_cold"):
+            if mode in ("baseline", "baseline_cold", "baseline_warm"):
                 mode_env = {**mode_env, "PYTHONPATH": args.baseline}
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}

@@ -82,11 +82,12 @@ def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
     import ray
 
-    from trainforge.workloads import check_workload_data
+    from trainforge.workloads import check_workload_data, start_workload_data
 
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     check_existing_run(cfg, root)
+    start_workload_data(cfg.workload, cfg.run.seed, root)  # what needs no cluster, while Ray starts
     connect()
     # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
     # worker count, device and data paths that were decided, not "auto".
@@ -257,13 +258,19 @@ def _fit_ray_train(
 
 def simulate(cfg: Recipe) -> int:
     """`trainforge simulate`: only the data stage (SBI simulations), on the Ray cluster."""
-    from trainforge.workloads import check_workload_data, resolve_workload, spec_for
+    from trainforge.workloads import (
+        check_workload_data,
+        resolve_workload,
+        spec_for,
+        start_workload_data,
+    )
 
     if spec_for(cfg.workload.kind).prepare_data is None:
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     storage.check_writable(root, cfg.run.name)  # the simulations are written under it
+    start_workload_data(cfg.workload, cfg.run.seed, root)
     connect()
     resolve_workload(cfg.workload, cfg.run.seed, root)  # says where the data are
     return 0

@@ -45,6 +45,13 @@ def train_samples(cfg: WorkloadSection) -> int | None:
     return spec_for(cfg.kind).train_samples(cfg)
 
 
+def start_workload_data(cfg: WorkloadSection, seed: int, storage_root: str) -> None:
+    """Begin what of the data stage needs no cluster, before the command reaches one."""
+    start = spec_for(cfg.kind).start_data
+    if start is not None:
+        start(cfg, seed, storage_root)
+
+
 def resolve_workload(cfg: WorkloadSection, seed: int, storage_root: str) -> WorkloadSection:
     """The section with its data made and located (part of ``config.resolve``, on the
     connected Ray cluster); unchanged for a family without a data stage."""

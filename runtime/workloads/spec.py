@@ -51,6 +51,10 @@ class WorkloadSpec(Generic[W]):
     """Rows of the training split as the recipe (or its finished data) says, without loading
     anything; None when only reading the data would tell. Lets the driver refuse a batch larger
     than a worker's shard before any worker starts."""
+    start_data: Callable[[W, int, str], None] | None = None
+    """(section, seed, storage root): begin the data stage before the cluster is reached, where
+    it needs none (SBI: small simulations of a built-in task, made by a process of the
+    command's own while Ray starts); ``prepare_data`` waits for it. None: nothing to begin."""
     prepare_data: Callable[[W, int, str], W] | None = None
     """(section, seed, storage root) → the section with its data made and located, run by
     ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""

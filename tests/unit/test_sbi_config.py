@@ -29,6 +29,11 @@ DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
         ("workload.val_fraction=1.5", "workload.val_fraction: must be in (0, 1)"),
         ("workload.simulation.num_simulations=1", "num_simulations: must be >= 2"),
         ("workload.simulation.device=tpu", "workload.simulation.device: 'tpu'"),
+        ("workload.simulation.where=gpu", "workload.simulation.where: 'gpu'"),
+        (
+            "workload.simulation.where=here workload.simulation.device=cuda",
+            "workload.simulation.where: here simulates on this machine's CPU, and device is cuda",
+        ),
         ("train.early_stopping_patience=-1", "train.early_stopping_patience: must be >= 0"),
         ("train.lr_scaling=cubic", "train.lr_scaling: 'cubic' is not one of"),
         ("precision.cuda_graphs=true train.grad_accum_steps=2", "needs train.grad_accum_steps=1"),
@@ -56,3 +61,42 @@ def test_one_recipe_per_budget_takes_any_task_and_names_the_run_after_it(budget:
     for task in TASKS:
         cfg = config.load(recipe, [f"workload.task={task}"])
         assert (cfg.workload.task, cfg.run.name) == (task, f"{task}_npe_{budget}")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "here"),
+    [
+        ([], True),  # two_moons, 10^4: milliseconds of one core
+        (["workload.simulation.num_simulations=10000000"], True),  # ~1.3 s of one core
+        (["workload.task=slcp", "workload.simulation.num_simulations=1000000"], True),
+        (["workload.task=bernoulli_glm", "workload.simulation.num_simulations=1000000"], True),
+        (["workload.task=bernoulli_glm", "workload.simulation.num_simulations=2000000"], False),
+        (["workload.simulation.device=cuda"], False),  # the recipe asks for the GPUs
+        (["workload.simulation.where=cluster"], False),
+        (
+            [
+                "workload.task=bernoulli_glm",
+                "workload.simulation.num_simulations=2000000",
+                "workload.simulation.where=here",
+            ],
+            True,
+        ),
+        (["workload.task=custom", "workload.prior=m:p", "workload.simulator=m:s"], False),
+        (
+            [
+                "workload.task=custom",
+                "workload.prior=m:p",
+                "workload.simulator=m:s",
+                "workload.simulation.where=here",
+            ],
+            True,
+        ),
+    ],
+)
+def test_where_the_simulations_are_made(overrides: list[str], here: bool) -> None:
+    """auto: here when a built-in task's simulations cost one core seconds at most (the
+    catalogue's measured cost), on the cluster for a user's simulator (its cost unknown)."""
+    from trainforge.workloads.sbi import simulate
+
+    section = config.load(DEBUG, overrides).workload
+    assert simulate.simulates_here(section) is here

@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainforge.config.schema import PrecisionSection
-from trainforge.workloads.sbi.checks import check, check_data, prepare_data, train_samples
+from trainforge.workloads.sbi.checks import (
+    check,
+    check_data,
+    prepare_data,
+    start_data,
+    train_samples,
+)
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.spec import WorkloadSpec
 
@@ -30,6 +36,7 @@ SPEC = WorkloadSpec(
     check=check,
     check_data=check_data,
     train_samples=train_samples,
+    start_data=start_data,
     prepare_data=prepare_data,
 )
 

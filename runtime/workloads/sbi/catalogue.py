@@ -16,16 +16,19 @@ NUM_OBSERVATIONS = 10
 class TaskShape:
     dim_theta: int
     dim_x: int
+    cpu_seconds_per_million: float
+    """Prior draws and simulation of 10^6 rows on one CPU core (this project's 2-core machine,
+    one thread, 2026-11-27): how the simulation stage decides to simulate without the cluster."""
     revision: int = 1
     """Raised when a task's simulator changes its output (``tasks/base.py``)."""
 
 
 TASK_SHAPES: dict[str, TaskShape] = {
-    "two_moons": TaskShape(2, 2),
-    "gaussian_linear": TaskShape(10, 10),
-    "gaussian_mixture": TaskShape(2, 2),
-    "slcp": TaskShape(5, 8),
-    "bernoulli_glm": TaskShape(10, 10, revision=2),
+    "two_moons": TaskShape(2, 2, 0.13),
+    "gaussian_linear": TaskShape(10, 10, 0.36),
+    "gaussian_mixture": TaskShape(2, 2, 0.06),
+    "slcp": TaskShape(5, 8, 0.45),
+    "bernoulli_glm": TaskShape(10, 10, 5.9, revision=2),
 }
 KNOWN_TASKS = (*TASK_SHAPES, CUSTOM)
 

@@ -84,6 +84,12 @@ def train_samples(cfg: SBIWorkloadConfig) -> int:
     return total - max(1, int(cfg.val_fraction * total))
 
 
+def start_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> None:
+    """Small simulations of a built-in task begin before the cluster is reached
+    (``simulate.start_early``); a given simulation folder needs nothing."""
+    simulate.start_early(cfg, seed, storage_root)
+
+
 def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
     """The simulation stage, unless the recipe points at finished simulations. Returns the
     section with ``code_dir`` (a custom task: where its prior and simulator were imported

@@ -15,6 +15,7 @@ from trainforge.config.schema import Switch, WorkloadSection
 from trainforge.errors import RecipeError
 
 SimulationDevice = Literal["auto", "cpu", "cuda"]
+SimulationPlace = Literal["auto", "here", "cluster"]
 ZScore = Literal["independent", "structured", "none"]
 ObservationsFrom = Literal["sbibm", "own"]
 Embedding = Literal["none", "fully_connected", "cnn", "permutation_invariant"]
@@ -30,9 +31,16 @@ class SimulationSection(Section):
     """Simulations per chunk: one seed and one file per chunk; an interrupted simulation resumes
     from its finished chunks. A simulator that is not vectorised gets smaller chunks (N/1024,
     at least 16, at most this) so that every CPU of the cluster gets some."""
+    where: SimulationPlace = "auto"
+    """auto | here | cluster. here: the command simulates on one CPU core of its own machine,
+    in a process of its own, while Ray starts. cluster: Ray tasks over every CPU (or GPU) of
+    the cluster. auto: here for a built-in task whose simulations take seconds of one core at
+    most (every shipped task up to 10^6, two_moons up to 10^7: a cluster's worker processes
+    take longer to start than that), the cluster otherwise."""
     device: SimulationDevice = "auto"
-    """auto | cpu | cuda. Where torch simulators run: auto takes a GPU when the Ray cluster has
-    one and the simulator is vectorised torch code (built-in tasks, or vectorized: true)."""
+    """auto | cpu | cuda. Where torch simulators run on the cluster: auto takes a GPU when the
+    Ray cluster has one and the simulator is vectorised torch code (built-in tasks, or
+    vectorized: true). Simulations made here are made on the CPU."""
     cache_dir: str | None = None
     """Folder of the simulation cache; default <run.storage_path>/simulations. Entries are
     addressed by a hash of task, prior, simulator, N and seed, so later runs reuse them."""
@@ -48,6 +56,11 @@ class SimulationSection(Section):
         self.at_least("num_simulations", 2)
         self.at_least("chunk_size", 1)
         self.positive("cpus_per_chunk")
+        if self.where == "here" and self.device == "cuda":
+            raise RecipeError(
+                f"{self.KEY}.where: here simulates on this machine's CPU, and device is cuda; "
+                "set where: cluster (or auto) to simulate on the cluster's GPUs"
+            )
 
 
 @dataclass

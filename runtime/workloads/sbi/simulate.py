@@ -177,23 +177,60 @@ def simulate_chunks(
     return [simulate_chunk(cfg, seed, i, n, device) | {"worker": worker} for i, n in chunks]
 
 
-def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
-    """Make sure the recipe's simulations exist; return their folder. Needs a connected Ray."""
-    import ray
+HERE_MAX_SECONDS = 8.0
+"""A built-in task's stage is made without the cluster (``simulate_here.py``) when one CPU core
+takes at most this long: the cluster's new worker processes take about as long to start."""
 
+
+def simulates_here(cfg: Any) -> bool:
+    """Is the stage made by the command itself (``workload.simulation.where``)?"""
+    where = cfg.simulation.where
+    if where != "auto":
+        return bool(where == "here")
+    if cfg.task == catalogue.CUSTOM or cfg.simulation.device == "cuda":
+        return False  # a user's simulator's cost is unknown until it runs
+    per_million = catalogue.TASK_SHAPES[cfg.task].cpu_seconds_per_million
+    return cfg.simulation.num_simulations / 1e6 * per_million <= HERE_MAX_SECONDS
+
+
+def start_early(cfg: Any, seed: int, storage_root: str) -> None:
+    """Start a built-in task's stage before the cluster is reached, where it needs none
+    (``simulates_here``) and the cache does not hold it yet; ``run`` then waits for it."""
+    if cfg.simulation.path is not None or cfg.task == catalogue.CUSTOM or not simulates_here(cfg):
+        return  # a user's simulator made here (where: here) starts in ``run``, with its code_dir
+    job = plan(cfg, facts(cfg), seed, cache_root(cfg, storage_root), "cpu")
+    if not (job.folder / MANIFEST).is_file():
+        from trainforge.workloads.sbi import simulate_here
+
+        begin(job)
+        simulate_here.start(cfg, seed, job)
+
+
+def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
+    """Make sure the recipe's simulations exist; return their folder. Needs a connected Ray,
+    unless the stage is made here (``simulates_here``)."""
     source = facts(cfg)
-    cluster = ray.cluster_resources()
-    device = simulation_device(cfg, source, cluster.get("GPU", 0))
+    here = simulates_here(cfg)
+    if here:
+        cluster: dict[str, float] = {}
+        device = "cpu"
+    else:
+        import ray
+
+        cluster = ray.cluster_resources()
+        device = simulation_device(cfg, source, cluster.get("GPU", 0))
     job = plan(cfg, source, seed, cache_root(cfg, storage_root), device)
     say = (lambda _: None) if quiet else log.say
-    if (job.folder / MANIFEST).is_file():
+    if (job.folder / MANIFEST).is_file() and not (here and _started_early(job)):
         say(f"simulations: reusing {job.folder}")
         return job.folder
-    job.folder.mkdir(parents=True, exist_ok=True)
-    _write_json(job.folder / "spec.json", job.spec)
+    begin(job)
     todo = job.missing()
     total = cfg.simulation.num_simulations
     progress = Progress(total, total - sum(n for _, n in todo), say)
+    if here:
+        _make_here(cfg, seed, job, progress, source.name)
+        return job.folder
     slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
     where = f"{slots} GPUs" if device == "cuda" else f"{cluster.get('CPU', 0):g} CPUs"
     say(
@@ -202,10 +239,53 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
         + (f" (resuming: {progress.done:,} done)" if progress.done else "")
     )
     done = _spread(cfg, seed, job, todo, slots, progress)
+    progress.finish(finish(job, done))
+    return job.folder
+
+
+def _make_here(cfg: Any, seed: int, job: Plan, progress: Progress, name: str) -> None:
+    """The stage in the command's own process on this machine (``simulate_here.py``): started
+    by ``start_early`` while Ray started, or now."""
+    from trainforge.workloads.sbi import simulate_here
+
+    total, resumed = cfg.simulation.num_simulations, progress.done
+    early = not simulate_here.start(cfg, seed, job)
+    progress.say(
+        f"simulations: {total - resumed:,} {name} simulations "
+        f"on this machine's CPU{' (started while the cluster was reached)' if early else ''}"
+        f" → {job.folder}" + (f" (resuming: {resumed:,} done)" if resumed else "")
+    )
+
+    def on_disk(simulations: int) -> None:
+        progress.say(f"simulations: {simulations:,}/{total:,} ({simulations / total:.0%})")
+
+    seconds = simulate_here.wait(job, on_disk)
+    manifest = read_manifest(job.folder)
+    progress.say(
+        f"simulations: {total - resumed:,} in {seconds:.1f} s by this command's own process "
+        "(one CPU core)"
+    )
+    if manifest["invalid"]:
+        progress.say(f"simulations: {invalid_summary(manifest)}")
+
+
+def _started_early(job: Plan) -> bool:
+    from trainforge.workloads.sbi import simulate_here
+
+    return simulate_here.started(job)
+
+
+def begin(job: Plan) -> None:
+    """The entry's folder, with the spec its key hashes (for whoever looks at the cache)."""
+    job.folder.mkdir(parents=True, exist_ok=True)
+    _write_json(job.folder / "spec.json", job.spec)
+
+
+def finish(job: Plan, done: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Write the manifest, last: the entry is whole. ``done``: the chunks just simulated."""
     manifest = summarize(job, done)
     _write_json(job.folder / MANIFEST, manifest)
-    progress.finish(manifest)
-    return job.folder
+    return manifest
 
 
 def facts(cfg: Any) -> catalogue.SourceFacts | sources.SimulationSource:
@@ -247,7 +327,7 @@ def _spread(
             chunks = pending.pop(ready[0])
             results = _result(ray, ready[0], chunks, pending)
             for (index, _), result in zip(chunks, results, strict=True):
-                writes.append(writers.submit(_save_atomic, result, job.chunk_path(index)))
+                writes.append(writers.submit(save_chunk, result, job.chunk_path(index)))
                 done[index] = chunk_facts(result)
             simulated = sum(len(r["x"]) for r in results)
             sizer.record(simulated, sum(r["seconds"] for r in results))
@@ -430,7 +510,7 @@ def _load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _save_atomic(result: dict[str, Any], path: Path) -> None:
+def save_chunk(result: dict[str, Any], path: Path) -> None:
     import torch
 
     chunk = {k: result[k] for k in ("theta", "x", "invalid", "failed", "first_failure")}

@@ -1,0 +1,109 @@
+"""The simulation stage made by the command's own process (``simulate_here.py``), with no Ray
+anywhere: the same chunks as the cluster's stage makes, a manifest that says where, an
+interrupted process that leaves whole chunks only and a stage that resumes from them, and a
+user's simulator failing there as one recipe error."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import RECIPES
+from trainforge import config
+from trainforge.errors import RecipeError
+from trainforge.workloads.sbi import simulate, simulate_here
+
+pytestmark = pytest.mark.slow
+
+DEBUG = RECIPES / "sbi" / "two_moons_debug.yaml"
+
+
+def _section(*overrides: str) -> object:
+    return config.load(DEBUG, list(overrides)).workload
+
+
+def test_small_simulations_are_made_here_while_the_cluster_would_start(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ray
+
+    section = _section("workload.simulation.num_simulations=1200",
+                       "workload.simulation.chunk_size=400")  # fmt: skip
+    assert simulate.simulates_here(section)  # two_moons, 1,200: auto makes it here
+    simulate.start_early(section, 0, str(in_tmp / "runs"))
+    folder = simulate.run(section, seed=0, storage_root=str(in_tmp / "runs"))
+    assert not ray.is_initialized()  # no cluster was needed
+
+    manifest = simulate.read_manifest(folder)
+    assert (manifest["chunks"], manifest["device"], manifest["invalid"]) == (3, "cpu", 0)
+    ((_, ran),) = manifest["ran_on"].items()
+    assert ran == {"processes": 1, "simulations": 1200}
+    # the chunks the cluster's CPU stage would make: the same seeds, the same rows
+    for index in range(3):
+        theta, x = simulate.read_chunk(simulate.chunk_file(folder, index))
+        alone = simulate.simulate_chunk(section, 0, index, 400, "cpu")
+        assert torch.equal(theta, alone["theta"]) and torch.equal(x, alone["x"])
+    assert not list(folder.glob(".*.tmp"))
+
+    out = capsys.readouterr().out
+    assert "simulations: 1,200 two_moons simulations on this machine's CPU (started while the " \
+           "cluster was reached)" in out  # fmt: skip
+    assert "simulations: 1,200 in " in out and "by this command's own process" in out
+    assert simulate.run(section, seed=0, storage_root=str(in_tmp / "runs")) == folder
+    assert "simulations: reusing " in capsys.readouterr().out
+
+
+def test_an_interrupted_process_leaves_whole_chunks_and_the_stage_resumes(in_tmp: Path) -> None:
+    section = _section("workload.task=bernoulli_glm", "workload.simulation.where=here",
+                       "workload.simulation.num_simulations=600000",
+                       "workload.simulation.chunk_size=10000")  # fmt: skip
+    root = str(in_tmp / "runs")
+    simulate.start_early(section, 0, root)
+    (folder,) = (in_tmp / "runs" / "simulations").iterdir()
+    deadline = time.monotonic() + 120
+    while not list(folder.glob("chunk-*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    simulate_here._end(folder)  # what a Ctrl-C of the command does to it
+
+    chunks = {c.name: c.stat().st_mtime_ns for c in folder.glob("chunk-*.pt")}
+    assert 0 < len(chunks) < 60, len(chunks)  # ended part way
+    assert not (folder / simulate.MANIFEST).exists()
+    assert not list(folder.glob(".*.tmp"))  # the file it was writing went with it
+    for name in chunks:  # each one whole
+        theta, x = simulate.read_chunk(folder / name)
+        assert theta.shape == (10000, 10) and x.shape == (10000, 10)
+
+    assert simulate.run(section, seed=0, storage_root=root, quiet=True) == folder
+    assert simulate.read_manifest(folder)["chunks"] == 60
+    assert len(list(folder.glob("chunk-*.pt"))) == 60
+    # the chunks made before the interruption were kept, not made again
+    assert {n: (folder / n).stat().st_mtime_ns for n in chunks} == chunks
+
+
+BROKEN = """
+import torch
+
+prior = torch.distributions.Independent(
+    torch.distributions.Uniform(torch.zeros(2), torch.ones(2)), 1
+)
+
+
+def simulate(theta):
+    # right for the driver's probe of two rows, wrong for a chunk
+    return theta if len(theta) <= 2 else theta[:, :1]
+"""
+
+
+def test_a_users_simulator_failing_here_is_one_recipe_error(in_tmp: Path) -> None:
+    (in_tmp / "broken_sim.py").write_text(BROKEN)
+    section = _section("workload.task=custom", "workload.prior=broken_sim:prior",
+                       "workload.simulator=broken_sim:simulate", "workload.vectorized=true",
+                       "workload.simulation.where=here",
+                       "workload.simulation.num_simulations=400")  # fmt: skip
+    with pytest.raises(RecipeError, match=r"^workload.simulator: returned shape \[400, 1\]"):
+        simulate.run(section, seed=0, storage_root=str(in_tmp / "runs"), quiet=True)
+    (folder,) = (in_tmp / "runs" / "simulations").iterdir()
+    assert not list(folder.glob("chunk-*")) and not (folder / simulate.MANIFEST).exists()
