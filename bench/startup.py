@@ -175,7 +175,9 @@ def main() -> None:
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
             if mode in ("baseline", "baseline_cold", "baseline_warm"):
-                mode_env = {**mode_env, "PYTHONPATH": args.baseline}
+                # first on the path, before whatever else the environment puts there
+                path = [args.baseline, *filter(None, [mode_env.get("PYTHONPATH")])]
+                mode_env = {**mode_env, "PYTHONPATH": os.pathsep.join(path)}
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
             overrides = list(args.overrides)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sourced by a session's device steps script (bench/results/*_gpu_steps_*.sh) on the lent GPU
+# machine, in the repo root: the package bundle (.device, carried on the first call and
+# unpacked into /tmp/site, kept while the host stays warm), this checkout importable as
+# `trainforge`, the settings every step shares, and the host's facts in $OUT/host.txt.
+if [ -f .device/setup.sh ]; then
+  # shellcheck source=/dev/null
+  source .device/setup.sh
+else
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
+mkdir -p /tmp/tf && ln -sfn "$PWD/runtime" /tmp/tf/trainforge
+export PYTHONPATH="$PYTHONPATH:/tmp/tf:$PWD"
+export RAY_DEDUP_LOGS=0 MLFLOW_DISABLE_TELEMETRY=true OMP_NUM_THREADS=4 PYTHONUNBUFFERED=1
+# the CPUs this command may run on (not `nproc`: it honours OMP_NUM_THREADS)
+[ -f "$OUT/host.txt" ] || { nvidia-smi -L
+  python3 -c "import os; print(len(os.sched_getaffinity(0)), 'usable CPUs')"
+  grep -m1 "model name" /proc/cpuinfo
+  python3 -c "import torch; print(torch.__version__)"; } > "$OUT/host.txt" 2>&1
+
+# the end of a step: its exit status and seconds, and the tail of what it wrote
+step_done() {  # step_done STEP RC STARTED_AT
+  echo "== $1 rc=$2 $(( $(date +%s) - $3 )) s"
+  if [ -d "$OUT/$1" ]; then tail -n 3 "$OUT/$1"/*.log; else tail -4 "$OUT/$1.log"; fi | cut -c1-600
+}
