@@ -100,6 +100,7 @@ class GraphedStep:
             self.graph, self.error = None, " ".join(str(exc).split())[:200]
             optimizer.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
+            _end_generator_capture(snapshot.device)
         snapshot.restore()  # in place: the graph holds these tensors' addresses
 
     @property
@@ -141,6 +142,17 @@ class Snapshot:
             torch.cuda.set_rng_state(self.rng, self.device)
         else:
             torch.set_rng_state(self.rng)
+
+
+def _end_generator_capture(device: torch.device) -> None:
+    """A capture that fails never reaches its end, where the device's random generator leaves
+    capture mode: every later draw on the device would fail ("Offset increment outside graph
+    capture encountered unexpectedly"), such as the posterior's samples after training. A
+    capture that succeeds, of one small op, starts and ends that mode again."""
+    scratch = torch.zeros(1, device=device)
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        scratch.add_(1)
+    torch.cuda.synchronize(device)
 
 
 def _rng_state(device: torch.device) -> torch.Tensor:
