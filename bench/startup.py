@@ -29,10 +29,12 @@ import multiprocessing
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,9 @@ MARKS = {
 }
 
 
+TIMEOUT_S: float | None = None  # --timeout-s: a command still running then is ended (SIGINT)
+
+
 def timed_command(command: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
     """Run ``command``; the arrival time of each mark (s after start) and its own duration."""
     started = time.perf_counter()
@@ -56,6 +61,10 @@ def timed_command(command: list[str], env: dict[str, str], cwd: Path) -> dict[st
         command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert process.stdout is not None
+    timer = None
+    if TIMEOUT_S is not None:  # a Ctrl-C, as a user gives up: the command ends itself
+        timer = threading.Timer(TIMEOUT_S, process.send_signal, (signal.SIGINT,))
+        timer.start()
     seen: dict[str, Any] = {}
     lines = []
     for line in process.stdout:
@@ -69,6 +78,9 @@ def timed_command(command: list[str], env: dict[str, str], cwd: Path) -> dict[st
                     seen[f"{name}_took_s"] = float(match["s"])
     seen["exit_code"] = process.wait()
     seen["wall_s"] = round(time.perf_counter() - started, 2)
+    if timer is not None:
+        timer.cancel()
+        seen["timed_out"] = seen["wall_s"] >= TIMEOUT_S
     if "loop_end_took_s" in seen:
         seen["overhead_s"] = round(seen["wall_s"] - seen["loop_end_took_s"], 2)
         seen["teardown_s"] = round(seen["wall_s"] - seen["loop_end"], 2)
@@ -117,6 +129,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
         "overrides": args.overrides,
         "repeats": args.repeats,
         "busy_cores": args.busy,
+        "timeout_s": args.timeout_s,
         "medians": medians,
         "runs": runs,
     }
@@ -151,8 +164,13 @@ def main() -> None:
         help="which of cold, warm, raytrain, private, baseline_cold, baseline_warm to run, "
         "in this order",
     )
+    parser.add_argument(
+        "--timeout-s", type=float, help="end a command still running after this long (SIGINT)"
+    )
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
+    global TIMEOUT_S
+    TIMEOUT_S = args.timeout_s
 
     work = Path(tempfile.mkdtemp(prefix="tf-startup-"))
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
