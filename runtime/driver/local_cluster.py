@@ -40,6 +40,7 @@ HOME_ENV = "TRAINFORGE_HOME"
 KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
 DEFAULT_IDLE_STOP_S = 1800.0
+START_ATTEMPTS = 3  # supervisors started, each with new ports, before `start` gives up
 # How long the supervisor gives `ray start --block` to stop its node after SIGTERM.
 RAY_STOP_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
@@ -123,16 +124,23 @@ def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterSt
         command = [sys.executable, "-m", "trainforge.driver.local_cluster", f"--idle-stop={idle}"]
         if num_cpus is not None:
             command += ["--num-cpus", str(num_cpus)]
-        with open(home / "supervisor.log", "ab") as log_file:
-            subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C in this terminal does not reach it
-                env=_supervisor_env(),
-            )
-        return _wait_for_state(home)
+        for _ in range(START_ATTEMPTS):
+            with open(home / "supervisor.log", "ab") as log_file:
+                supervisor = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # a Ctrl-C in this terminal does not reach it
+                    env=_supervisor_env(),
+                )
+            state = _wait_for_state(home, supervisor)
+            if state is not None:
+                return state
+        raise RuntimeError(
+            f"the local Ray cluster did not start ({START_ATTEMPTS} attempts); "
+            f"see {home / 'supervisor.log'}"
+        )
 
 
 def stop(state: ClusterState | None = None, timeout_s: float = RAY_STOP_TIMEOUT_S + 15) -> bool:
@@ -354,12 +362,17 @@ RUN_SETTINGS = {
 }
 
 
-def _wait_for_state(home: Path) -> ClusterState:
+def _wait_for_state(home: Path, supervisor: subprocess.Popen[bytes]) -> ClusterState | None:
+    """The cluster's state once published; None when the supervisor ended without publishing
+    it (Ray did not start: a port chosen free was taken before Ray bound it, as another Ray
+    starting on the machine can do)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         state = read_state()
         if state is not None:
             return state
+        if supervisor.poll() is not None:
+            return read_state()
         time.sleep(0.2)
     raise RuntimeError(
         f"the local Ray cluster did not come up within {START_TIMEOUT_S:.0f} s; "

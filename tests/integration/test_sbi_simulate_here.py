@@ -1,10 +1,11 @@
-"""The simulation stage made by the command's own process (``simulate_here.py``), with no Ray
-anywhere: the same chunks as the cluster's stage makes, a manifest that says where, an
+"""The simulation stage made by the command's own process (``simulate_here.py``), without a
+Ray cluster: the same chunks as the cluster's stage makes, a manifest that says where, an
 interrupted process that leaves whole chunks only and a stage that resumes from them, and a
 user's simulator failing there as one recipe error."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -28,19 +29,16 @@ def _section(*overrides: str) -> object:
 def test_small_simulations_are_made_here_while_the_cluster_would_start(
     in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import ray
-
     section = _section("workload.simulation.num_simulations=1200",
                        "workload.simulation.chunk_size=400")  # fmt: skip
     assert simulate.simulates_here(section)  # two_moons, 1,200: auto makes it here
     simulate.start_early(section, 0, str(in_tmp / "runs"))
     folder = simulate.run(section, seed=0, storage_root=str(in_tmp / "runs"))
-    assert not ray.is_initialized()  # no cluster was needed
 
     manifest = simulate.read_manifest(folder)
     assert (manifest["chunks"], manifest["device"], manifest["invalid"]) == (3, "cpu", 0)
-    ((_, ran),) = manifest["ran_on"].items()
-    assert ran == {"processes": 1, "simulations": 1200}
+    # made on this machine by one process, not on a Ray node (those are named by node id)
+    assert manifest["ran_on"] == {socket.gethostname(): {"processes": 1, "simulations": 1200}}
     # the chunks the cluster's CPU stage would make: the same seeds, the same rows
     for index in range(3):
         theta, x = simulate.read_chunk(simulate.chunk_file(folder, index))

@@ -8,6 +8,7 @@ comes back with `trainforge tracking-sync`.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -275,6 +277,14 @@ def test_ctrl_c_stops_the_run_as_killed(ray_cluster, tmp_path: Path) -> None:
     assert run.info.status == "KILLED"
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
     from mlflow.tracking import MlflowClient as Client
 
@@ -284,19 +294,23 @@ def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
                           cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           start_new_session=True)  # fmt: skip
     try:
-        client = Client(tracking_uri=f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                names = [e.name for e in client.search_experiments()]
-                break
-            except Exception:
-                if time.monotonic() > deadline or ui.poll() is not None:
-                    raise
-                time.sleep(0.5)
+        # its /health first, one short request at a time: the client's own retries back off
+        # for minutes, past any deadline here, while the server starts
+        deadline = time.monotonic() + 120
+        while not _answers(f"http://127.0.0.1:{port}/health"):
+            if time.monotonic() > deadline or ui.poll() is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(ui.pid, signal.SIGTERM)
+                output = ui.communicate(timeout=30)[0].decode(errors="replace")
+                raise AssertionError(f"`trainforge ui` never answered:\n{output[-3000:]}")
+            time.sleep(0.5)
+        names = [
+            e.name for e in Client(tracking_uri=f"http://127.0.0.1:{port}").search_experiments()
+        ]
         assert "seen-in-ui" in names
     finally:
-        os.killpg(ui.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
 
 
