@@ -1,6 +1,6 @@
 """Worker priority: a Ray task's CPU-bound work on a machine whose cores other processes keep
-busy, with trainforge's local Ray (workers at the command's priority) and with Ray's default
-(workers at nice 15), in one invocation, interleaved.
+busy, with Ray's default (workers at nice 15) and with workers at the command's priority
+(``RAY_worker_niceness=0``), in one invocation, interleaved.
 
 Each measurement is a fresh process that starts trainforge's private local Ray (as a command
 with ``TRAINFORGE_KEEP_CLUSTER=0``, and the test suite, do), times one task of ~0.3 s of CPU
@@ -65,9 +65,7 @@ def probe() -> None:
 
 def measure(ray_default: bool) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RAY_worker_niceness", None)
-    if ray_default:
-        env["RAY_worker_niceness"] = "15"  # what Ray does unless told
+    env["RAY_worker_niceness"] = "15" if ray_default else "0"  # 15: what Ray does unless told
     done = subprocess.run([sys.executable, __file__, "--probe"], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     line = next(x for x in done.stdout.splitlines() if x.startswith("{"))
@@ -85,7 +83,7 @@ def main() -> int:
     if args.probe:
         probe()
         return 0
-    runs: dict[str, list[dict[str, Any]]] = {"trainforge": [], "ray_default": []}
+    runs: dict[str, list[dict[str, Any]]] = {"niceness_0": [], "ray_default": []}
     for _ in range(args.repeats):
         for label in runs:
             runs[label].append(measure(label == "ray_default"))
