@@ -92,6 +92,9 @@ def test_after_a_normal_end_the_watcher_finds_nothing_and_ends(tmp_path: Path) -
     folder = session(tmp_path)
     command = start(COMMAND, str(folder))
     watcher = psutil.Process(command.pid).children()[0]
+    deadline = time.monotonic() + 30
+    while not watcher.cmdline() and time.monotonic() < deadline:
+        time.sleep(0.05)  # between fork and exec its command line reads empty (a loaded machine)
     assert watcher.cmdline()[-2:] == ["trainforge.driver.reaper", str(folder)]
     command.communicate("done\n", timeout=30)
     assert command.returncode == 0
