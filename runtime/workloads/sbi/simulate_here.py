@@ -116,8 +116,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` blocks remove temp files
     cfg, seed, job = pickle.load(sys.stdin.buffer)
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    simulate.begin(job)
-    done = {}
+    done = {}  # the folder and its spec: written by the command before it started this process
     try:
         for index, size in job.missing():
             result = simulate.simulate_chunk(cfg, seed, index, size, "cpu") | {"worker": worker}
