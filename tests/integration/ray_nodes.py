@@ -1,14 +1,22 @@
 """Real Ray clusters for the deploy tests: `ray start --head` and extra `ray start --address`
 nodes on this one machine, each a `--block` process stopped by the test (never a global
-`ray stop`, which would also stop the test session's own Ray)."""
+`ray stop`, which would also stop the test session's own Ray).
+
+Each cluster has a temp dir of its own. Ray's job supervisor gives a job's driver the address
+in `<temp dir>/ray_current_cluster`, which the last `ray start` sharing that dir wrote: with
+/tmp/ray shared, a job of one test was sent to another test's cluster (seen in the suite:
+"InvalidAuthToken", then that cluster's GCS gone)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +35,8 @@ class RayNodes:
                     "RAY_AUTH_TOKEN": secrets.token_hex(32),
                     "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "2"}  # fmt: skip
         self.env.pop("RAY_ADDRESS", None)
+        # short: Ray's socket paths under it are limited to ~107 characters
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="tf-ray-", dir="/tmp"))
 
     @property
     def dashboard(self) -> str:
@@ -46,7 +56,8 @@ class RayNodes:
             self._start(
                 ["ray", "start", "--head", "--block", f"--port={self.gcs_port}",
                  "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                 "--ray-client-server-port", str(free_port()), *self._agent_ports(), *args],
+                 "--ray-client-server-port", str(free_port()), f"--temp-dir={self.temp_dir}",
+                 *self._agent_ports(), *args],
                 "head",
             )  # fmt: skip
             try:
@@ -64,8 +75,8 @@ class RayNodes:
                 raise
         raise AssertionError("unreachable")
 
-    def _may_start_again(self) -> bool:
-        log = self.log_dir / f"ray-head-{len(self.processes) - 1}.log"
+    def _may_start_again(self, name: str = "head") -> bool:
+        log = self.log_dir / f"ray-{name}-{len(self.processes) - 1}.log"
         text = log.read_text(errors="replace") if log.is_file() else ""
         lost_a_port = "Address already in use" in text or "Failed to bind" in text
         return lost_a_port or "The current node timed out during startup" in text
@@ -79,13 +90,29 @@ class RayNodes:
                 f"--runtime-env-agent-port={free_port()}",
                 f"--metrics-export-port={free_port()}"]  # fmt: skip
 
-    def add_node(self, *args: str) -> None:
+    def add_node(self, *args: str, attempts: int = 3) -> None:
+        """A worker node. Its raylet has the same fixed 30 s to register as the head's (seen
+        in CI: the node's `ray start` exited with "timed out during startup"), and its agents'
+        ports may be taken first: then it starts again, once the failed one has left."""
         before = self.node_count()
-        self._start(
-            ["ray", "start", "--block", f"--address={self.gcs}", *self._agent_ports(), *args],
-            "node",
-        )
-        self._wait(lambda: self.node_count() > before, "the second Ray node")
+        for attempt in range(1, attempts + 1):
+            self._start(
+                ["ray", "start", "--block", f"--address={self.gcs}", f"--temp-dir={self.temp_dir}",
+                 *self._agent_ports(), *args],
+                "node",
+            )  # fmt: skip
+            try:
+                self._wait(lambda: self.node_count() > before, "the second Ray node")
+                return
+            except RuntimeError:
+                if attempt == attempts or not self._may_start_again("node"):
+                    raise
+                failed = self.processes.pop()
+                self._end(failed)
+                # Its raylet may have registered late: wait until the head has let it go, so
+                # that the next attempt is not counted by it.
+                self._wait(lambda: self.node_count() <= before, "the failed node's exit")
+        raise AssertionError("unreachable")
 
     def node_count(self) -> int:
         out = subprocess.run(
@@ -97,14 +124,24 @@ class RayNodes:
 
     def stop(self) -> None:
         for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+            self._signal(process, signal.SIGTERM)
         for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            self._end(process)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)  # a head started again makes it anew
+
+    @staticmethod
+    def _signal(process: subprocess.Popen, signum: int) -> None:
+        # The group outlives its leader: a failed `ray start` may leave its raylet behind.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signum)
+
+    def _end(self, process: subprocess.Popen) -> None:
+        self._signal(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._signal(process, signal.SIGKILL)
+            process.wait()
 
     def _status_ok(self) -> bool:
         return self.node_count() >= 1

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -109,10 +108,10 @@ def test_installed_wheel_validates_and_submits_a_shipped_recipe(tmp_path: Path) 
     assert tops == {"trainforge", wheel.name.split("-py3")[0] + ".dist-info"}  # no `runtime`
     venv = _make_venv(tmp_path, wheel)
     project, commit = _project(tmp_path)
-    # its own temp dir (short: Ray's socket paths are limited), so the job's unpacked
-    # working_dir is found there and not among another Ray's on this machine
-    ray_temp = Path(tempfile.mkdtemp(prefix="tf-ray-", dir="/tmp"))
+    # the cluster's own temp dir: the job's unpacked working_dir is found there and not among
+    # another Ray's on this machine
     nodes = RayNodes(tmp_path)
+    ray_temp = nodes.temp_dir
     env = nodes.env  # RAY_AUTH_MODE=token: what every client of the head needs
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
     env.pop("PYTHONPATH", None)
@@ -124,7 +123,7 @@ def test_installed_wheel_validates_and_submits_a_shipped_recipe(tmp_path: Path) 
 
     # the head takes ~15 s to come up: start it while the installed CLI is checked
     with ThreadPoolExecutor(1) as pool:
-        head = pool.submit(nodes.start_head, "--num-cpus=2", f"--temp-dir={ray_temp}")
+        head = pool.submit(nodes.start_head, "--num-cpus=2")
         try:
             _check_installed_cli(run, venv)
             head.result()
@@ -144,7 +143,6 @@ def test_installed_wheel_validates_and_submits_a_shipped_recipe(tmp_path: Path) 
         finally:
             head.exception()  # a head that is still starting has registered its process
             nodes.stop()
-            shutil.rmtree(ray_temp, ignore_errors=True)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (mlflow_run,) = client.search_runs(
         [client.get_experiment_by_name("trainforge").experiment_id],
