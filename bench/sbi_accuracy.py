@@ -26,6 +26,7 @@ stopped early leaves what it had.
 Usage (repo root):
     python bench/sbi_accuracy.py --budgets 1e4 1e5 1e6 --out sbi_accuracy.json
     python bench/sbi_accuracy.py --score POSTERIORS/ --out scores.json  # <task>_<budget>.pt
+    python bench/sbi_accuracy.py --score POSTERIORS/ --ensembles --out scores.json
 """
 
 from __future__ import annotations
@@ -65,9 +66,16 @@ SBIBM_NPE_RERUN = {"gaussian_mixture": {"1e4": 0.615, "1e5": 0.548}}
 
 
 def c2st_job(
-    posterior_file: str, task: str, observation: int, n: int, source: str, sbibm_path: str | None
+    posterior_files: list[str],
+    task: str,
+    observation: int,
+    n: int,
+    source: str,
+    sbibm_path: str | None,
 ) -> dict[str, Any]:
-    """C2ST of one posterior at one observation, in a pool process of one thread."""
+    """C2ST of one posterior at one observation, in a pool process of one thread. Several
+    files are one ensemble: the equal-weight mixture of their posteriors (n / K samples each,
+    as sbi's ``NeuralPosteriorEnsemble`` with uniform weights draws)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 
@@ -82,10 +90,14 @@ def c2st_job(
     # source: "sbibm" or "own" (argparse choices; the section checks it again)
     evaluation = EvaluationSection(observations_from=source, sbibm_path=sbibm_path)
     observed = Observations.of(get_task(task), evaluation)
-    posterior = load_posterior(posterior_file)
     _, x_obs = observed.observation(observation)
     torch.manual_seed(observation)
-    samples = posterior.sample((n,), x=x_obs, show_progress_bars=False)
+    shares = [n // len(posterior_files) + (i < n % len(posterior_files))
+              for i in range(len(posterior_files))]  # fmt: skip
+    samples = torch.cat([
+        load_posterior(file).sample((share,), x=x_obs, show_progress_bars=False)
+        for file, share in zip(posterior_files, shares, strict=True)
+    ])  # fmt: skip
     reference = observed.reference(observation, n, seed=observation)
     sampled = time.perf_counter()
     # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
@@ -101,15 +113,15 @@ def c2st_job(
 
 def submit_scores(
     pool: ProcessPoolExecutor,
-    posterior: Path,
+    posteriors: list[Path],
     task: str,
     args: argparse.Namespace,
     sbibm_path: str | None,
 ) -> list[Future]:
     """One C2ST job per observation 1..``args.observations``."""
-    source = args.observations_from
+    source, files = args.observations_from, [str(p) for p in posteriors]
     return [
-        pool.submit(c2st_job, str(posterior), task, k, args.samples, source, sbibm_path)
+        pool.submit(c2st_job, files, task, k, args.samples, source, sbibm_path)
         for k in range(1, args.observations + 1)
     ]
 
@@ -160,21 +172,42 @@ def header(args: argparse.Namespace, sbibm_path: str | None) -> dict[str, Any]:
 
 
 def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
-    """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores."""
+    """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores.
+    Files are ``<task>_<budget>.pt``, or ``<task>_<budget>.<member>.pt`` for several runs of
+    one cell: each is scored alone, and with ``--ensembles`` the members also as one mixture
+    (reported as budget ``<budget>.ensemble``)."""
     # in the order of --tasks, so that the cheaper comparisons can be put first
     rank = {task: i for i, task in enumerate(args.tasks)}
-    files = [f for f in args.score.glob("*.pt") if f.stem.rpartition("_")[0] in rank]
-    files.sort(key=lambda f: (rank[f.stem.rpartition("_")[0]], f.stem))
+
+    def cell(file: Path) -> tuple[str, str]:
+        task, _, budget = file.name.split(".", 1)[0].rpartition("_")
+        return task, budget
+
+    files = sorted((f for f in args.score.glob("*.pt") if cell(f)[0] in rank),
+                   key=lambda f: (rank[cell(f)[0]], f.name))  # fmt: skip
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for file in files:
+        groups.setdefault(cell(file), []).append(file)
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
     jobs = {}
+    if args.ensembles:  # first: the mixture is what was asked; its members' scores follow
+        for (task, budget), members in groups.items():
+            if len(members) > 1:
+                jobs[(task, f"{budget}.ensemble")] = submit_scores(
+                    pool, members, task, args, sbibm_path
+                )
     for file in files:
-        task, _, budget = file.stem.rpartition("_")
-        jobs[(task, budget)] = submit_scores(pool, file, task, args, sbibm_path)
+        task, budget = cell(file)
+        member = file.name.removesuffix(".pt").partition(".")[2]
+        label = f"{budget}.{member}" if member else budget
+        jobs[(task, label)] = submit_scores(pool, [file], task, args, sbibm_path)
     report = header(args, sbibm_path) | {"scored_folder": str(args.score), "runs": {}}
-    for (task, budget), futures in jobs.items():
-        entry = scored(task, budget, [f.result() for f in futures])
-        report["runs"][f"{task}/{budget}"] = entry
-        print(f"[bench] {task} {budget}: C2ST {entry['c2st_mean']:.3f}", flush=True)
+    for (task, label), futures in jobs.items():
+        entry = scored(task, label.split(".")[0], [f.result() for f in futures])
+        if label.endswith(".ensemble"):
+            entry["members"] = [f.name for f in groups[(task, label.split(".")[0])]]
+        report["runs"][f"{task}/{label}"] = entry
+        print(f"[bench] {task} {label}: C2ST {entry['c2st_mean']:.3f}", flush=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
@@ -250,6 +283,10 @@ def main() -> None:
     parser.add_argument(
         "--score", type=Path, help="only score the <task>_<budget>.pt posteriors in this folder"
     )
+    parser.add_argument(
+        "--ensembles", action="store_true",
+        help="with --score: also score each <task>_<budget>.<member>.pt group as one mixture",
+    )  # fmt: skip
     args = parser.parse_args()
     sbibm_path = sbibm_location(args)
     if args.score is not None:
@@ -339,7 +376,7 @@ def main() -> None:
                 shutil.copy(posterior, args.keep_posteriors / f"{task}_{budget}.pt")
                 shutil.copy(work / f"{task}_{budget}.log", args.keep_posteriors)
             if pool is not None and process.returncode == 0 and posterior.is_file():
-                scores[key] = submit_scores(pool, posterior, task, args, sbibm_path)
+                scores[key] = submit_scores(pool, [posterior], task, args, sbibm_path)
     for (task, budget), (process, log, started) in running.items():  # past the deadline
         process.kill()
         log.close()
