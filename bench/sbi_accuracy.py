@@ -179,33 +179,32 @@ def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
     # in the order of --tasks, so that the cheaper comparisons can be put first
     rank = {task: i for i, task in enumerate(args.tasks)}
 
-    def cell(file: Path) -> tuple[str, str]:
-        task, _, budget = file.name.split(".", 1)[0].rpartition("_")
-        return task, budget
+    def cell(file: Path) -> tuple[str, str, str]:
+        """(task, budget, member) of ``<task>_<budget>[.<member>].pt``."""
+        name, _, member = file.name.removesuffix(".pt").partition(".")
+        task, _, budget = name.rpartition("_")
+        return task, budget, member
 
     files = sorted((f for f in args.score.glob("*.pt") if cell(f)[0] in rank),
                    key=lambda f: (rank[cell(f)[0]], f.name))  # fmt: skip
     groups: dict[tuple[str, str], list[Path]] = {}
     for file in files:
-        groups.setdefault(cell(file), []).append(file)
-    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
-    jobs = {}
-    if args.ensembles:  # first: the mixture is what was asked; its members' scores follow
-        for (task, budget), members in groups.items():
-            if len(members) > 1:
-                jobs[(task, f"{budget}.ensemble")] = submit_scores(
-                    pool, members, task, args, sbibm_path
-                )
+        groups.setdefault(cell(file)[:2], []).append(file)
+    # (task, budget, label, posteriors); the mixtures first: they are what was asked
+    jobs = [(task, budget, f"{budget}.ensemble", members)
+            for (task, budget), members in groups.items()
+            if args.ensembles and len(members) > 1]  # fmt: skip
     for file in files:
-        task, budget = cell(file)
-        member = file.name.removesuffix(".pt").partition(".")[2]
-        label = f"{budget}.{member}" if member else budget
-        jobs[(task, label)] = submit_scores(pool, [file], task, args, sbibm_path)
+        task, budget, member = cell(file)
+        jobs.append((task, budget, f"{budget}.{member}" if member else budget, [file]))
+    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
+    futures = [submit_scores(pool, posteriors, task, args, sbibm_path)
+               for task, _, _, posteriors in jobs]  # fmt: skip
     report = header(args, sbibm_path) | {"scored_folder": str(args.score), "runs": {}}
-    for (task, label), futures in jobs.items():
-        entry = scored(task, label.split(".")[0], [f.result() for f in futures])
-        if label.endswith(".ensemble"):
-            entry["members"] = [f.name for f in groups[(task, label.split(".")[0])]]
+    for (task, budget, label, posteriors), pending in zip(jobs, futures, strict=True):
+        entry = scored(task, budget, [f.result() for f in pending])
+        if len(posteriors) > 1:
+            entry["members"] = [p.name for p in posteriors]
         report["runs"][f"{task}/{label}"] = entry
         print(f"[bench] {task} {label}: C2ST {entry['c2st_mean']:.3f}", flush=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -3,7 +3,7 @@ timed in four kinds of process, one core's worth each, interleaved, on the same 
 
   here        — this process (as sbi's ``simulate_for_sbi(num_workers=1)`` simulates: in the
                 calling process)
-  subprocess  — a fresh Python process that imports torch and the simulator only
+  subprocess  — a fresh Python process: torch and the simulator, no Ray, no sbi
   ray         — a Ray task on a private Ray of one CPU (the stage's worker process; Ray starts
                 it at niceness RAY_worker_niceness, 15 by default)
   ray_nice0   — the same worker process, the task first setting its niceness to 0 (root may
@@ -37,14 +37,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 from sim_scaling import hardware, software  # noqa: E402 - bench/ is on the path from here
 
+# a fresh process: imports torch and the simulator (and this file's few others), times as here
 CHILD = """
-import sys, time, torch
-from trainforge.workloads.sbi.examples import sir
-theta = torch.load(sys.argv[1])
-sir.simulate(theta[:4])
-started = time.perf_counter()
-sir.simulate(theta)
-print(time.perf_counter() - started)
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from sim_one_core import timed
+print(timed(torch.load(sys.argv[2])))
 """
 
 
@@ -61,8 +59,8 @@ def timed(theta: torch.Tensor, niceness: int | None = None) -> float:
 
 
 def in_subprocess(theta_file: Path) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(theta_file)], capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "bench"), str(theta_file)],
+                         capture_output=True, text=True, check=True)  # fmt: skip
     return float(out.stdout.strip().splitlines()[-1])
 
 

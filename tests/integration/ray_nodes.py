@@ -126,7 +126,7 @@ class RayNodes:
         for process in reversed(self.processes):
             self._signal(process, signal.SIGTERM)
         for process in self.processes:
-            self._end(process)
+            self._reap(process)
         shutil.rmtree(self.temp_dir, ignore_errors=True)  # a head started again makes it anew
 
     @staticmethod
@@ -137,6 +137,10 @@ class RayNodes:
 
     def _end(self, process: subprocess.Popen) -> None:
         self._signal(process, signal.SIGTERM)
+        self._reap(process)
+
+    def _reap(self, process: subprocess.Popen) -> None:
+        """Wait for a signalled process; its group is killed if it takes longer than 30 s."""
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
