@@ -175,7 +175,7 @@ def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
     """C2ST of posteriors trained elsewhere (e.g. on the GPU machine), on this host's cores.
     Files are ``<task>_<budget>.pt``, or ``<task>_<budget>.<member>.pt`` for several runs of
     one cell: each is scored alone, and with ``--ensembles`` the members also as one mixture
-    (reported as budget ``<budget>.ensemble``)."""
+    (reported as budget ``<budget>.ensemble``; ``--mixtures-only``: the mixture alone)."""
     # in the order of --tasks, so that the cheaper comparisons can be put first
     rank = {task: i for i, task in enumerate(args.tasks)}
 
@@ -194,7 +194,7 @@ def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
     jobs = [(task, budget, f"{budget}.ensemble", members)
             for (task, budget), members in groups.items()
             if args.ensembles and len(members) > 1]  # fmt: skip
-    for file in files:
+    for file in files if not args.mixtures_only else []:
         task, budget, member = cell(file)
         jobs.append((task, budget, f"{budget}.{member}" if member else budget, [file]))
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
@@ -286,7 +286,13 @@ def main() -> None:
         "--ensembles", action="store_true",
         help="with --score: also score each <task>_<budget>.<member>.pt group as one mixture",
     )  # fmt: skip
+    parser.add_argument(
+        "--mixtures-only", action="store_true",
+        help="with --ensembles: score the mixtures, not each member alone",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.mixtures_only and not args.ensembles:
+        parser.error("--mixtures-only needs --ensembles")
     sbibm_path = sbibm_location(args)
     if args.score is not None:
         score_folder(args, sbibm_path)
