@@ -290,16 +290,11 @@ def _ui(tracking_uri: str | None, port: int) -> int:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             raise RecipeError(f"--port: {port} is taken on 127.0.0.1; pass another --port")
     log.say(f"MLflow UI for {redact(uri)} at http://127.0.0.1:{port}")
-    command = [
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    # One server process, not MLflow's default of four: one person's UI on a local store
+    # answers as fast, and it starts in half the time on a busy 2-core machine (/health after
+    # 22-24 s against 42-44 s with two other processes running).
+    command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+               "--port", str(port), "--workers", "1"]  # fmt: skip
     return subprocess.call(command)
 
 
