@@ -91,6 +91,17 @@ def parser() -> argparse.ArgumentParser:
     )
     sync.add_argument("run_dir", help="the run's folder: <run.storage_path>/<run.name>")
     sync.add_argument("--tracking-uri", help="send to this server instead of the recorded one")
+    ensemble = add(
+        "ensemble",
+        help="combine SBI posteriors trained apart into one (sbi's EnsemblePosterior)",
+        description="Write the posteriors of finished SBI runs of one task (e.g. one recipe "
+        "with several run.seed values) as one file: their equal-weight mixture, which "
+        "load_posterior opens as sbi's EnsemblePosterior.",
+    )
+    ensemble.add_argument(
+        "members", nargs="+", help="run folders (their posterior.pt) or posterior files"
+    )
+    ensemble.add_argument("--out", required=True, help="the ensemble's file, e.g. ensemble.pt")
     ui = add("ui", help="open the MLflow UI on the runs of a tracking store")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     ui.add_argument("--port", type=int, default=5000)
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             return _ui(args.tracking_uri, args.port)
         if args.command == "recipes":
             return _list_recipes()
+        if args.command == "ensemble":
+            return _ensemble(args.members, args.out)
         if args.command == "cluster":
             return _cluster(args.action, args.num_cpus)
         if args.command == "submit":
@@ -211,6 +224,19 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
         return 1
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
     log.say(f"synced {path}: {summary}")
+    return 0
+
+
+def _ensemble(members: list[str], out: str) -> int:
+    from pathlib import Path
+
+    from trainforge.workloads.sbi import ensemble
+
+    held = ensemble.combine([Path(m) for m in members], Path(out))
+    models = ", ".join(f"{model} ×{n}" for model, n in held["models"].items())
+    log.say(f"ensemble of {held['members']} posteriors of {held['prior']} ({models}) → {out}")
+    log.say("open it with trainforge.workloads.sbi.load_posterior: sbi's EnsemblePosterior, "
+            "equal weights")  # fmt: skip
     return 0
 
 

@@ -7,6 +7,9 @@ prior (a task name or an import path) — so it loads with ``torch.load(weights_
     posterior = load_posterior("runs/two_moons_npe_1e4/posterior.pt")
     samples = posterior.sample((1000,), x=x_obs)
     log_density = posterior.log_prob(samples, x=x_obs)
+
+Several such files (runs of other seeds) combine into one with ``trainforge ensemble``
+(``ensemble.py``); ``load_posterior`` opens that as sbi's ``EnsemblePosterior``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import nn
 
 from trainforge.atomic import replacing
+from trainforge.workloads.sbi import ensemble
 from trainforge.workloads.sbi import estimator as estimators
 
 FORMAT = "trainforge-npe/1"
@@ -59,16 +63,28 @@ def load_estimator(path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     bundle = torch.load(Path(path), map_location="cpu", weights_only=True)
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise ValueError(f"{path} is not a trainforge posterior file ({FORMAT})")
+    return _estimator(bundle), bundle
+
+
+def _estimator(bundle: dict[str, Any]) -> nn.Module:
     record = estimators.BuildRecord(**bundle["build"])
-    estimator = estimators.rebuild(record, bundle["state_dict"])
-    return estimator.eval(), bundle
+    return estimators.rebuild(record, bundle["state_dict"]).eval()
 
 
 def load_posterior(path: str | Path) -> Any:
     """An ``sbi`` ``DirectPosterior`` on the CPU (``sample``, ``log_prob``, ``map`` …) from
-    ``posterior.pt``."""
+    ``posterior.pt``; from an ensemble file (``trainforge ensemble``), sbi's
+    ``EnsemblePosterior`` of its members."""
+    bundle = torch.load(Path(path), map_location="cpu", weights_only=True)
+    if isinstance(bundle, dict) and bundle.get("format") == ensemble.FORMAT:
+        return ensemble.ensemble_posterior(bundle, _direct_posterior)
+    if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a trainforge posterior file ({FORMAT})")
+    return _direct_posterior(bundle)
+
+
+def _direct_posterior(bundle: dict[str, Any]) -> Any:
     from sbi.inference import DirectPosterior
 
-    estimator, bundle = load_estimator(path)
     prior = prior_from_spec(bundle["prior"])
-    return DirectPosterior(posterior_estimator=estimator, prior=prior, device="cpu")
+    return DirectPosterior(posterior_estimator=_estimator(bundle), prior=prior, device="cpu")

@@ -1,0 +1,109 @@
+"""Posterior ensembles (``trainforge.workloads.sbi.ensemble``, ``trainforge ensemble``): posteriors
+trained apart, written as one file that loads as sbi's EnsemblePosterior — the equal-weight
+mixture of its members — and every wrong member refused in one line before anything is
+written."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.sbi_helpers import _data
+from trainforge import cli
+from trainforge.workloads.sbi import ensemble, export
+from trainforge.workloads.sbi import estimator as estimators
+from trainforge.workloads.sbi.config import EstimatorSection
+
+
+def _member(path: Path, seed: int, prior: str = "two_moons") -> Path:
+    """A posterior file of an estimator initialised with ``seed`` (untrained: members differ)."""
+    theta, x = _data(500)
+    torch.manual_seed(seed)
+    record = estimators.BuildRecord.from_config(EstimatorSection(hidden_features=8), 2, 2)
+    estimator = estimators.build(record, theta, x).eval()
+    export.save_posterior(path, estimator, record, {"task": prior})
+    return path
+
+
+def test_an_ensemble_is_the_equal_weight_mixture_of_its_members(tmp_path: Path) -> None:
+    from sbi.inference import EnsemblePosterior
+
+    run = tmp_path / "runs" / "seed1"  # a run's folder stands for its posterior.pt
+    files = [_member(tmp_path / "a.pt", 0), _member(run / "posterior.pt", 1)]
+    out = tmp_path / "out" / "ensemble.pt"
+    summary = ensemble.combine([files[0], run], out)
+    assert summary == {"members": 2, "prior": "two_moons", "models": {"maf": 2}}
+    assert not list(out.parent.glob(".*tmp"))  # written atomically, nothing left over
+    torch.load(out, weights_only=True)  # plain data, as a checkpoint must be
+
+    posterior = export.load_posterior(out)
+    assert isinstance(posterior, EnsemblePosterior)
+    members = [export.load_posterior(f) for f in files]
+    x_obs = _data(1)[1][0]
+    theta = members[0].sample((50,), x=x_obs, show_progress_bars=False)
+    each = torch.stack([m.log_prob(theta, x=x_obs, norm_posterior=False) for m in members])
+    mixture = posterior.log_prob(theta, x=x_obs, norm_posterior=False)
+    torch.testing.assert_close(mixture, torch.logsumexp(each, 0) - math.log(2))
+    assert not torch.allclose(each[0], each[1])  # two different members, not one twice
+
+    samples = posterior.sample((300,), x=x_obs, show_progress_bars=False)
+    assert samples.shape == (300, 2)
+    assert bool(((samples >= -1) & (samples <= 1)).all())  # inside the prior box
+
+
+def test_an_ensemble_given_as_a_member_adds_its_members(tmp_path: Path) -> None:
+    pair = tmp_path / "pair.pt"
+    ensemble.combine([_member(tmp_path / "a.pt", 0), _member(tmp_path / "b.pt", 1)], pair)
+    summary = ensemble.combine([pair, _member(tmp_path / "c.pt", 2)], tmp_path / "three.pt")
+    assert summary["members"] == 3
+    assert len(export.load_posterior(tmp_path / "three.pt").posteriors) == 3
+
+
+def test_wrong_members_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    a, b = _member(tmp_path / "a.pt", 0), _member(tmp_path / "b.pt", 1)
+    other_task = _member(tmp_path / "c.pt", 2, prior="gaussian_mixture")
+    (tmp_path / "unfinished").mkdir()
+    torch.save({"format": "something else"}, tmp_path / "other.pt")
+    (tmp_path / "text.pt").write_text("not torch")
+    out = tmp_path / "out.pt"
+    cases = {
+        "has no posterior.pt": [a, tmp_path / "unfinished"],
+        "does not exist": [a, tmp_path / "missing"],
+        "listed more than once": [a, b, tmp_path / "a.pt"],
+        "at least 2 posteriors; 1 given": [a],
+        "prior gaussian_mixture is not": [a, other_task],
+        "is not a trainforge posterior file": [a, tmp_path / "other.pt"],
+    }
+    for expected, members in cases.items():
+        with pytest.raises(ensemble.EnsembleError, match=expected):
+            ensemble.combine(members, out)
+    with pytest.raises(ensemble.EnsembleError, match="is not a trainforge posterior file"):
+        ensemble.combine([a, tmp_path / "text.pt"], out)
+    with pytest.raises(ensemble.EnsembleError, match="is one of the members"):
+        ensemble.combine([a, b], a)
+    assert not out.exists()
+
+
+def test_the_command_writes_an_ensemble_or_refuses_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = _member(tmp_path / "a.pt", 0), _member(tmp_path / "b.pt", 1)
+    out = tmp_path / "ensemble.pt"
+    assert cli.main(["ensemble", "--out", str(out), str(a), str(b)]) == 0
+    said = capsys.readouterr()
+    assert f"ensemble of 2 posteriors of two_moons (maf ×2) → {out}" in said.out
+    assert "load_posterior" in said.out  # how to use it
+    assert len(export.load_posterior(out).posteriors) == 2
+
+    assert cli.main(["ensemble", "--out", str(tmp_path / "x.pt"), str(a)]) == 2
+    said = capsys.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and "at least 2 posteriors" in lines[0]
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_the_member_format_is_the_export_format() -> None:
+    assert ensemble.MEMBER_FORMAT == export.FORMAT  # kept apart only to avoid an import cycle
