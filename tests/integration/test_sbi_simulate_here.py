@@ -54,6 +54,33 @@ def test_small_simulations_are_made_here_while_the_cluster_would_start(
     assert "simulations: reusing " in capsys.readouterr().out
 
 
+def test_simulations_made_while_ray_started_are_this_commands_not_resumed(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A slow Ray start (15 s on a 2-core machine): the early process is done before the stage
+    # looks. The lines said "0 two_moons simulations ... (resuming: 1,200 done)" and "0 in
+    # 16.8 s", the seconds counted up to the stage's look.
+    section = _section("workload.simulation.num_simulations=1200",
+                       "workload.simulation.chunk_size=400")  # fmt: skip
+    started = time.time()
+    simulate.start_early(section, 0, str(in_tmp / "runs"))
+    (folder,) = (in_tmp / "runs" / "simulations").iterdir()
+    deadline = time.monotonic() + 120
+    while not (folder / simulate.MANIFEST).is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done_after = time.time() - started
+    time.sleep(2.0)  # Ray still starting
+    simulate.run(section, seed=0, storage_root=str(in_tmp / "runs"))
+
+    out = capsys.readouterr().out
+    assert "simulations: 1,200 two_moons simulations on this machine's CPU (started while the " \
+           "cluster was reached)" in out  # fmt: skip
+    assert "resuming" not in out
+    (line,) = [x for x in out.splitlines() if "by this command's own process" in x]
+    seconds = float(line.split("simulations: 1,200 in ")[1].split(" s ")[0])
+    assert seconds <= done_after + 0.1  # its own time, not the wait's
+
+
 def test_an_interrupted_process_leaves_whole_chunks_and_the_stage_resumes(in_tmp: Path) -> None:
     section = _section("workload.task=bernoulli_glm", "workload.simulation.where=here",
                        "workload.simulation.num_simulations=600000",

@@ -248,8 +248,9 @@ def _make_here(cfg: Any, seed: int, job: Plan, progress: Progress, name: str) ->
     by ``start_early`` while Ray started, or now."""
     from trainforge.workloads.sbi import simulate_here
 
-    total, resumed = cfg.simulation.num_simulations, progress.done
+    total = cfg.simulation.num_simulations
     early = not simulate_here.start(cfg, seed, job)
+    resumed = simulate_here.rows_before(job)  # not progress.done: the early process's rows
     progress.say(
         f"simulations: {total - resumed:,} {name} simulations "
         f"on this machine's CPU{' (started while the cluster was reached)' if early else ''}"

@@ -40,7 +40,8 @@ RECIPE_ERROR = "recipe error: "  # how the process tells a RecipeError (a user's
 class Started:
     process: subprocess.Popen[bytes]
     errors: IO[bytes]  # the process's stderr: its traceback, if it fails
-    at: float  # time.monotonic() when started
+    at: float  # time.time() when started (the manifest's mtime tells when it ended)
+    rows_before: int  # simulations already on disk then: what the command resumed, not made
 
 
 _started: dict[Path, Started] = {}
@@ -65,14 +66,26 @@ def start(cfg: Any, seed: int, job: simulate.Plan) -> bool:
     assert process.stdin is not None
     with process.stdin:
         process.stdin.write(pickle.dumps((cfg, seed, job)))
-    _started[job.folder] = Started(process, errors, time.monotonic())
+    _started[job.folder] = Started(process, errors, time.time(), _rows_on_disk(job))
     return True
 
 
+def rows_before(job: simulate.Plan) -> int:
+    """The simulations of ``job`` on disk when this command started its process: a process
+    started while Ray started may have finished before the stage looks, and what it made is
+    not a resumed entry's."""
+    return _started[job.folder].rows_before
+
+
+def _rows_on_disk(job: simulate.Plan) -> int:
+    return sum(n for i, n in job.chunks if job.chunk_path(i).is_file())
+
+
 def wait(job: simulate.Plan, progress: Callable[[int], None]) -> float:
-    """Wait for ``job``'s process (started by ``start``); seconds since it started. Every
-    ``PROGRESS_EVERY_S`` calls ``progress`` with the simulations on disk. Raises with the
-    process's last error line if it failed; ends it if the wait is interrupted."""
+    """Wait for ``job``'s process (started by ``start``); the seconds it took, from its start
+    to its manifest (it may have ended long before this wait). Every ``PROGRESS_EVERY_S``
+    calls ``progress`` with the simulations on disk. Raises with the process's last error
+    line if it failed; ends it if the wait is interrupted."""
     started = _started[job.folder]
     last = time.monotonic()
     try:
@@ -80,7 +93,7 @@ def wait(job: simulate.Plan, progress: Callable[[int], None]) -> float:
             time.sleep(POLL_S)
             if time.monotonic() - last >= simulate.PROGRESS_EVERY_S:
                 last = time.monotonic()
-                progress(sum(n for i, n in job.chunks if job.chunk_path(i).is_file()))
+                progress(_rows_on_disk(job))
         started.errors.seek(0)
         lines = started.errors.read().decode(errors="replace").strip().splitlines()
     finally:
@@ -90,7 +103,7 @@ def wait(job: simulate.Plan, progress: Callable[[int], None]) -> float:
         if why.startswith(RECIPE_ERROR):
             raise RecipeError(why.removeprefix(RECIPE_ERROR))
         raise RuntimeError(f"simulations on this machine failed: {why}")
-    return time.monotonic() - started.at
+    return max(0.0, (job.folder / simulate.MANIFEST).stat().st_mtime - started.at)
 
 
 def _end(folder: Path) -> None:
