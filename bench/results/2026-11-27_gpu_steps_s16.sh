@@ -6,10 +6,14 @@
 #            65,000 steps) with the learning rate halved later: train.plateau_patience=$PATIENCE
 #            (default 12, the recipe's 5) and train.early_stopping_patience=$STOP_PATIENCE
 #            (default 40, so that early stopping never comes before a halving could); the
-#            posteriors go to /tmp/s16/posteriors/slcp_1e6.<seed>.pt and $OUT/slcppat/
+#            posteriors go to /tmp/s16/posteriors/slcp_1e6.<seed>.pt and $OUT/slcppat/;
+#            SEEDS (default "0 1 2 3") names the four runs' seeds
 #   score    scores them on this host's cores at sbibm's observations 1-10 (bench/sbi_accuracy.py
 #            --score --ensembles: the four-member mixture, then each member); sbibm's slcp files
 #            are carried in .sbibm-slcp (the wheel's sbibm/tasks/slcp/files only)
+#   onecore  on nvidia-h100-x1, where the stage trailed sbi's batched call at one core (0.79,
+#            0.69): bench/sim_one_core.py (the simulator alone in this process, a fresh one, a
+#            Ray worker at niceness 15 and 0) and bench/sim_scaling.py at one core, in one call
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
@@ -25,16 +29,16 @@ for step in "$@"; do
              > "$OUT/$step/simulate.log" 2>&1
            folder=$(grep -o "simulations ready: .*" "$OUT/$step/simulate.log" | tail -1 | cut -d' ' -f3)
            echo "simulations: $folder"
-           for seed in 0 1 2 3; do
-             timeout 440 python3 -m trainforge train "${common[@]}" run.seed=$seed \
-               workload.simulation.path="$folder" train.max_steps=65000 run.name=slcp_p$seed \
+           for seed in ${SEEDS:-0 1 2 3}; do  # shellcheck disable=SC2086
+             timeout 440 python3 -m trainforge train "${common[@]}" run.seed="$seed" \
+               workload.simulation.path="$folder" train.max_steps=65000 run.name="slcp_p$seed" \
                train.plateau_patience="${PATIENCE:-12}" \
                train.early_stopping_patience="${STOP_PATIENCE:-40}" \
                > "$OUT/$step/slcp_p$seed.log" 2>&1 &
              sleep 2
            done
            wait
-           for seed in 0 1 2 3; do
+           for seed in ${SEEDS:-0 1 2 3}; do  # shellcheck disable=SC2086
              f="$W/runs/slcp_p$seed/posterior.pt"
              [ -f "$f" ] && cp "$f" "$W/posteriors/slcp_1e6.$seed.pt"
            done
@@ -43,6 +47,11 @@ for step in "$@"; do
            python3 bench/sbi_accuracy.py --score /tmp/s16/posteriors --ensembles --tasks slcp \
              --sbibm-path .sbibm-slcp --c2st-workers 50 \
              --out "$OUT/$step/slcp_patience_scored.json" > "$OUT/$step/score.log" 2>&1 ;;
+    onecore) mkdir -p "$OUT/$step"
+           timeout 300 python3 bench/sim_one_core.py --simulations 1500 --repeats 5 \
+             --out "$OUT/$step/sim_one_core.json" > "$OUT/$step/sim_one_core.log" 2>&1
+           timeout 250 python3 bench/sim_scaling.py --cores 1 --seconds 3 --repeats 5 \
+             --budget-s 240 --out "$OUT/$step/sim_scaling.json" > "$OUT/$step/sim_scaling.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
