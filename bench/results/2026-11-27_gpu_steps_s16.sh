@@ -14,6 +14,8 @@
 #   onecore  on nvidia-h100-x1, where the stage trailed sbi's batched call at one core (0.79,
 #            0.69): bench/sim_one_core.py (the simulator alone in this process, a fresh one, a
 #            Ray worker at niceness 15 and 0) and bench/sim_scaling.py at one core, in one call
+#   sbitest  the SBI GPU tests (tests/gpu/test_sbi_gpu.py) after this session's runtime changes
+#            (workers at niceness 0, the simulations made while Ray starts)
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
@@ -52,6 +54,8 @@ for step in "$@"; do
              --out "$OUT/$step/sim_one_core.json" > "$OUT/$step/sim_one_core.log" 2>&1
            timeout 250 python3 bench/sim_scaling.py --cores 1 --seconds 3 --repeats 5 \
              --budget-s 240 --out "$OUT/$step/sim_scaling.json" > "$OUT/$step/sim_scaling.log" 2>&1 ;;
+    sbitest) timeout 400 python3 -m pytest -m gpu tests/gpu/test_sbi_gpu.py -v -p no:cacheprovider \
+           > "$OUT/$step.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
