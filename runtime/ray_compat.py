@@ -8,7 +8,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 CHECKPOINT_DIR_GLOB = "checkpoint_*"
@@ -23,18 +23,6 @@ def poll_controller_fast() -> None:
     """``ray.train.report`` blocks once the controller's one-slot result queue is full, until
     the controller's next poll (2 s by default): poll faster so short epochs don't wait on it."""
     os.environ.setdefault(HEALTH_CHECK_INTERVAL_ENV, "0.2")
-
-
-WORKER_NICENESS_ENV = "RAY_worker_niceness"
-
-
-def workers_at_normal_priority(env: MutableMapping[str, str]) -> None:
-    """Ray's raylet starts every worker process at nice 15 (its ``worker_niceness``), below
-    everything else on the machine. On a machine someone also works on (the local clusters
-    trainforge starts) that starves the run whenever anything else is busy: Linux gives a nice-15
-    process about 1/28 of a core against one nice-0 process. Set in the environment the raylet
-    starts from, so workers run at the command's priority; an explicit value still wins."""
-    env.setdefault(WORKER_NICENESS_ENV, "0")
 
 
 COLLECTIVE_TIMEOUT_ENV = "RAY_TRAIN_COLLECTIVE_TIMEOUT_S"

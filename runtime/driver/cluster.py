@@ -69,7 +69,6 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     cpus = local_cluster.usable_cpus()
     if cpus is not None:
         options.setdefault("num_cpus", cpus)
-    ray_compat.workers_at_normal_priority(os.environ)  # read by the raylet ray.init starts
     try:
         _init_pinned(ray, "local", f"127.0.0.1:{port}", options)
     finally:

@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import ray_compat
-
 HOME_ENV = "TRAINFORGE_HOME"
 KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
@@ -259,7 +257,6 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
     # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
     # the State API, which without it would ask the last `ray start` cluster on the machine.
     ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}"}
-    ray_compat.workers_at_normal_priority(ray_env)
     ray_process = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=ray_env,

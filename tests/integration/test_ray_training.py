@@ -5,7 +5,6 @@ All tests share one local Ray instance (``ray_cluster``) and run on one xdist wo
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -158,20 +157,6 @@ def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None
     own_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
     assert address == f"127.0.0.1:{own_port}"
     assert state == "ALIVE"  # the State API, from a job process, finds this cluster's actors
-
-
-def test_workers_run_at_the_priority_of_the_command(ray_cluster) -> None:
-    # Ray's default starts workers at nice 15: any other busy process on the machine would
-    # take nearly all of a core from them.
-    ray = ray_cluster
-
-    @ray.remote(num_cpus=0)
-    def niceness() -> int:
-        import os
-
-        return os.nice(0)
-
-    assert ray.get(niceness.remote()) == os.nice(0)
 
 
 def test_a_run_whose_numbers_turn_nan_stops_with_one_line_and_fails_in_mlflow(
