@@ -155,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command == "simulate":
             return launch.simulate(cfg)
+        if getattr(cfg.workload, "ensemble", 1) > 1:  # an SBI recipe's members, then their mixture
+            from trainforge.driver import ensemble_run
+
+            return ensemble_run.train(cfg, args.recipe, args.overrides)
         return launch.train(cfg).exit_code
     except RecipeError as exc:
         log.refuse(_one_line(str(exc)))

@@ -258,6 +258,13 @@ def _fit_ray_train(
 
 def simulate(cfg: Recipe) -> int:
     """`trainforge simulate`: only the data stage (SBI simulations), on the Ray cluster."""
+    prepare_data(cfg)
+    return 0
+
+
+def prepare_data(cfg: Recipe) -> Any:
+    """The data stage alone (SBI simulations, made or found in the cache, on the Ray cluster
+    this process joins): the workload section with the data's place filled in."""
     from trainforge.workloads import (
         check_workload_data,
         resolve_workload,
@@ -272,8 +279,7 @@ def simulate(cfg: Recipe) -> int:
     storage.check_writable(root, cfg.run.name)  # the simulations are written under it
     start_workload_data(cfg.workload, cfg.run.seed, root)
     connect()
-    resolve_workload(cfg.workload, cfg.run.seed, root)  # says where the data are
-    return 0
+    return resolve_workload(cfg.workload, cfg.run.seed, root)  # says where the data are
 
 
 def _worker_entry(payload: dict[str, Any]) -> None:

@@ -55,7 +55,13 @@ def check(cfg: Recipe, storage_root: str) -> None:
     saved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]  # YAML keys
         OmegaConf.load(latest / checkpoint.RECIPE_FILE)
     )
-    changed = changes(saved, config.to_container(cfg))
+    compare(cfg, saved)
+
+
+def compare(cfg: Recipe, saved: Mapping[str, Any], free: tuple[str, ...] = ()) -> None:
+    """``check``'s verdict on ``cfg`` against the ``saved`` recipe of the run it resumes;
+    keys in ``free`` may change too."""
+    changed = {k: v for k, v in changes(saved, config.to_container(cfg)).items() if k not in free}
     if not changed:
         return
     listing = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())

@@ -35,6 +35,8 @@ from trainforge.tracking.spool import Spool
 GIT_COMMIT_ENV = "TRAINFORGE_GIT_COMMIT"
 # set by the job submitter: who submitted (the job itself runs as the cluster's user)
 USER_ENV = "TRAINFORGE_USER"
+# set for an ensemble's members (driver/ensemble_run.py): their runs nest under the ensemble's
+PARENT_RUN_ENV = "TRAINFORGE_MLFLOW_PARENT_RUN_ID"
 # a value that names a place on one machine: a tag, not a param (params compare across runs)
 MACHINE_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|file:|sqlite:)")
 
@@ -72,6 +74,8 @@ def driver_tags() -> dict[str, str]:
         tags["ray.submission_id"] = submission_id
     if ray.is_initialized():
         tags["ray.job_id"] = ray.get_runtime_context().get_job_id()
+    if os.environ.get(PARENT_RUN_ENV):  # MLflow's UI nests the run under this one
+        tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
     return tags | source_tags(submitted=submission_id is not None)
 
 

@@ -107,3 +107,53 @@ def test_the_command_writes_an_ensemble_or_refuses_in_one_line(
 
 def test_the_member_format_is_the_export_format() -> None:
     assert ensemble.MEMBER_FORMAT == export.FORMAT  # kept apart only to avoid an import cycle
+
+
+def _recipe(*overrides: str) -> object:
+    from tests.conftest import RECIPES
+    from trainforge import config
+
+    return config.load(RECIPES / "sbi" / "two_moons_debug.yaml", list(overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cluster", "members", "at_once"),
+    [
+        (["scaling.num_workers=1"], {"CPU": 2.0}, 4, 2),  # one CPU each
+        ([], {"CPU": 2.0}, 4, 1),  # the recipe's two workers fill the machine
+        (["scaling.num_workers=1", "scaling.use_gpu=true"], {"CPU": 64.0, "GPU": 4.0}, 8, 4),
+        (["scaling.num_workers=1", "scaling.use_gpu=true"], {"CPU": 64.0, "GPU": 4.0}, 3, 3),
+        (["scaling.use_gpu=true"], {"CPU": 64.0, "GPU": 4.0}, 4, 2),  # two GPUs a member
+        (["scaling.num_workers=1", "scaling.use_gpu=true"], {"CPU": 2.0, "GPU": 4.0}, 4, 2),
+        (["scaling.num_workers=1"], {"CPU": 1.0}, 4, 1),
+    ],
+)
+def test_as_many_members_train_at_once_as_the_cluster_holds(
+    overrides: list[str], cluster: dict[str, float], members: int, at_once: int
+) -> None:
+    from trainforge.driver import ensemble_run
+
+    cfg = _recipe(*overrides)
+    assert ensemble_run.members_at_once(cfg, cluster, members) == at_once  # type: ignore[arg-type]
+
+
+def test_a_member_is_the_same_command_on_the_ensembles_simulations(tmp_path: Path) -> None:
+    from trainforge.driver import ensemble_run
+
+    command = ensemble_run.member_command(
+        "two_moons_debug", ["train.lr=0.01"], "/sims/two_moons-1", tmp_path / "members"
+    )
+    assert command[1:5] == ["-m", "trainforge", "train", "two_moons_debug"]
+    assert command[5:] == [
+        "train.lr=0.01",
+        "workload.ensemble=1",  # a member is one run, not an ensemble of its own
+        "workload.simulation.path=/sims/two_moons-1",
+        f"run.storage_path={tmp_path / 'members'}",
+    ]
+
+
+def test_an_ensemble_of_fewer_than_one_member_is_refused() -> None:
+    from trainforge.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"workload.ensemble: must be >= 1, got 0"):
+        _recipe("workload.ensemble=0")

@@ -176,8 +176,15 @@ class SBIWorkloadConfig(WorkloadSection):
     """Streaming: simulations held in memory (and on the GPU) at once; batches are shuffled
     within a window of randomly ordered chunks."""
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    ensemble: int = 1
+    """Members: above 1, `trainforge train` trains this many posteriors on the same
+    simulations, at run.seed, run.seed+1, … (each a run of its own, as many at once as the
+    cluster's GPUs or CPUs hold), and writes their equal-weight mixture as the run's
+    posterior.pt (sbi's EnsemblePosterior; `trainforge ensemble` does the same for finished
+    runs)."""
 
     def check(self) -> None:
         # The task name is checked by the spec (the task registry imports the tasks' code).
         self.fraction("val_fraction")
         self.at_least("stream_window_rows", 1)
+        self.at_least("ensemble", 1)

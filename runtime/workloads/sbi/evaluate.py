@@ -51,11 +51,23 @@ def run(
     """Metrics (``c2st/obs<k>``, ``c2st/mean``, ``sbc/…``) and the figures written to
     ``folder``; the posterior samples on ``device`` (the training device; None: the CPU)
     where the source allows it."""
+    device = source.posterior_device(device or torch.device("cpu"))
+    return run_posterior(posterior_of(estimator, source, device), source, cfg, seed, folder, device)
+
+
+def run_posterior(
+    posterior: Any,
+    source: SimulationSource,
+    cfg: Any,
+    seed: int,
+    folder: Path,
+    device: torch.device | None = None,
+) -> tuple[dict[str, float], list[Path]]:
+    """``run``'s evaluation of any sbi posterior on ``device`` (an ensemble's, on the CPU)."""
     from trainforge.workloads.sbi.c2st import c2st, fold_processes, usable_processes
     from trainforge.workloads.sbi.observations import Observations
 
-    device = source.posterior_device(device or torch.device("cpu"))
-    posterior = posterior_of(estimator, source, device)
+    device = device or torch.device("cpu")
     metrics: dict[str, float] = {}
     files: list[Path] = []
     scores = []
@@ -81,7 +93,12 @@ def run(
             # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
             # the folds on the machine's idle cores: training is over
             processes = fold_processes(len(reference), source.dim_theta, usable_processes())
-            score = c2st(reference, samples[: len(reference)], seed=seed, processes=processes)
+            # a random subset when there are more: an ensemble's draws come member by member
+            subset = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))
+            compared = (
+                samples[subset[: len(reference)]] if len(samples) > len(reference) else samples
+            )
+            score = c2st(reference, compared, seed=seed, processes=processes)
             metrics[f"c2st/obs{number}"] = score
             metrics["c2st/seconds"] = metrics.get("c2st/seconds", 0.0) + (
                 time.perf_counter() - started

@@ -1,0 +1,373 @@
+"""`trainforge train` of an SBI recipe with ``workload.ensemble: K`` above 1: K posteriors
+trained apart on the same simulations and combined, in one command.
+
+The simulations are made (or found in the cache) once, here. Each member is then the run a
+user would start by hand: ``trainforge train`` of the same recipe and overrides in a process of
+its own, with ``run.seed`` + k, ``workload.simulation.path`` set to those simulations, and its
+folder under ``<run folder>/members/``. So each member has the whole loop's behaviour (early
+stopping, checkpoints, resume, evaluation, its MLflow run, nested under the ensemble's), and
+Ray places the members like any runs: as many at once as the cluster's GPUs (or CPUs) hold,
+one GPU each for a one-GPU recipe. When every member has finished, their posteriors are
+combined (``workloads/sbi/ensemble.py``) into the run folder's ``posterior.pt``, which
+``load_posterior`` opens as sbi's ``EnsemblePosterior``.
+
+Why: on slcp at 10^6 simulations, four-member mixtures scored C2ST 0.541 and 0.558 where
+their members scored 0.570-0.610 (bench/results/README.md, sixteenth session).
+
+Re-running the command resumes: members with a posterior are kept, the others resume from
+their own checkpoints, and the ensemble is written again from all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from trainforge import config, log, storage
+from trainforge.atomic import replacing
+from trainforge.config import Recipe
+from trainforge.config.resolve import worker_resources
+from trainforge.driver.cluster import on_lasting_cluster, storage_root
+from trainforge.errors import RecipeError
+from trainforge.tracking.client import redact
+from trainforge.tracking.driver import PARENT_RUN_ENV
+
+MEMBERS_FOLDER = "members"
+ENSEMBLE_RECORD = "ensemble.json"
+EVALUATION_FOLDER = "evaluation"  # the ensemble's figures
+RECIPE_FILE = "recipe.yaml"  # the recipe its members are trained with
+POSTERIOR_FILE = "posterior.pt"
+# a member's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
+SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
+STOP_WAIT_S = 60.0  # how long stopped members may take to write their last lines
+
+
+@dataclass
+class Member:
+    index: int
+    seed: int
+    name: str
+    folder: Path
+    process: subprocess.Popen[str] | None = None
+    exit_code: int | None = None
+    kept: bool = False
+    """Finished in an earlier command (it has its posterior): not run again."""
+    metrics: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"m{self.index}"
+
+
+def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
+    """The whole ensemble: simulations, members, the combined posterior; the exit status."""
+    from trainforge.driver.run_lock import held, lock_path
+
+    root = storage_root(cfg.run)
+    if storage.local_folder(root) is None:
+        raise RecipeError(
+            "workload.ensemble: the members' posteriors are combined from files; "
+            f"run.storage_path {root!r} is not a local or shared folder"
+        )
+    storage.check_writable(root, cfg.run.name)  # the lock is the first file there
+    with held(lock_path(root, cfg.run.name), cfg.run.name):  # a second command refuses
+        return _train(cfg, recipe, overrides, root)
+
+
+def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
+    import ray
+
+    from trainforge.driver import launch
+
+    started = time.time()
+    count = int(cfg.workload.ensemble)  # type: ignore[attr-defined]
+    run_dir = Path(root) / cfg.run.name
+    launch.check_existing_run(cfg, root)
+    check_recipe(cfg, run_dir)  # members kept from an earlier command had the same recipe
+    workload = launch.prepare_data(cfg)  # made once here, for every member
+    simulations = str(workload.simulation.path)
+    members_root = run_dir / MEMBERS_FOLDER
+    members = [
+        Member(k, cfg.run.seed + k, f"{cfg.run.name}-m{k}", members_root / f"{cfg.run.name}-m{k}")
+        for k in range(count)
+    ]
+    for member in members:
+        member.kept = (member.folder / POSTERIOR_FILE).is_file()
+    at_once = members_at_once(cfg, ray.cluster_resources(), count)
+    kept = sum(m.kept for m in members)
+    log.say(
+        f"ensemble: {count} members (run.seed {cfg.run.seed}-{cfg.run.seed + count - 1}) on the "
+        f"same simulations, {at_once} at a time"
+        + (f"; {kept} finished earlier, kept" if kept else "")
+    )
+    handle = _start_tracking(cfg, root) if cfg.tracking.enabled else None
+    env = member_env(handle.run_id if handle else None, ray)
+    command = member_command(recipe, overrides, simulations, members_root)
+    status = "FAILED"
+    try:
+        run_members([m for m in members if not m.kept], command, env, at_once)
+        failed = [m for m in members if not m.kept and m.exit_code != 0]
+        if failed:
+            names = ", ".join(f"{m.label} (exit {m.exit_code})" for m in failed)
+            log.error(f"ensemble: members failed: {names}; their output is above")
+            log.error("re-run the same command to resume: finished members are kept")
+            return 1
+        from trainforge.workloads.sbi import ensemble
+
+        posterior = run_dir / POSTERIOR_FILE
+        combined = ensemble.combine([m.folder for m in members], posterior)
+        metrics, files = evaluate(posterior, workload, cfg.run.seed, run_dir / EVALUATION_FOLDER)
+        write_record(run_dir / ENSEMBLE_RECORD, cfg, members, simulations, metrics)
+        if handle is not None:
+            _log_ensemble(handle, posterior, combined["members"], metrics, files)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if handle is not None:
+            from trainforge.tracking import driver as tracking
+
+            tracking.finish_run(handle, status, None)
+    summary(cfg.run.name, members, posterior, metrics, time.time() - started, handle)
+    return 0
+
+
+def evaluate(
+    posterior: Path, workload: Any, seed: int, folder: Path
+) -> tuple[dict[str, float], list[Path]]:
+    """The recipe's evaluation (C2ST at its observations, SBC, pair plot) of the ensemble's
+    posterior, on this machine's CPU: the number the ensemble is for."""
+    evaluation = workload.evaluation
+    if not evaluation.observations and evaluation.sbc_runs == 0:
+        return {}, []
+    from trainforge.workloads.sbi import evaluate as evaluation_of
+    from trainforge.workloads.sbi import export, sources
+
+    log.say("ensemble: evaluating the mixture of the members' posteriors (on this CPU)")
+    folder.mkdir(parents=True, exist_ok=True)
+    return evaluation_of.run_posterior(
+        export.load_posterior(posterior), sources.resolve(workload), evaluation, seed, folder
+    )
+
+
+def check_recipe(cfg: Recipe, run_dir: Path) -> None:
+    """A re-run keeps the members that finished, so it must be the recipe they were trained
+    with (``recipe_change``'s rules; more members may be asked for). The recipe is saved
+    when the ensemble first starts."""
+    from omegaconf import OmegaConf
+
+    from trainforge.driver import recipe_change
+
+    saved_file = run_dir / RECIPE_FILE
+    if saved_file.is_file():
+        saved: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(saved_file))  # type: ignore[assignment]
+        recipe_change.compare(cfg, saved, free=("workload.ensemble",))
+        if not cfg.checkpoint.allow_changes:
+            return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with replacing(saved_file) as temporary:
+        temporary.write_text(config.to_yaml(cfg))
+
+
+def members_at_once(cfg: Recipe, cluster: dict[str, float], count: int) -> int:
+    """How many members the cluster holds at once: each needs its workers' resources."""
+    member = config.resolve_workers(cfg, cluster).scaling
+    use_gpu = member.use_gpu == "true"
+    need = {k: v * member.num_workers for k, v in worker_resources(member, use_gpu).items()}
+    fits = [int(cluster.get(k, 0) // v) for k, v in need.items() if v > 0]
+    return max(1, min([count, *fits]))
+
+
+def member_command(
+    recipe: str, overrides: list[str], simulations: str, members_root: Path
+) -> list[str]:
+    """The member's command line, less its run.name and run.seed: the same recipe and
+    overrides, on the ensemble's simulations, one member each."""
+    loudness = {-1: ["-q"], 0: [], 1: ["-v"]}[max(-1, min(1, log.verbosity()))]
+    return [
+        sys.executable, "-m", "trainforge", "train", *loudness, recipe, *overrides,
+        "workload.ensemble=1",
+        f"workload.simulation.path={simulations}",
+        f"run.storage_path={members_root}",
+    ]  # fmt: skip
+
+
+def member_env(parent_run_id: str | None, ray: Any) -> dict[str, str]:
+    """The members' environment: this command's, the MLflow parent run, and this command's
+    Ray cluster (a private one or RAY_ADDRESS's: the members join it rather than starting
+    their own; the lasting local cluster they join by themselves, with its warm workers)."""
+    env = dict(os.environ)
+    if parent_run_id:
+        env[PARENT_RUN_ENV] = parent_run_id
+    if not on_lasting_cluster() and "RAY_ADDRESS" not in env:
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    env.setdefault("PYTHONUNBUFFERED", "1")  # their lines as they come
+    return env
+
+
+def run_members(
+    members: list[Member], command: list[str], env: dict[str, str], at_once: int
+) -> None:
+    """Start the members ``at_once`` at a time, relay their lines, wait for all. After a
+    failure no other member starts (the running ones finish: their work is kept)."""
+    pending = deque(members)
+    running: list[Member] = []
+    relays: list[threading.Thread] = []
+    try:
+        while pending or running:
+            while pending and len(running) < at_once:
+                member = pending.popleft()
+                member.process = subprocess.Popen(
+                    [*command, f"run.name={member.name}", f"run.seed={member.seed}"],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    bufsize=1,
+                )  # fmt: skip
+                log.say(f"ensemble: {member.label} started (run.seed {member.seed})")
+                relays += [
+                    _relay(member.process.stdout, sys.stdout, member),
+                    _relay(member.process.stderr, sys.stderr, member),
+                ]
+                running.append(member)
+            time.sleep(0.2)
+            for member in list(running):
+                assert member.process is not None
+                member.exit_code = member.process.poll()
+                if member.exit_code is None:
+                    continue
+                running.remove(member)
+                if member.exit_code != 0:
+                    pending.clear()
+    except KeyboardInterrupt:  # Ctrl-C (the members got it too) or SIGTERM (they did not)
+        _stop(running)
+        raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=5)
+
+
+def _stop(running: list[Member]) -> None:
+    """Members end the way a stopped run does (one line, resumable): given a moment for the
+    Ctrl-C they received with this command, then SIGTERM, then killed."""
+    deadline = time.monotonic() + 2
+    for member in running:
+        assert member.process is not None
+        try:
+            member.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            member.process.send_signal(signal.SIGTERM)
+    for member in running:
+        assert member.process is not None
+        try:
+            member.process.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            member.process.kill()
+
+
+_output_lock = threading.Lock()
+
+
+def _relay(stream: IO[str] | None, to: IO[str], member: Member) -> threading.Thread:
+    """Copy a member's lines to this command's console, each marked with the member."""
+
+    def copy() -> None:
+        assert stream is not None
+        for line in stream:
+            line = line.rstrip("\n")
+            found = SUMMARY_LINE.match(line)
+            if found:
+                member.metrics[found.group(1)] = found.group(2)
+            if line.startswith(log.PREFIX + " "):
+                line = f"{log.PREFIX} {member.label}: {line[len(log.PREFIX) + 1 :]}"
+            else:
+                line = f"{log.PREFIX} {member.label}| {line}"
+            with _output_lock:
+                to.write(line + "\n")
+                to.flush()
+
+    thread = threading.Thread(target=copy, daemon=True, name=f"relay-{member.label}")
+    thread.start()
+    return thread
+
+
+def write_record(
+    path: Path, cfg: Recipe, members: list[Member], simulations: str, metrics: dict[str, float]
+) -> None:
+    """What the ensemble is made of and how it scored, beside its posterior."""
+    record = {
+        "members": [
+            {"name": m.name, "seed": m.seed, "folder": str(m.folder), **m.metrics} for m in members
+        ],
+        "metrics": metrics,
+        "simulations": simulations,
+        "recipe": config.to_yaml(cfg),
+    }
+    with replacing(path) as temporary:
+        temporary.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _start_tracking(cfg: Recipe, root: str) -> Any:
+    """The ensemble's own MLflow run (the members' runs are its children)."""
+    from trainforge.driver import launch
+    from trainforge.tracking import driver as tracking
+
+    recipe = config.to_container(cfg)
+    started = time.time()
+    handle = tracking.start_run(cfg.tracking, cfg.run.name, recipe, config.to_yaml(cfg),
+                                str(launch.spool_file(cfg, root)))  # fmt: skip
+    if handle.run_id is not None:
+        state = "reopened" if handle.resumed else "created"
+        uri = redact(handle.tracking_uri)
+        log.phase("mlflow", f"ensemble run {handle.run_id} {state} at {uri}", started)
+    return handle
+
+
+def _log_ensemble(
+    handle: Any, posterior: Path, members: int, metrics: dict[str, float], files: list[Path]
+) -> None:
+    """The combined posterior, its evaluation and its size, on the ensemble's MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    if handle.run_id is None:
+        return
+    try:
+        client = MlflowClient(tracking_uri=handle.tracking_uri)
+        for key, value in {"ensemble/members": float(members), **metrics}.items():
+            client.log_metric(handle.run_id, key, value)
+        client.log_artifact(handle.run_id, str(posterior), "posterior")
+        for file in files:
+            client.log_artifact(handle.run_id, str(file), "evaluation")
+    except Exception as exc:  # tracking never fails a run
+        log.warn(f"could not log the ensemble to MLflow ({log.first_line(exc)})")
+
+
+def summary(
+    name: str,
+    members: list[Member],
+    posterior: Path,
+    metrics: dict[str, float],
+    seconds: float,
+    handle: Any,
+) -> None:
+    log.result(f"ensemble '{name}' finished in {seconds:.1f} s: {len(members)} members")
+    for m in members:
+        numbers = "  ".join(f"{k} {v}" for k, v in sorted(m.metrics.items(), reverse=True))
+        state = "kept from an earlier command" if m.kept else numbers
+        log.result(f"  {m.label}  run.seed {m.seed}  {state}".rstrip())
+    scores = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("c2st/obs"))
+    if "c2st/mean" in metrics:
+        log.result(f"  ensemble  c2st/mean {metrics['c2st/mean']:.4f}  ({scores})")
+    log.result(f"  posterior    {posterior} (sbi's EnsemblePosterior of {len(members)})")
+    if handle is not None and handle.run_id is not None:
+        uri = redact(handle.tracking_uri)
+        log.result(f"  mlflow run   {handle.run_id} at {uri} (the members' runs nested)")
