@@ -157,3 +157,87 @@ def test_an_ensemble_of_fewer_than_one_member_is_refused() -> None:
 
     with pytest.raises(RecipeError, match=r"workload.ensemble: must be >= 1, got 0"):
         _recipe("workload.ensemble=0")
+
+
+# A stand-in for a member's `trainforge train`: says its seed, then exits with the status the
+# seed names (seed 7: 1), or (seed 9) waits until SIGTERM and says so.
+MEMBER_SCRIPT = """
+import signal, sys, time
+seed = int(sys.argv[-1].split("=")[1])
+def stop(*_):
+    print("[trainforge] interrupted", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print(f"[trainforge] seed {seed}", flush=True)
+print("a line of its own", file=sys.stderr, flush=True)
+if seed == 9:
+    time.sleep(60)
+sys.exit(1 if seed == 7 else 0)
+"""
+
+
+def _members(tmp_path: Path, *seeds: int) -> list:
+    from trainforge.driver import ensemble_run
+
+    return [
+        ensemble_run.Member(k, seed, f"e-m{k}", tmp_path / f"e-m{k}")
+        for k, seed in enumerate(seeds)
+    ]
+
+
+def test_members_run_at_once_with_their_lines_marked(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import sys
+
+    from trainforge.driver import ensemble_run
+
+    members = _members(tmp_path, 0, 1, 2)
+    command = [sys.executable, "-c", MEMBER_SCRIPT]
+    ensemble_run.run_members(members, command, dict(os.environ), at_once=2)
+    assert [m.exit_code for m in members] == [0, 0, 0]
+    out, err = capfd.readouterr()
+    for k in range(3):
+        assert f"[trainforge] m{k}: seed {k}\n" in out  # its own voice, marked
+        assert f"[trainforge] m{k}| a line of its own\n" in err  # anything else, marked too
+        assert f"ensemble: m{k} started (run.seed {k})" in out
+
+
+def test_after_a_member_fails_no_other_starts(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import sys
+
+    from trainforge.driver import ensemble_run
+
+    members = _members(tmp_path, 7, 1, 2)
+    ensemble_run.run_members(members, [sys.executable, "-c", MEMBER_SCRIPT], dict(os.environ), 1)
+    assert members[0].exit_code == 1
+    assert [m.process for m in members[1:]] == [None, None]
+    assert "m1 started" not in capfd.readouterr().out
+
+
+def test_a_stopped_ensemble_stops_its_members_the_way_a_run_stops(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from trainforge.driver import ensemble_run
+
+    members = _members(tmp_path, 9, 9)
+    for m in members:  # running members that did not get the Ctrl-C (a SIGTERM to the command)
+        command = [sys.executable, "-c", MEMBER_SCRIPT, "run.seed=9"]
+        m.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert m.process.stdout is not None
+        assert m.process.stdout.readline() == "[trainforge] seed 9\n"  # its handler is set
+    started = time.monotonic()
+    ensemble_run._stop(members)
+    assert time.monotonic() - started < 30  # SIGTERM after ~2 s, not the script's 60 s
+    for m in members:
+        assert m.process is not None and m.process.returncode == 143
+        assert m.process.stdout is not None
+        assert m.process.stdout.read() == "[trainforge] interrupted\n"
