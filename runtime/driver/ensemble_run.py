@@ -11,8 +11,9 @@ one GPU each for a one-GPU recipe. When every member has finished, their posteri
 combined (``workloads/sbi/ensemble.py``) into the run folder's ``posterior.pt``, which
 ``load_posterior`` opens as sbi's ``EnsemblePosterior``.
 
-Why: on slcp at 10^6 simulations, four-member mixtures scored C2ST 0.541 and 0.558 where
-their members scored 0.570-0.610 (bench/results/README.md, sixteenth session).
+Why: on slcp at 10^6 simulations, eight-member mixtures scored C2ST 0.540 and 0.542 where
+their members scored 0.570-0.610 and no single run came below 0.569 (bench/results/README.md,
+sixteenth and seventeenth sessions; ``recipes/sbi/slcp_ensemble_1e6.yaml``).
 
 Re-running the command resumes: members with a posterior are kept, the others resume from
 their own checkpoints, and the ensemble is written again from all of them.
@@ -39,7 +40,7 @@ from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver.cluster import on_lasting_cluster, storage_root
 from trainforge.errors import RecipeError
-from trainforge.tracking.client import redact
+from trainforge.tracking.client import redact, redact_all
 from trainforge.tracking.driver import PARENT_RUN_ENV
 
 MEMBERS_FOLDER = "members"
@@ -101,8 +102,11 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
         Member(k, cfg.run.seed + k, f"{cfg.run.name}-m{k}", members_root / f"{cfg.run.name}-m{k}")
         for k in range(count)
     ]
+    earlier = _earlier_metrics(run_dir / ENSEMBLE_RECORD)
     for member in members:
         member.kept = (member.folder / POSTERIOR_FILE).is_file()
+        if member.kept:  # what it scored when it finished, for the table and the record
+            member.metrics = earlier.get(member.name, {})
     at_once = members_at_once(cfg, ray.cluster_resources(), count)
     kept = sum(m.kept for m in members)
     log.say(
@@ -177,7 +181,7 @@ def check_recipe(cfg: Recipe, run_dir: Path) -> None:
             return
     run_dir.mkdir(parents=True, exist_ok=True)
     with replacing(saved_file) as temporary:
-        temporary.write_text(config.to_yaml(cfg))
+        temporary.write_text(redact_all(config.to_yaml(cfg)))
 
 
 def members_at_once(cfg: Recipe, cluster: dict[str, float], count: int) -> int:
@@ -300,6 +304,15 @@ def _relay(stream: IO[str] | None, to: IO[str], member: Member) -> threading.Thr
     return thread
 
 
+def _earlier_metrics(record: Path) -> dict[str, dict[str, str]]:
+    """Member name → the metrics an earlier command recorded for it (none: empty)."""
+    if not record.is_file():
+        return {}
+    keys = {"name", "seed", "folder"}
+    members = json.loads(record.read_text()).get("members", [])
+    return {m["name"]: {k: v for k, v in m.items() if k not in keys} for m in members}
+
+
 def write_record(
     path: Path, cfg: Recipe, members: list[Member], simulations: str, metrics: dict[str, float]
 ) -> None:
@@ -310,7 +323,7 @@ def write_record(
         ],
         "metrics": metrics,
         "simulations": simulations,
-        "recipe": config.to_yaml(cfg),
+        "recipe": redact_all(config.to_yaml(cfg)),  # no credentials in files
     }
     with replacing(path) as temporary:
         temporary.write_text(json.dumps(record, indent=1) + "\n")
@@ -362,8 +375,8 @@ def summary(
     log.result(f"ensemble '{name}' finished in {seconds:.1f} s: {len(members)} members")
     for m in members:
         numbers = "  ".join(f"{k} {v}" for k, v in sorted(m.metrics.items(), reverse=True))
-        state = "kept from an earlier command" if m.kept else numbers
-        log.result(f"  {m.label}  run.seed {m.seed}  {state}".rstrip())
+        state = f"{numbers}  (kept from an earlier command)" if m.kept else numbers
+        log.result(f"  {m.label}  run.seed {m.seed}  {state.strip()}".rstrip())
     scores = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.startswith("c2st/obs"))
     if "c2st/mean" in metrics:
         log.result(f"  ensemble  c2st/mean {metrics['c2st/mean']:.4f}  ({scores})")
