@@ -114,7 +114,9 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
         f"same simulations, {at_once} at a time"
         + (f"; {kept} finished earlier, kept" if kept else "")
     )
-    handle = _start_tracking(cfg, root) if cfg.tracking.enabled else None
+    handle = None
+    if cfg.tracking.enabled:  # the ensemble's own MLflow run; the members' runs are its children
+        handle = launch.start_tracking(cfg, root, config.to_container(cfg), config.to_yaml(cfg))
     env = member_env(handle.run_id if handle else None, ray)
     command = member_command(recipe, overrides, simulations, members_root)
     status = "FAILED"
@@ -327,22 +329,6 @@ def write_record(
     }
     with replacing(path) as temporary:
         temporary.write_text(json.dumps(record, indent=1) + "\n")
-
-
-def _start_tracking(cfg: Recipe, root: str) -> Any:
-    """The ensemble's own MLflow run (the members' runs are its children)."""
-    from trainforge.driver import launch
-    from trainforge.tracking import driver as tracking
-
-    recipe = config.to_container(cfg)
-    started = time.time()
-    handle = tracking.start_run(cfg.tracking, cfg.run.name, recipe, config.to_yaml(cfg),
-                                str(launch.spool_file(cfg, root)))  # fmt: skip
-    if handle.run_id is not None:
-        state = "reopened" if handle.resumed else "created"
-        uri = redact(handle.tracking_uri)
-        log.phase("mlflow", f"ensemble run {handle.run_id} {state} at {uri}", started)
-    return handle
 
 
 def _log_ensemble(

@@ -140,7 +140,7 @@ def _run(
         interrupted = [False]
         try:
             if cfg.tracking.enabled:
-                handle = _start_tracking(cfg, root, recipe, recipe_yaml, track)
+                handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 payload["mlflow"] = handle.for_workers()
             if warm is not None:
                 finished = warm.fit()
@@ -199,11 +199,13 @@ def _run(
     )
 
 
-def _start_tracking(
-    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, track: Any
+def start_tracking(
+    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, track: Any = None
 ) -> Any:
-    """Create or reopen the MLflow run (through ``track``: here, or in a warm worker)."""
+    """Create or reopen the MLflow run (through ``track``: here by default, or in a warm
+    worker)."""
     started = time.time()
+    track = track or _track_here
     handle = track("start_run", cfg.tracking, cfg.run.name, recipe, recipe_yaml,
                    str(spool_file(cfg, root)), tracking.driver_tags())  # fmt: skip
     if handle.run_id is not None:
