@@ -5,10 +5,12 @@ tests/integration/test_local_cluster.py."""
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -181,3 +183,28 @@ def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(
     with settings.applied(rank_env(0, 4)):
         assert not workload._fits_in_host_memory(one_quarter)
     assert "LOCAL_WORLD_SIZE" not in os.environ  # the next command's run starts clean
+
+
+def test_a_runs_cyclic_garbage_is_freed_and_the_survivors_leave_later_collections() -> None:
+    class Model:  # a run's object kept alive only by a cycle, as the loop's often are
+        def __init__(self) -> None:
+            self.weights = torch.zeros(1000)
+            self.me = self
+
+    survivor = [object() for _ in range(1000)]  # what outlives a run: modules, caches
+    garbage = Model()
+    freed = weakref.ref(garbage)
+    del garbage
+    frozen_before = gc.get_freeze_count()
+    try:
+        warm.release_run_memory()
+        assert freed() is None, "the cycle was frozen instead of collected"
+        assert gc.get_freeze_count() >= frozen_before + len(survivor)
+
+        next_run = Model()  # the next run's cycles are still collected
+        freed = weakref.ref(next_run)
+        del next_run
+        warm.release_run_memory()
+        assert freed() is None
+    finally:
+        gc.unfreeze()  # this test process goes on collecting as before
