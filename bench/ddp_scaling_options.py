@@ -9,7 +9,9 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 
 - ``bucket<N>``: DDP's gradient bucket of N MB (default 25): smaller buckets start earlier;
 - ``bf16``: gradients all-reduced in bf16 (DDP's ``bf16_compress_hook``): half the bytes;
-- ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward.
+- ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
+- ``static``: DDP told the graph is static (``static_graph``: the same parameters get
+  gradients every step, so its bookkeeping is set once).
 
 NCCL's own settings (e.g. ``NCCL_MAX_NCHANNELS``: fewer SMs taken from the backward pass) are
 environment variables of the launch: run this once per setting.
@@ -49,6 +51,8 @@ def use(option: str) -> None:
             wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
         if option == "nobuffers":
             wrapped.broadcast_buffers = False
+        if option == "static":
+            wrapped._set_static_graph()
         return wrapped
 
     distributed.wrap = wrap  # type: ignore[assignment]
@@ -88,7 +92,9 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(0),
             "gpus": torch.distributed.get_world_size(),
             "torch": torch.__version__,
-            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            "nccl_env": {
+                k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_DEVICE_MAX"))
+            },
             "settings": {k: v for k, v in vars(args).items() if k != "out"},
             "rows": rows,
             "medians": medians,
