@@ -11,6 +11,8 @@
 #             CUDA_DEVICE_MAX_CONNECTIONS=1 (one launch each)
 #   ddpmc1    the next call on the same host: one GPU and 4 GPUs, each with and without
 #             CUDA_DEVICE_MAX_CONNECTIONS=1, and buckets of 10 and 50 MB and static_graph under it
+#   cnnmc1    bench/cnn_throughput.py (torchrun script, trainforge eager and graphed; SGD, batch
+#             256, 1 and 4 GPUs), once as shipped and once with CUDA_DEVICE_MAX_CONNECTIONS=1
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
@@ -40,6 +42,15 @@ for step in "$@"; do
            opts "$step" one_default 1 bucket25
            CUDA_DEVICE_MAX_CONNECTIONS=1 opts "$step" four_mc1 4 bucket25 bucket10 bucket50 static
            opts "$step" four_default 4 bucket25 ;;
+    cnnmc1) mkdir -p "$OUT/$step"
+           for setting in default mc1; do
+             connections=""; [ $setting = mc1 ] && connections=1
+             env ${connections:+CUDA_DEVICE_MAX_CONNECTIONS=$connections} \
+               timeout 280 python3 bench/cnn_throughput.py --optimizers sgd --batches 256 \
+               --gpus 1 4 --repeats 2 --tutorial-steps 0 --out "$OUT/$step/$setting.json" \
+               >> "$OUT/$step/$step.log" 2>&1
+             echo "$setting rc=$?" >> "$OUT/$step/$step.log"
+           done ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
