@@ -13,6 +13,8 @@
 #             CUDA_DEVICE_MAX_CONNECTIONS=1, and buckets of 10 and 50 MB and static_graph under it
 #   cnnmc1    bench/cnn_throughput.py (torchrun script, trainforge eager and graphed; SGD, batch
 #             256, 1 and 4 GPUs), once as shipped and once with CUDA_DEVICE_MAX_CONNECTIONS=1
+#   sim1core  bench/sim_scaling.py at one core with ~10 s of work a point (the sixteenth
+#             session's 3 s, so the stage's fixed cost weighs a third as much), five repeats
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
@@ -51,6 +53,9 @@ for step in "$@"; do
                >> "$OUT/$step/$step.log" 2>&1
              echo "$setting rc=$?" >> "$OUT/$step/$step.log"
            done ;;
+    sim1core) mkdir -p "$OUT/$step"
+           timeout 500 python3 bench/sim_scaling.py --cores 1 --seconds 10 --repeats 5 \
+             --budget-s 480 --out "$OUT/$step/sim_scaling.json" > "$OUT/$step/sim_scaling.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
