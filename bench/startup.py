@@ -7,7 +7,8 @@ Each repeat runs, in one invocation on one machine and in this order:
   raytrain — the cluster up, TRAINFORGE_WARM_WORKERS=0: Ray Train's new worker group per run
              (what `warm` was before warm workers, driver/warm_pool.py)
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
-             e.g. the commit before the start-up work), run like `private`
+             e.g. the commit before the start-up work, with that commit's `recipes/` and
+             `deploy/` beside it: shipped recipes are found there), run like `private`
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
@@ -146,7 +147,9 @@ def main() -> None:
         help="a torchrun script to time as the anchor (bench/startup_torchrun_digits.py on CPU)",
     )
     parser.add_argument("--torchrun-procs", type=int, default=2)
-    parser.add_argument("--baseline", help="a folder holding another `trainforge` package")
+    parser.add_argument(
+        "--baseline", help="a folder holding another `trainforge` package, recipes/ and deploy/"
+    )
     parser.add_argument(
         "--fresh-data", action="store_true",
         help="each SBI command simulates anew (its own simulation cache), as a new recipe does",
