@@ -241,7 +241,7 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
                                              "runtime_env", "metrics")}  # fmt: skip
     temp_dir = Path(f"/tmp/trainforge-{os.getuid()}-{ports['gcs']}")
     command = [
-        sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+        sys.executable, "-m", "trainforge.driver.ray_cli", "start", "--head", "--block",
         f"--port={ports['gcs']}", "--node-ip-address=127.0.0.1",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
         f"--ray-client-server-port={ports['client']}",

@@ -190,3 +190,25 @@ def test_stop_terminates_the_supervisor(tmp_path: Path) -> None:
             supervisor.wait()
         if supervisor.stdout is not None:
             supervisor.stdout.close()
+
+
+def test_the_clusters_ray_start_leaves_out_the_other_command_groups_imports() -> None:
+    """`ray start` through ``ray_cli``: the CLI still has `start` with its options, and Ray Serve
+    (FastAPI, pandas: ~2 s of a cold start) was never imported for it."""
+    probe = (
+        "import sys\n"
+        "from trainforge.driver import ray_cli\n"
+        "ray_cli.skip_unused_command_groups()\n"
+        "from ray.scripts import scripts\n"
+        "print(sorted(set(scripts.cli.commands) & {'start', 'serve', 'job', 'list'}))\n"
+        "print('ray.serve' in sys.modules, 'ray.util.state' in sys.modules)\n"
+    )
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           timeout=120, check=True).stdout.splitlines()  # fmt: skip
+    assert found == ["['start']", "False False"]
+    usage = subprocess.run(
+        [sys.executable, "-m", "trainforge.driver.ray_cli", "start", "--help"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert usage.returncode == 0, usage.stderr
+    assert "--head" in usage.stdout and "--block" in usage.stdout
