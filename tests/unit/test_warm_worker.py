@@ -191,7 +191,7 @@ def test_a_runs_cyclic_garbage_is_freed_and_the_survivors_leave_later_collection
             self.weights = torch.zeros(1000)
             self.me = self
 
-    survivor = [object() for _ in range(1000)]  # what outlives a run: modules, caches
+    survivor = [[] for _ in range(1000)]  # what outlives a run (tracked by the collector)
     garbage = Model()
     freed = weakref.ref(garbage)
     del garbage
