@@ -24,6 +24,12 @@ same ``M_N`` (one far from linear takes longer). The order of the methods turns 
 count, and at every repeat (``--repeats``; rates are medians). Efficiency is rate / (N × the
 stage's rate on one core); the host's own efficiency is the same for ``processes``; the target
 "at least sbi's rate" is checked against sbi's best variant at each core count.
+With ``--pin``, each method's simulating processes share one fixed set of CPUs at each core count
+(N CPUs on distinct physical cores where the host says which those are, taken from the end of
+the list), and everything else — this process between measurements, Ray's own processes,
+joblib's parent — runs on the other CPUs. On a VM whose vCPUs run at unequal speeds from
+moment to moment, unpinned methods land on different CPUs, and one-core rates jump between
+levels; pinned, every method simulates on the same CPUs.
 The JSON is rewritten after every measurement, so a run cut short keeps what it measured;
 ``--budget-s`` stops starting new core counts when the next one would not fit.
 
@@ -112,6 +118,98 @@ def core_counts(usable: int, asked: str | None) -> list[int]:
     return [1, usable, *counts[1:]] if usable > 1 else [1]
 
 
+def pinned_cpus(cores: int) -> tuple[set[int], set[int]]:
+    """The CPUs the simulating processes get at ``cores`` (one per physical core where the host
+    says which those are, from the end of the list: CPU 0 takes most interrupts), and the rest
+    for everything else; all CPUs for both when ``cores`` takes them all."""
+    usable = sorted(os.sched_getaffinity(0))
+    if cores >= len(usable):
+        return set(usable), set(usable)
+    chosen: list[int] = []
+    seen_cores: set[tuple[str, str]] = set()
+    for cpu in reversed(usable):
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = ((topology / "physical_package_id").read_text().strip(),
+                    (topology / "core_id").read_text().strip())  # fmt: skip
+        except OSError:
+            core = ("", str(cpu))
+        if core not in seen_cores:
+            seen_cores.add(core)
+            chosen.append(cpu)
+        if len(chosen) == cores:
+            break
+    for cpu in reversed(usable):  # fewer physical cores than asked: hyper-threads too
+        if len(chosen) < cores and cpu not in chosen:
+            chosen.append(cpu)
+    return set(chosen), set(usable) - set(chosen)
+
+
+def descendants() -> list[tuple[int, str]]:
+    """(pid, command line) of every process below this one, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:  # the command name in stat may hold spaces and parentheses: split after it
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent:
+                frontier.append(pid)
+                try:
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    continue
+                found.append((pid, command.decode(errors="replace").strip()))
+    return found
+
+
+def pin_simulators(simulating: set[int], rest: set[int], is_simulator: Any) -> list[int]:
+    """Every descendant that ``is_simulator`` (by command line) to ``simulating``, every other
+    one to ``rest``; returns the pinned simulators' pids."""
+    pinned = []
+    for pid, command in descendants():
+        simulator = is_simulator(command)
+        # an affinity belongs to a thread: every thread of the process, or Ray's other
+        # threads (its own, gRPC's) would still run on the simulating CPUs
+        for thread in threads(pid):
+            try:
+                os.sched_setaffinity(thread, simulating if simulator else rest)
+            except OSError:  # gone meanwhile
+                continue
+        if simulator:
+            pinned.append(pid)
+    return pinned
+
+
+def threads(pid: int) -> list[int]:
+    try:
+        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return []
+
+
+def ray_worker(command: str) -> bool:
+    return command.startswith("ray::")
+
+
+def off_cpus(pids: list[int], cpus: set[int]) -> int:
+    """How many of ``pids`` (still alive) are not restricted to ``cpus``."""
+    off = 0
+    for pid in pids:
+        try:
+            off += any(os.sched_getaffinity(t) != cpus for t in threads(pid))
+        except OSError:
+            continue
+    return off
+
+
 def serial_seconds_per_simulation(samples: int) -> float:
     from trainforge.workloads.sbi.examples import sir
 
@@ -135,8 +233,13 @@ class Writer:
         temporary.replace(self.path)
 
 
-def trainforge_stage(cores: int, simulations: int, warmup: int, scratch: Path) -> dict[str, Any]:
-    """The Ray simulation stage on a private Ray of ``cores`` CPUs."""
+def trainforge_stage(
+    cores: int, simulations: int, warmup: int, scratch: Path, pin: bool, nice0: bool = False
+) -> dict[str, Any]:
+    """The Ray simulation stage on a private Ray of ``cores`` CPUs; pinned, Ray starts on the
+    other CPUs and its workers move to the simulating ones after the warm-up call. ``nice0``:
+    Ray's workers at niceness 0 instead of Ray's 15 (``RAY_worker_niceness``, read by the
+    raylet this process starts)."""
     import ray
 
     from trainforge import config
@@ -152,43 +255,65 @@ def trainforge_stage(cores: int, simulations: int, warmup: int, scratch: Path) -
         section(warmup, scratch / "warmup"),
         section(simulations, scratch / "timed"),
     )  # the recipe read before any clock starts: a command reads it before its stage
+    simulating, rest = pinned_cpus(cores)
+    if pin:
+        os.sched_setaffinity(0, rest)  # Ray's processes inherit it
+    if nice0:
+        os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112 - Ray spells it so
     started = time.perf_counter()
     connect(local_only=True, num_cpus=cores, num_gpus=0)
     ray_start_s = time.perf_counter() - started
+    os.environ.pop("RAY_worker_niceness", None)
     try:
         started = time.perf_counter()
         simulate.run(warmup_section, 1, str(scratch), quiet=True)
         first_call_s = time.perf_counter() - started
+        pinned = pin_simulators(simulating, rest, ray_worker) if pin else []
         started = time.perf_counter()
         folder = simulate.run(timed_section, 0, str(scratch), quiet=True)
         seconds = time.perf_counter() - started
         manifest = simulate.read_manifest(folder)
+        # a worker Ray started after the pinning runs on the other CPUs: say so
+        workers = [pid for pid, command in descendants() if ray_worker(command)]
+        unpinned = off_cpus(workers, simulating) if pin else None
+        niceness = sorted({os.getpriority(os.PRIO_PROCESS, pid) for pid in workers})
     finally:
         ray.shutdown()
         shutil.rmtree(scratch, ignore_errors=True)
+        os.sched_setaffinity(0, simulating | rest)
     processes = sum(r["processes"] for r in manifest["ran_on"].values())
     return {"seconds": seconds, "ray_start_s": ray_start_s, "first_call_s": first_call_s,
             "chunks": manifest["chunks"], "chunk_size": manifest["chunk_size"],
-            "processes": processes, "invalid": manifest["invalid"]}  # fmt: skip
+            "processes": processes, "invalid": manifest["invalid"],
+            "pinned_workers": len(pinned), "workers_off_pinned_cpus": unpinned,
+            "worker_niceness": niceness}  # fmt: skip
 
 
-def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int) -> dict[str, Any]:
+def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int, pin: bool) -> dict[str, Any]:
+    """sbi's call; pinned, joblib's workers (and this process, which simulates itself at
+    ``num_workers=1``) run on the simulating CPUs for the call."""
     from sbi.inference import simulate_for_sbi
 
     from trainforge.workloads.sbi.examples import sir
 
+    simulating, rest = pinned_cpus(cores)
+    if pin:
+        os.sched_setaffinity(0, simulating)
     prior = sir.prior()
     started = time.perf_counter()
     simulate_for_sbi(sir.simulate, prior, warmup, num_workers=cores,
                      simulation_batch_size=min(batch, warmup), seed=1,
                      show_progress_bar=False)  # fmt: skip
     first_call_s = time.perf_counter() - started
+    if pin:  # loky keeps its workers between calls: those from an earlier core count too
+        pin_simulators(simulating, rest, lambda command: True)
     started = time.perf_counter()
     _, x = simulate_for_sbi(
         sir.simulate, prior, simulations, num_workers=cores, simulation_batch_size=batch,
         seed=0, show_progress_bar=False,
     )  # fmt: skip
     seconds = time.perf_counter() - started
+    os.sched_setaffinity(0, simulating | rest)
     assert x.shape == (simulations, 10), x.shape
     return {"seconds": seconds, "first_call_s": first_call_s, "simulation_batch_size": batch}
 
@@ -204,8 +329,9 @@ def _plain_process(theta: Any, barrier: Any, finished: Any) -> None:
     finished.put(time.perf_counter())  # CLOCK_MONOTONIC: one clock for all processes
 
 
-def plain_processes(cores: int, simulations: int) -> dict[str, Any]:
-    """The host's own scaling: ``cores`` new processes, each simulating its share serially."""
+def plain_processes(cores: int, simulations: int, pin: bool) -> dict[str, Any]:
+    """The host's own scaling: ``cores`` new processes, each simulating its share serially;
+    pinned, they share the simulating CPUs."""
     from trainforge.workloads.sbi.examples import sir
 
     theta = sir.prior().sample((simulations,))
@@ -216,6 +342,11 @@ def plain_processes(cores: int, simulations: int) -> dict[str, Any]:
                  for part in theta.chunk(cores)]  # fmt: skip
     for process in processes:
         process.start()
+    if pin:
+        simulating, _ = pinned_cpus(cores)
+        for process in processes:
+            for thread in threads(process.pid):
+                os.sched_setaffinity(thread, simulating)
     barrier.wait()
     released = time.perf_counter()
     ends = [finished.get(timeout=600) for _ in processes]
@@ -230,7 +361,7 @@ def sbi_batch(choice: str, simulations: int, cores: int) -> int:
 
 
 def label(method: str) -> str:
-    if method in ("trainforge", "processes"):
+    if method in ("trainforge", "trainforge_nice0", "processes"):
         return method
     return "sbi_joblib" if method == "1" else f"sbi_joblib_batch_{method}"
 
@@ -280,6 +411,8 @@ def main() -> int:
     add("--sbi-batch", default="1,auto", help="simulate_for_sbi simulation_batch_size values")
     add("--repeats", type=int, default=1, help="measurements per method and core count")
     add("--no-processes", action="store_true", help="skip the plain processes (static split)")
+    add("--pin", action="store_true", help="each method's simulators on the same CPUs")
+    add("--nice0", action="store_true", help="the stage also with Ray's workers at niceness 0")
     add("--budget-s", type=float, default=270.0, help="start no core count ending after this")
     add("--note", default="", help="free text stored with the result")
     args = parser.parse_args()
@@ -292,13 +425,15 @@ def main() -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "note": args.note,
         "hardware": machine, "software": software(), "simulator": SIMULATOR,
         "serial_ms_per_simulation": cost * 1e3, "seconds_per_point": args.seconds,
+        "pinned": args.pin,
         "runs": [], "complete": False,
     }  # fmt: skip
     writer = Writer(args.out, document)
     writer.save()
     print(f"[bench] {machine['cpu_model']}, {machine['usable_cpus']} usable CPUs; "
           f"serial {cost * 1e3:.2f} ms per simulation", flush=True)  # fmt: skip
-    methods = ["trainforge", *args.sbi_batch.split(",")]
+    methods = ["trainforge", *(["trainforge_nice0"] if args.nice0 else []),
+               *args.sbi_batch.split(",")]  # fmt: skip
     methods += [] if args.no_processes else ["processes"]
     last_point_s = 0.0
     for step, cores in enumerate(core_counts(machine["usable_cpus"], args.cores)):
@@ -314,13 +449,14 @@ def main() -> int:
             order = methods if (step + repeat) % 2 == 0 else methods[::-1]
             for method in order:
                 n = simulations
-                if method == "trainforge":
+                if method.startswith("trainforge"):
                     scratch = Path(tempfile.mkdtemp(prefix="sim_scaling_"))
-                    result = trainforge_stage(cores, n, warmup, scratch)
+                    nice0 = method == "trainforge_nice0"
+                    result = trainforge_stage(cores, n, warmup, scratch, args.pin, nice0)
                 elif method == "processes":
-                    result = plain_processes(cores, n)
+                    result = plain_processes(cores, n, args.pin)
                 else:
-                    result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores))
+                    result = sbi_joblib(cores, n, warmup, sbi_batch(method, n, cores), args.pin)
                 rate = n / result["seconds"]
                 document["runs"].append({"method": label(method), "cores": cores,
                                          "repeat": repeat, "num_simulations": n,
