@@ -35,8 +35,16 @@ def process_group(tmp_path: Path) -> Iterator[None]:
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def collector_unfrozen() -> Iterator[None]:
+    """A WarmWorker built in the test process freezes it (``warm.release_run_memory``); the
+    process goes on collecting everything afterwards, as it did before."""
+    yield
+    gc.unfreeze()
+
+
 def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_unfrozen: None
 ) -> None:
     user_code = tmp_path / "project"
     user_code.mkdir()
