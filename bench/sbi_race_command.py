@@ -48,8 +48,13 @@ VARIANTS = {
     "sbi_hyperparameters": [],  # batch 200, lr 5e-4, patience 20: the recipe as shipped
     "b512_lr1e-3": ["train.batch_size=512", "train.lr=1e-3", "train.early_stopping_patience=50"],
     # cosine from 5e-3 to 0 over 350 epochs of batch 1024 (no early stopping)
-    "b1024_lr5e-3_cos350": ["train.batch_size=1024", "train.lr=5e-3", "train.schedule=cosine",
-                            "train.epochs=350", "train.early_stopping_patience=0"],
+    "b1024_lr5e-3_cos350": [
+        "train.batch_size=1024",
+        "train.lr=5e-3",
+        "train.schedule=cosine",
+        "train.epochs=350",
+        "train.early_stopping_patience=0",
+    ],
 }
 EPOCH_DONE = re.compile(r"\[trainforge\] epoch (\d+)(?:/\d+)? done: .*val/loss (-?[\d.]+)")
 
