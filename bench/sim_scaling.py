@@ -71,17 +71,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def core_of(cpu: int) -> tuple[str, str] | None:
+    """The (package, core) pair of ``cpu`` (hyper-threads share one), None where unknown."""
+    topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return ((topology / "physical_package_id").read_text().strip(),
+                (topology / "core_id").read_text().strip())  # fmt: skip
+    except OSError:
+        return None
+
+
 def physical_cores(cpus: set[int]) -> int | None:
     """Distinct (package, core) pairs among ``cpus``: hyper-threads share a core."""
-    pairs = set()
-    for cpu in cpus:
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            package = (topology / "physical_package_id").read_text().strip()
-            pairs.add((package, (topology / "core_id").read_text().strip()))
-        except OSError:
-            return None
-    return len(pairs)
+    pairs = {core_of(cpu) for cpu in cpus}
+    return None if None in pairs else len(pairs)
 
 
 def hardware() -> dict[str, Any]:
@@ -128,12 +131,7 @@ def pinned_cpus(cores: int) -> tuple[set[int], set[int]]:
     chosen: list[int] = []
     seen_cores: set[tuple[str, str]] = set()
     for cpu in reversed(usable):
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            core = ((topology / "physical_package_id").read_text().strip(),
-                    (topology / "core_id").read_text().strip())  # fmt: skip
-        except OSError:
-            core = ("", str(cpu))
+        core = core_of(cpu) or ("", str(cpu))
         if core not in seen_cores:
             seen_cores.add(core)
             chosen.append(cpu)
