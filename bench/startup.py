@@ -1,7 +1,12 @@
 """Start-up benchmark: where the seconds of a whole `trainforge train` command go.
 
 Each repeat runs, in one invocation on one machine and in this order:
-  cold     — no Ray running: the command starts the lasting local cluster (stopped before)
+  cold     — no Ray running (the lasting local cluster stopped before): the command trains on
+             processes of its own and starts the cluster and its warm workers in the
+             background as it ends (driver/own_workers.py); the bench waits for that start
+             before the next command, as a user's next command comes later
+  cold_ray — the same, TRAINFORGE_COLD_WORKERS=ray: the command starts the lasting cluster
+             first and trains on its new warm workers (what `cold` was before)
   warm     — the same command again: it connects to that cluster
   private  — TRAINFORGE_KEEP_CLUSTER=0: a private Ray started and stopped by the command
   raytrain — the cluster up, TRAINFORGE_WARM_WORKERS=0: Ray Train's new worker group per run
@@ -103,6 +108,12 @@ def spin() -> None:
         pass
 
 
+def settle(env: dict[str, str]) -> None:
+    """Wait until a cold command's background start of the cluster and its workers is done."""
+    code = "from trainforge.driver import own_workers; own_workers.wait_for_background(300)"
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=330)
+
+
 def stop_cluster(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-m", "trainforge", "cluster", "stop"], env=env,
                    capture_output=True, timeout=120)  # fmt: skip
@@ -191,8 +202,10 @@ def main() -> None:
     for repeat in range(args.repeats):
         for mode in modes:
             mode_env = env
-            if mode in ("cold", "baseline_cold"):
+            if mode in ("cold", "cold_ray", "baseline_cold"):
                 stop_cluster(env)
+            if mode == "cold_ray":
+                mode_env = {**env, "TRAINFORGE_COLD_WORKERS": "ray"}
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
             if mode in ("baseline", "baseline_cold", "baseline_warm"):
@@ -205,6 +218,8 @@ def main() -> None:
             if args.fresh_data:
                 overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
             result = trainforge_run(args.recipe, f"{mode}{repeat}", overrides, mode_env, work)
+            if mode == "cold":
+                settle(env)
             runs[mode].append(result)
             print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
                   flush=True)  # fmt: skip

@@ -23,6 +23,7 @@ from trainforge.driver import (
     disk_full,
     local_cluster,
     out_of_memory,
+    own_workers,
     recipe_change,
     warm_pool,
 )
@@ -80,14 +81,17 @@ class Outcome:
 @one_at_a_time  # a second command with the same run.name refuses
 def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
-    import ray
-
     from trainforge.workloads import check_workload_data, start_workload_data
 
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     check_existing_run(cfg, root)
     start_workload_data(cfg.workload, cfg.run.seed, root)  # what needs no cluster, while Ray starts
+    if own_workers.unavailable(cfg, root) is None:  # no cluster runs: none is waited for
+        log.say("ray: no local cluster runs; this run's workers are processes of this command")
+        return _train_on_own_workers(cfg, root)
+    import ray
+
     connect()
     # From here on the run uses the resolved recipe: workers, MLflow and checkpoints see the
     # worker count, device and data paths that were decided, not "auto".
@@ -98,13 +102,8 @@ def train(cfg: Recipe) -> Outcome:
     cfg = config.resolve_data(cfg, root)
     recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
 
-    recipe = config.to_container(cfg)
-    payload: dict[str, Any] = {"recipe": recipe, "run_dir": f"{root}/{cfg.run.name}"}
-    payload |= faults.requested()  # TRAINFORGE_FAIL_AFTER_EPOCH and the like, for tests
-    payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
-    payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
+    payload = _payload(cfg, root)
     ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
-    payload["workers_requested_at"] = time.time()  # the workers say how long they took
     failed: tuple[type[BaseException], ...] = (warm_pool.WorkersFailed,)
     if why_not_warm:  # Ray Train's import (~1 s) only where it runs the workers
         import ray.train
@@ -118,6 +117,45 @@ def train(cfg: Recipe) -> Outcome:
             worker_output.close()
 
 
+def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
+    """The run on the command's own worker processes (``own_workers.py``), started before the
+    data stage so that their imports overlap it; the lasting cluster starts in the background
+    afterwards, for later commands."""
+    cfg = config.resolve_workers(cfg, own_workers.resources())
+    team = own_workers.OwnRun(cfg)
+    try:
+        cfg = config.resolve_data(cfg, root)
+        recipe_change.check(cfg, root)
+        payload = _payload(cfg, root)
+        team.attach(payload)
+        folder = storage.local_folder(root)
+        worker_output = None
+        if log.verbosity() <= 0 and folder is not None:  # -v: every worker line as it comes
+            worker_output = console.Console(folder / cfg.run.name / "worker-output.log")
+        try:
+            outcome = _run(cfg, payload, root, None, {}, (warm_pool.WorkersFailed,),
+                           worker_output, own=team)  # fmt: skip
+        finally:
+            if worker_output is not None:
+                worker_output.close()
+    finally:
+        team.close()
+    if outcome.exit_code != 130:  # a run was made, and not given up: more may follow
+        own_workers.start_cluster_in_background(cfg)
+    return outcome
+
+
+def _payload(cfg: Recipe, root: str) -> dict[str, Any]:
+    """What every worker is given: the resolved recipe, the run folder, this command's settings."""
+    payload: dict[str, Any] = {"recipe": config.to_container(cfg)}
+    payload["run_dir"] = f"{root}/{cfg.run.name}"
+    payload |= faults.requested()  # TRAINFORGE_FAIL_AFTER_EPOCH and the like, for tests
+    payload["command"] = os.urandom(8).hex()  # its restarts are counted (worker/restarts.py)
+    payload["env"] = local_cluster.worker_env()  # this command's settings, on every worker
+    payload["workers_requested_at"] = time.time()  # the workers say how long they took
+    return payload
+
+
 def _run(
     cfg: Recipe,
     payload: dict[str, Any],
@@ -126,24 +164,25 @@ def _run(
     ahead: dict[str, Any],
     failed: tuple[type[BaseException], ...],
     worker_output: Any,
+    own: own_workers.OwnRun | None = None,
 ) -> Outcome:
-    """The MLflow run and the workers' run, on warm workers (with those this command started
-    ``ahead``) or Ray Train's."""
+    """The MLflow run and the workers' run, on the command's ``own`` workers, on warm workers
+    (with those this command started ``ahead``) or Ray Train's."""
     recipe, recipe_yaml = payload["recipe"], config.to_yaml(cfg)
     status, checkpoint_path, reason, handle = "FAILED", None, None, None
     caught: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, *failed)
     with contextlib.ExitStack() as stack:
-        warm = None if why_not_warm else stack.enter_context(
+        warm = None if why_not_warm or own else stack.enter_context(
             warm_pool.WarmRun(cfg, payload, worker_output, ahead)
         )  # fmt: skip
-        track = warm.track if warm else _track_here
+        track = own.track if own else warm.track if warm else _track_here
         interrupted = [False]
         try:
             if cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 payload["mlflow"] = handle.for_workers()
-            if warm is not None:
-                finished = warm.fit()
+            if own is not None or warm is not None:
+                finished = own.run(worker_output) if own is not None else warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
             else:
                 metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)

@@ -27,7 +27,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -99,8 +99,8 @@ class WarmRun:
             left.unlink(missing_ok=True)  # (one command per run at a time: run_lock.py)
         self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
         try:
-            self.slots = self._held.enter_context(_claimed_slots(self.cfg.scaling.num_workers))
-            self.gpus = _slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
+            self.slots = self._held.enter_context(claimed_slots(self.cfg.scaling.num_workers))
+            self.gpus = slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
             self.payload["gpus"] = self.gpus  # for the workers' line: which GPUs
             self.members, self.payload["workers_started"] = _members(
                 self.slots, self.gpus, self.ahead
@@ -132,21 +132,43 @@ class WarmRun:
         ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
         import ray
 
-        failures_left = self.cfg.run.max_failures
-        while True:
-            outcome = _run_once(ray, self.members, self.payload)
-            if isinstance(outcome, Finished):
-                return outcome
+        def stop() -> None:
             _stop(ray, self.members)  # blocked in a collective, or gone: not reusable
             self.members = []
-            if failures_left == 0 or any(_is_verdict(e) for e in outcome.values()):
-                raise WorkersFailed(outcome)
-            failures_left -= 1
-            rank, error = next(iter(outcome.items()))
-            log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
-                    f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
-            self.payload["workers_requested_at"] = time.time()
+
+        def start() -> None:
             self.members, self.payload["workers_started"] = _members(self.slots, self.gpus, {})
+
+        return with_restarts(
+            self.cfg.run.max_failures, lambda: _run_once(ray, self.members, self.payload),
+            stop, start, self.payload,
+        )  # fmt: skip
+
+
+def with_restarts(
+    max_failures: int,
+    run_once: Callable[[], Finished | dict[int, BaseException]],
+    stop: Callable[[], None],
+    start: Callable[[], None],
+    payload: dict[str, Any],
+) -> Finished:
+    """Run the worker group (``run_once``: ``Finished``, or rank → exception) until it
+    finishes. After a failure the group is stopped, and within ``max_failures`` a new one is
+    started (``start``) and resumes from the latest checkpoint. Raises ``WorkersFailed``."""
+    failures_left = max_failures
+    while True:
+        outcome = run_once()
+        if isinstance(outcome, Finished):
+            return outcome
+        stop()
+        if failures_left == 0 or any(_is_verdict(e) for e in outcome.values()):
+            raise WorkersFailed(outcome)
+        failures_left -= 1
+        rank, error = next(iter(outcome.items()))
+        log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
+                f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
+        payload["workers_requested_at"] = time.time()
+        start()
 
 
 def describe() -> list[str]:
@@ -211,15 +233,19 @@ def _stop(ray: Any, members: list[Any]) -> None:
             ray.kill(member, no_restart=True)
 
 
-def _slot_gpus(slots: list[int]) -> list[str]:
+def slot_gpus(slots: list[int], count: int | None = None) -> list[str]:
     """The GPU of each slot: slot ``n`` has the ``n``-th of this machine's GPUs (those this
-    command sees), so two commands' workers take different GPUs while there are enough."""
-    import ray
-
+    command sees; ``count`` of them where CUDA_VISIBLE_DEVICES does not list them, else the
+    connected cluster's), so two commands' workers take different GPUs while there are
+    enough."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else []
     if not gpus:
-        gpus = [str(index) for index in range(int(ray.cluster_resources().get("GPU", 0)))]
+        if count is None:
+            import ray
+
+            count = int(ray.cluster_resources().get("GPU", 0))
+        gpus = [str(index) for index in range(count)]
     return [gpus[slot % len(gpus)] for slot in slots]
 
 
@@ -232,8 +258,8 @@ def prestart(cfg: Recipe) -> dict[str, Any]:
     leaves the run another; a process not taken stays warm for later runs)."""
     import ray
 
-    with _claimed_slots(cfg.scaling.num_workers) as slots:  # free now; released at once
-        gpus = _slot_gpus(slots) if cfg.scaling.use_gpu == "true" else None
+    with claimed_slots(cfg.scaling.num_workers) as slots:  # free now; released at once
+        gpus = slot_gpus(slots) if cfg.scaling.use_gpu == "true" else None
     started: dict[str, Any] = {}
     for index, slot in enumerate(slots):
         name = f"worker-{slot}"
@@ -331,7 +357,7 @@ def _ask(ray: Any, ref: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def _claimed_slots(count: int) -> Iterator[list[int]]:
+def claimed_slots(count: int) -> Iterator[list[int]]:
     """``count`` slot numbers no other command holds, held until the run ends."""
     folder = local_cluster.folder() / "warm"
     folder.mkdir(parents=True, exist_ok=True)

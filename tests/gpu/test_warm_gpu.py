@@ -1,5 +1,6 @@
-"""Warm workers on GPUs (``driver/warm_pool.py``): ``trainforge train`` commands on the lasting
-local cluster of a GPU machine. The first command starts a worker per GPU, bound to it; the
+"""Workers on GPUs without and with the lasting local cluster: the first command, with no cluster
+running, trains on processes of its own (``driver/own_workers.py``), one per GPU, over NCCL, and
+starts the cluster and a warm worker per GPU in the background (``driver/warm_pool.py``); the
 next finds them warm and trains over a new NCCL group, and a third with one worker finds GPU 0's;
 all train the graphed ResNet-18 step.
 Skipped without CUDA."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,9 +48,18 @@ def test_warm_workers_serve_one_gpu_run_after_another_over_nccl(tmp_path: Path) 
             assert list((tmp_path / "runs" / name).glob("checkpoint_*")), console
             assert re.search(r"val/loss\s+\d", console), console  # the closing table
             consoles.append(console)
+            if name == "first":  # its background start of the cluster and its workers
+                wait = ("from trainforge.driver import own_workers; "
+                        "assert own_workers.wait_for_background(300)")  # fmt: skip
+                waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home))
+                assert waited.returncode == 0
         first, second, alone = consoles
-        assert f"workers: starting {workers} (they stay warm for later runs)" in first
+        assert (
+            f"workers: starting {workers} on GPU{'s' if workers > 1 else ''} {names}, "
+            "processes of this command" in first
+        )
         assert f"workers: {workers} started {where}" in first
+        assert f"ray: starting the local cluster and {workers} warm worker" in first
         assert "workers: starting" not in second
         assert f"workers: {workers} warm {where}" in second
         assert "workers: 1 warm on GPU 0, nccl, process group up (" in alone

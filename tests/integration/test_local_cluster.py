@@ -48,7 +48,9 @@ def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> N
              step_new_workers_start_before_the_simulations_are_made,
              step_verbose_without_warm_workers_shows_ray_trains_lines,
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
-             step_stop_ends_the_cluster_and_its_ray_processes]  # fmt: skip
+             step_stop_ends_the_cluster_and_its_ray_processes,
+             step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one,
+             step_a_killed_cold_command_leaves_no_worker]  # fmt: skip
     for number, step in enumerate(steps):
         folder = tmp_path / f"step{number}"
         folder.mkdir()
@@ -100,7 +102,10 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
         "ray_version": "2.60.0", "started_at": 0.0,
     }))  # fmt: skip
 
-    out = run(home, "train", str(DIGITS), "run.name=first", *SHORT, cwd=tmp_path)
+    # TRAINFORGE_COLD_WORKERS=ray: the command starts the cluster before its run (by default it
+    # trains on processes of its own and starts it afterwards: the last steps)
+    out = run(home, "train", str(DIGITS), "run.name=first", *SHORT, cwd=tmp_path,
+              TRAINFORGE_COLD_WORKERS="ray")  # fmt: skip
 
     assert out.returncode == 0, out.stdout + out.stderr
     console = out.stdout + out.stderr
@@ -314,3 +319,89 @@ def step_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path)
     assert state["temp_dir"] not in ps  # no raylet or GCS of that cluster is left
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert status.returncode == 1 and "no local cluster is running" in status.stdout
+
+
+def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
+    home: Path, tmp_path: Path
+) -> None:
+    """No cluster runs (the step before stopped it): the command trains on processes of its
+    own, restarts them after a failure, and starts the cluster and its warm workers in the
+    background as it ends; the next command finds both."""
+    out = run(home, "train", str(DIGITS), "run.name=own", *SHORT, "run.max_failures=1",
+              cwd=tmp_path, TRAINFORGE_FAIL_AFTER_EPOCH="1")  # fmt: skip
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    console = out.stdout + out.stderr
+    lines = [line for line in console.splitlines() if line.strip()]
+    strangers = [line for line in lines if not OWN_LINE.match(line)]
+    assert strangers == [], strangers
+    phases = ("ray: no local cluster runs; this run's workers are processes of this command",
+              "workers: starting 2, processes of this command", "mlflow: run ",
+              "workers: 2 started, process group up (",
+              "failed (RuntimeError: injected failure after epoch 1", "restarting the workers",
+              "workers restarted (1 so far, run.max_failures), resuming", "epoch 2/2 done",
+              "ray: starting the local cluster and 2 warm workers in the background")  # fmt: skip
+    for phase in phases:
+        assert phase in console, phase
+    assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
+    assert "ray: connected" not in console and "ray: started" not in console  # no Ray waited for
+    run_dir = tmp_path / "runs" / "own"
+    assert list(run_dir.glob("checkpoint_*"))
+    assert "(TrainforgeWorker rank=0 " in (run_dir / "worker-output.log").read_text()
+    assert not list(run_dir.glob(".worker-lines-*"))
+
+    wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
+    waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
+    assert waited.returncode == 0
+    assert alive(state_of(home)["supervisor_pid"])
+    assert len(warm_workers(home)) == 2
+
+    again = run(home, "train", str(DIGITS), "run.name=own-again", *SHORT, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"ray: connected to the local cluster at {state_of(home)['gcs_address']}" in again.stdout
+    assert "workers: 2 warm, process group up (" in again.stdout  # the background's workers
+
+
+def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> None:
+    """A SIGKILLed command cannot stop its own workers: each ends itself (it checks that its
+    command lives). A Ctrl-C ends the command with one line; it starts no cluster."""
+    stopped = run(home, "cluster", "stop", cwd=tmp_path)
+    assert stopped.returncode == 0
+    long = [*trainforge(), "train", str(DIGITS), "run.name=killed", "train.epochs=200",
+            "scaling.num_workers=2", "train.log_every_steps=5"]  # fmt: skip
+    for stop in (signal.SIGINT, signal.SIGKILL):
+        process = subprocess.Popen(long, env=env_for(home), cwd=tmp_path, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        assert process.stdout is not None
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if re.search(r"epoch \d+/200 done", line):
+                break
+        assert any("processes of this command" in line for line in seen), "".join(seen)
+        assert own_workers_in(tmp_path) != []
+        process.send_signal(stop)
+        rest = process.communicate(timeout=60)[0]
+        if stop == signal.SIGINT:
+            assert process.returncode == 130, "".join(seen) + rest
+            assert rest.strip() == (
+                "[trainforge] interrupted; the run resumes from its last checkpoint when re-run"
+            )
+        deadline = time.monotonic() + 20
+        while own_workers_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert own_workers_in(tmp_path) == [], f"after {stop.name}"
+    assert not (home / "local-cluster" / "state.json").exists()  # neither started one
+
+
+def own_workers_in(folder: Path) -> list[int]:
+    """The cold commands' worker processes (``worker/own.py``) working in ``folder``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"trainforge.worker.own" in args and (entry / "cwd").resolve() == folder.resolve():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found

@@ -167,8 +167,8 @@ def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
 
 def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
-    assert warm_pool._slot_gpus([0, 1]) == ["3", "5"]
-    assert warm_pool._slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
+    assert warm_pool.slot_gpus([0, 1]) == ["3", "5"]
+    assert warm_pool.slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
 
 
 def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(

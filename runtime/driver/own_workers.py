@@ -1,0 +1,301 @@
+"""A cold local command's workers: processes of its own (``worker/own.py``), started at once,
+while no local cluster runs; the lasting cluster starts in the background after the run, for
+later commands.
+
+Why: with no Ray running, a command waited for the lasting cluster's start (`ray start`, 7.4 s on
+this project's 2-core CPU, 7.7 s on a 16-core H100 host) and then for its warm workers' start
+(their imports; 13 s on that host) before the first step: 15.8 s on the CPU, 25.3 s on one H100
+(bench/results, issue 12). Training on one machine needs no cluster: the command starts its
+workers itself and they import while it creates the MLflow run and makes the data.
+
+A worker is the warm pool's worker class (``worker/warm.py``) in a plain process: the same loop,
+process group (gloo; NCCL on its GPU) over a TCP store on loopback, checkpoints in the run folder,
+lines relayed from the run folder's file. What the warm pool does for a run, done here too:
+restarts within ``run.max_failures`` from the latest checkpoint (``warm_pool.with_restarts``), a
+Ctrl-C stops the workers, their errors reach the command rank by rank (``WorkersFailed``). GPU
+workers take the warm pool's slots, so two commands take different GPUs. A worker ends when its
+command ends, even a SIGKILLed one (it checks that the command lives).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import IO, Any
+
+from trainforge import log, storage
+from trainforge.config import Recipe
+from trainforge.driver import local_cluster, warm_pool
+
+ENV = "TRAINFORGE_COLD_WORKERS"
+"""``ray``: a command with no local cluster running starts it and runs on its warm workers, as
+one does when it runs (``own``, the default: the command's own processes)."""
+POLL_S = 0.05
+STOP_WAIT_S = 5.0  # a worker asked to stop (SIGTERM) gets this long before SIGKILL
+
+
+def unavailable(cfg: Recipe, storage_path: str) -> str | None:
+    """Why this command cannot run on its own processes (None: it can). Checked before Ray:
+    only a local command with no cluster to use qualifies."""
+    if os.environ.get(ENV, "own").strip().lower() == "ray":
+        return f"{ENV}=ray"
+    if not local_cluster.keep_cluster():
+        return "a private Ray (TRAINFORGE_KEEP_CLUSTER=0)"
+    if os.environ.get("RAY_ADDRESS"):
+        return "RAY_ADDRESS names a cluster"
+    if cfg.scaling.use_gpu != "false" and cfg.scaling.resources_per_worker.get("GPU", 1) != 1:
+        return "workers of other than one GPU each"
+    if storage.local_folder(storage_path) is None:
+        return "remote storage"
+    if _needs_cluster(cfg):
+        return "its data stage runs on the cluster"
+    why_not_warm = warm_pool.unavailable(cfg, storage_path, on_lasting_cluster=True)
+    if why_not_warm is not None:
+        return why_not_warm
+    if local_cluster.running() is not None:
+        return "the local cluster runs"
+    return None
+
+
+def _needs_cluster(cfg: Recipe) -> bool:
+    """Does the workload's data stage spread work over Ray (SBI simulations too big to be made
+    by the command's own process)?"""
+    if cfg.workload.kind != "sbi":
+        return False
+    from trainforge.workloads.sbi import simulate
+
+    section: Any = cfg.workload
+    return section.simulation.path is None and not simulate.simulates_here(section)
+
+
+def resources() -> dict[str, float]:
+    """What this machine offers the run, counted as Ray would count it for a local cluster:
+    the CPUs this process may use, the GPUs it sees."""
+    return {"CPU": float(len(os.sched_getaffinity(0))), "GPU": float(len(visible_gpus()))}
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a new process would see: CUDA_VISIBLE_DEVICES where set, else every NVIDIA GPU
+    of the machine (as the driver lists them; no CUDA context is made)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
+    listed = Path("/proc/driver/nvidia/gpus")
+    if listed.is_dir():
+        return [str(index) for index in range(len(list(listed.iterdir())))]
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
+    return []
+
+
+class OwnRun:
+    """One command's own worker processes, from their start (``__init__``: they import while
+    the command goes on) to their end (``close``); ``track`` makes the command's MLflow calls in
+    rank 0's process, ``run`` runs the loop in them, with restarts."""
+
+    def __init__(self, cfg: Recipe) -> None:
+        self.cfg = cfg
+        self._held = contextlib.ExitStack()
+        count = cfg.scaling.num_workers
+        self.slots = self._held.enter_context(warm_pool.claimed_slots(count))
+        self.gpus: list[str] | None = None
+        if cfg.scaling.use_gpu == "true":
+            self.gpus = warm_pool.slot_gpus(self.slots, len(visible_gpus()))
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.connections: list[Connection] = []
+        self.outputs: list[IO[bytes]] = []
+        self._start()
+        where = f" on GPU{'s' * (count > 1)} {','.join(self.gpus)}" if self.gpus else ""
+        log.say(f"workers: starting {count}{where}, processes of this command")
+
+    def _start(self) -> None:
+        from trainforge.tracking.client import resolve_uri
+
+        uri = resolve_uri(self.cfg.tracking.tracking_uri) if self.cfg.tracking.enabled else None
+        for index in range(self.cfg.scaling.num_workers):
+            ours, theirs = socket.socketpair()
+            output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop
+            with theirs:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "trainforge.worker.own", str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,  # a Ctrl-C is the command's: it stops them
+                )  # fmt: skip
+            connection = Connection(ours.detach())
+            gpu = self.gpus[index] if self.gpus else None
+            store = uri if index == 0 else None  # rank 0 makes the MLflow calls
+            connection.send((sys.path, os.getpid(), gpu, store, local_cluster.worker_env()))
+            self.processes.append(process)
+            self.connections.append(connection)
+            self.outputs.append(output)
+
+    def track(self, call: str, *args: Any) -> Any:
+        """``tracking.driver.<call>(*args)`` in rank 0's process; here when that one is gone
+        (a failed or interrupted run's workers are stopped)."""
+        from trainforge.tracking import driver as tracking
+
+        answer = None
+        if self.connections:
+            console_file = str(warm_pool.console_file(self.payload))
+            with contextlib.suppress(EOFError, OSError):  # gone: the call is made here
+                self.connections[0].send(("track", call, args, console_file))
+                answer = self.connections[0].recv()
+        if answer is None:
+            return getattr(tracking, call)(*args)
+        kind, value = answer
+        if kind == "failed":
+            raise value
+        return value
+
+    def attach(self, payload: dict[str, Any]) -> None:
+        """The run's payload: the workers' lines go to its console file."""
+        self.payload = payload
+        payload["console_file"] = str(warm_pool.console_file(payload))
+        payload["gpus"] = self.gpus
+        payload["workers_started"] = self.cfg.scaling.num_workers  # "N started"
+
+    def run(self, output: Any) -> warm_pool.Finished:
+        """The loop in the workers until it ends, restarts within ``run.max_failures``; raises
+        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
+        from trainforge.driver import console
+
+        stop_relay = console.relay_file(Path(self.payload["console_file"]), output)
+        try:
+            return warm_pool.with_restarts(
+                self.cfg.run.max_failures, self._run_once, self._stop, self._start, self.payload
+            )
+        except BaseException:
+            self._stop()
+            raise
+        finally:
+            stop_relay()
+
+    def _run_once(self) -> warm_pool.Finished | dict[int, BaseException]:
+        port = local_cluster.free_port()
+        world_size = len(self.processes)
+        ranks = {}
+        for rank, connection in enumerate(self.connections):
+            with contextlib.suppress(OSError):  # it died importing: its end of file tells
+                connection.send(("run", self.payload, rank, world_size, port))
+            ranks[connection] = rank
+        results: dict[int, Any] = {}
+        while len(results) < world_size:
+            for connection in wait([c for c in ranks if ranks[c] not in results]):
+                rank = ranks[connection]
+                try:
+                    kind, value = connection.recv()
+                except (EOFError, OSError):
+                    kind, value = "failed", self._died(rank)
+                if kind == "failed":
+                    return {rank: value}  # the others may wait in a collective for it
+                results[rank] = value
+        return warm_pool.Finished(results[0]["metrics"], results[0]["checkpoint"])
+
+    def _died(self, rank: int) -> RuntimeError:
+        """A worker process that ended without an answer (killed, crashed, failed importing):
+        an error with the last lines it printed."""
+        process, output = self.processes[rank], self.outputs[rank]
+        code = process.wait()
+        output.seek(0)
+        tail = output.read().decode(errors="replace").strip().splitlines()[-20:]
+        how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
+        return RuntimeError(f"worker process {process.pid} (rank {rank}) {how}" +
+                            (":\n" + "\n".join(tail) if tail else ""))  # fmt: skip
+
+    def _stop(self) -> None:
+        """End every worker process (and what it started: DataLoader workers)."""
+        for connection in self.connections:
+            connection.close()  # an idle worker ends on it
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for process in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for output in self.outputs:
+            output.close()
+        self.processes, self.connections, self.outputs = [], [], []
+
+    def close(self) -> None:
+        """Stop the workers and give back their slots (again: nothing happens)."""
+        self._stop()
+        self._held.close()
+
+
+def start_cluster_in_background(cfg: Recipe) -> None:
+    """Start the lasting local cluster and the run's warm workers (``warm_pool.prestart``) for
+    later commands, in a detached process (``main``), and say so; this command does not wait.
+    The process holds ``background.lock`` until it is done (``wait_for_background``)."""
+    home = local_cluster.folder()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / "background.lock", "a") as lock, open(home / "background.log", "ab") as out:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # taken here, so no one finds it free before the start
+        process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(lock.fileno())],
+            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, pass_fds=(lock.fileno(),),
+        )  # fmt: skip
+        assert process.stdin is not None
+        with process.stdin:
+            process.stdin.write(pickle.dumps((cfg, sys.path)))
+    idle_min = local_cluster.idle_stop_s() / 60
+    workers = cfg.scaling.num_workers
+    log.say(f"ray: starting the local cluster and {workers} warm worker{'s' * (workers > 1)} in "
+            f"the background; later commands use them, the cluster stops after {idle_min:.0f} "
+            "min unused or on `trainforge cluster stop`")  # fmt: skip
+
+
+def wait_for_background(timeout_s: float) -> bool:
+    """Wait until no background start (``start_cluster_in_background``) runs; False on
+    timeout."""
+    path = local_cluster.folder() / "background.lock"
+    deadline = time.monotonic() + timeout_s
+    with open(path, "a") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
+
+
+def main(lock_fd: int) -> int:
+    """The background start: the lasting cluster (``cluster.connect`` starts it, or joins one
+    started meanwhile), then the warm workers a command of this recipe would take."""
+    cfg, sys_path = pickle.load(sys.stdin.buffer)
+    sys.path[:] = sys_path  # the command's: the warm workers take it on
+    from trainforge.driver.cluster import connect
+
+    connect()
+    started = warm_pool.prestart(cfg)
+    import ray
+
+    # constructed (imports done) before this process, their first owner, ends
+    ray.get([worker.preload.remote() for worker in started.values()])
+    os.close(lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))

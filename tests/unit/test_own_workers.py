@@ -1,0 +1,107 @@
+"""A cold command's own workers, their parts in this process (``driver/own_workers.py``,
+``worker/own.py``): which commands run on them, what the machine offers without Ray, how a
+worker's exception crosses back. Their whole path — a real command, a failure and restart, the
+cluster started in the background, a Ctrl-C and a SIGKILL — is in
+tests/integration/test_local_cluster.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trainforge.driver import local_cluster, own_workers
+from trainforge.errors import NonFiniteLoss
+from trainforge.worker.own import portable
+
+
+def recipe(kind: str = "cnn", use_gpu: str = "auto", **resources: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        scaling=SimpleNamespace(use_gpu=use_gpu, resources_per_worker=resources),
+        workload=SimpleNamespace(kind=kind),
+    )
+
+
+def test_which_commands_train_on_their_own_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))  # no cluster runs there
+    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
+    local = str(tmp_path / "runs")
+
+    def why(cfg: SimpleNamespace | None = None, storage: str = local) -> str | None:
+        return own_workers.unavailable(cfg or recipe(), storage)  # type: ignore[arg-type]
+
+    assert why() is None
+    assert why(recipe(use_gpu="true", GPU=1)) is None
+    assert why(recipe(use_gpu="true", GPU=2)) == "workers of other than one GPU each"
+    assert why(storage="s3://bucket/runs") == "remote storage"
+    monkeypatch.setenv(own_workers.ENV, "ray")
+    assert why() == f"{own_workers.ENV}=ray"
+    monkeypatch.delenv(own_workers.ENV)
+    monkeypatch.setenv("TRAINFORGE_WARM_WORKERS", "0")  # Ray Train's worker group was asked for
+    assert why() == "TRAINFORGE_WARM_WORKERS=0"
+    monkeypatch.delenv("TRAINFORGE_WARM_WORKERS")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert why() == "RAY_ADDRESS names a cluster"
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv(local_cluster.KEEP_ENV, "0")
+    assert why() == "a private Ray (TRAINFORGE_KEEP_CLUSTER=0)"
+
+
+def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.conftest import RECIPES
+    from trainforge import config
+
+    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
+    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    built_in = config.load(RECIPES / "sbi" / "two_moons_debug.yaml")  # seconds of one core
+    custom = RECIPES / "sbi" / "sir_custom.yaml"  # a user's simulator: its cost is unknown
+    spread, here = config.load(custom), config.load(custom, ["workload.simulation.where=here"])
+    made = config.load(custom, ["workload.simulation.path=/data/sims"])
+    assert own_workers.unavailable(built_in, str(tmp_path)) is None  # made by the command
+    assert own_workers.unavailable(spread, str(tmp_path)) == "its data stage runs on the cluster"
+    assert own_workers.unavailable(here, str(tmp_path)) is None
+    assert own_workers.unavailable(made, str(tmp_path)) is None  # nothing to simulate
+
+
+def test_the_gpus_a_new_process_would_see(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert own_workers.visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert own_workers.visible_gpus() == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert own_workers.visible_gpus() == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    expected = len(os.listdir("/proc/driver/nvidia/gpus")) if os.path.isdir(
+        "/proc/driver/nvidia/gpus") else None  # fmt: skip
+    if expected is not None:
+        assert len(own_workers.visible_gpus()) == expected
+    resources = own_workers.resources()
+    assert resources["CPU"] == len(os.sched_getaffinity(0))
+
+
+def test_a_worker_exception_crosses_back_as_itself_or_as_text() -> None:
+    verdict = portable(NonFiniteLoss("loss is nan at step 12"))
+    assert isinstance(pickle.loads(pickle.dumps(verdict)), NonFiniteLoss)  # the run's own stop
+
+    class Unbuildable(Exception):  # pickle cannot rebuild it: __init__ wants two arguments
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"{a}/{b}")
+
+    try:
+        raise Unbuildable(1, 2)
+    except Unbuildable as exc:
+        crossed = pickle.loads(pickle.dumps(portable(exc)))
+    assert isinstance(crossed, RuntimeError)
+    assert str(crossed).startswith("Unbuildable: 1/2\n")
+    assert "raise Unbuildable(1, 2)" in str(crossed)  # the worker's traceback, as text
