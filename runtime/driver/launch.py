@@ -175,7 +175,7 @@ def _run(
         warm = None if why_not_warm or own else stack.enter_context(
             warm_pool.WarmRun(cfg, payload, worker_output, ahead)
         )  # fmt: skip
-        track = own.track if own else warm.track if warm else _track_here
+        track = warm.track if warm else _track_here
         interrupted = [False]
         try:
             if cfg.tracking.enabled:

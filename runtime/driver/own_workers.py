@@ -102,8 +102,10 @@ def visible_gpus() -> list[str]:
 
 class OwnRun:
     """One command's own worker processes, from their start (``__init__``: they import while
-    the command goes on) to their end (``close``); ``track`` makes the command's MLflow calls in
-    rank 0's process, ``run`` runs the loop in them, with restarts."""
+    the command creates the MLflow run and makes the data) to their end (``close``); ``run``
+    runs the loop in them, with restarts. The command makes its MLflow calls itself: its import
+    of MLflow overlaps the workers' of torch (rank 0 imports MLflow during the run's setup,
+    ``tracking/worker.py``)."""
 
     def __init__(self, cfg: Recipe) -> None:
         self.cfg = cfg
@@ -121,9 +123,6 @@ class OwnRun:
         log.say(f"workers: starting {count}{where}, processes of this command")
 
     def _start(self) -> None:
-        from trainforge.tracking.client import resolve_uri
-
-        uri = resolve_uri(self.cfg.tracking.tracking_uri) if self.cfg.tracking.enabled else None
         for index in range(self.cfg.scaling.num_workers):
             ours, theirs = socket.socketpair()
             output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop
@@ -135,30 +134,10 @@ class OwnRun:
                     start_new_session=True,  # a Ctrl-C is the command's: it stops them
                 )  # fmt: skip
             connection = Connection(ours.detach())
-            gpu = self.gpus[index] if self.gpus else None
-            store = uri if index == 0 else None  # rank 0 makes the MLflow calls
-            connection.send((sys.path, os.getpid(), gpu, store, local_cluster.worker_env()))
+            connection.send((sys.path, os.getpid(), self.gpus[index] if self.gpus else None))
             self.processes.append(process)
             self.connections.append(connection)
             self.outputs.append(output)
-
-    def track(self, call: str, *args: Any) -> Any:
-        """``tracking.driver.<call>(*args)`` in rank 0's process; here when that one is gone
-        (a failed or interrupted run's workers are stopped)."""
-        from trainforge.tracking import driver as tracking
-
-        answer = None
-        if self.connections:
-            console_file = str(warm_pool.console_file(self.payload))
-            with contextlib.suppress(EOFError, OSError):  # gone: the call is made here
-                self.connections[0].send(("track", call, args, console_file))
-                answer = self.connections[0].recv()
-        if answer is None:
-            return getattr(tracking, call)(*args)
-        kind, value = answer
-        if kind == "failed":
-            raise value
-        return value
 
     def attach(self, payload: dict[str, Any]) -> None:
         """The run's payload: the workers' lines go to its console file."""
@@ -189,7 +168,7 @@ class OwnRun:
         ranks = {}
         for rank, connection in enumerate(self.connections):
             with contextlib.suppress(OSError):  # it died importing: its end of file tells
-                connection.send(("run", self.payload, rank, world_size, port))
+                connection.send((self.payload, rank, world_size, port))
             ranks[connection] = rank
         results: dict[int, Any] = {}
         while len(results) < world_size:
@@ -212,8 +191,9 @@ class OwnRun:
         output.seek(0)
         tail = output.read().decode(errors="replace").strip().splitlines()[-20:]
         how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
-        return RuntimeError(f"worker process {process.pid} (rank {rank}) {how}" +
-                            (":\n" + "\n".join(tail) if tail else ""))  # fmt: skip
+        last = f": {tail[-1]}" if tail else ""  # a traceback's last line names the error
+        return RuntimeError(f"worker process {process.pid} (rank {rank}) {how}{last}" +
+                            ("\n" + "\n".join(tail) if tail else ""))  # fmt: skip
 
     def _stop(self) -> None:
         """End every worker process (and what it started: DataLoader workers)."""

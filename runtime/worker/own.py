@@ -1,18 +1,15 @@
 """A worker process of a cold command's own (``driver/own_workers.py``): the warm pool's worker
-(``worker/warm.py``: its imports, its CUDA context, its ``run``, its MLflow calls) in a plain
+(``worker/warm.py``: its imports, its CUDA context, its ``run``) in a plain
 process that the command started, for one run.
 
 It talks with the command over a connection (a socket pair; the command passes its end's file
 descriptor as the argument). The first message is (Python path, the command's pid, its GPU or
-None, the MLflow store to open or None, the command's settings): it imports torch and the loop,
-and opens the store, at once. Then it answers requests until the command closes the connection:
-
-  ("track", call, args, console file) — ``tracking.driver.<call>(*args)``: rank 0 makes the
-      command's MLflow calls, as a warm worker does, so MLflow is imported once on the machine;
-  ("run", payload, rank, world size, store port) — the run.
-
-Each answer is ("ok", value) or ("failed", exception). The process ends with its command
-(``WarmWorker`` checks that it lives), so a killed command leaves no loop running.
+None): it imports torch and the loop, and makes its CUDA context, at once. The second is the
+run (payload, rank, world size, store port), sent once the command has created the MLflow run
+and made the data; the answer is ("ok", what rank 0 reported last) or ("failed", exception).
+A closed connection before the run means the command needs the process no more. The process
+ends with its command (``WarmWorker`` checks that it lives), so a killed command leaves no loop
+running.
 
     python -m trainforge.worker.own FD
 """
@@ -28,28 +25,21 @@ from typing import Any
 
 def main(fd: int) -> int:
     connection = Connection(fd)
-    sys_path, driver_pid, gpu, tracking_uri, env = connection.recv()
+    sys_path, driver_pid, gpu = connection.recv()
     from trainforge.worker.warm import WarmWorker
 
     worker = WarmWorker(sys_path, driver_pid, float("inf"), gpu)
-    if tracking_uri is not None:  # MLflow's imports while the command goes on
-        worker.open_tracking(tracking_uri, env)
-    while True:
-        try:
-            request = connection.recv()
-        except EOFError:  # the command needs this process no more
-            return 0
-        answer: tuple[str, Any]
-        try:
-            if request[0] == "track":
-                _, call, args, console_file = request
-                answer = ("ok", worker.track(call, args, env, console_file))
-            else:
-                _, payload, rank, world_size, port = request
-                answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
-        except BaseException as exc:  # every failure goes back to the command
-            answer = ("failed", portable(exc))
-        connection.send(answer)
+    try:
+        payload, rank, world_size, port = connection.recv()
+    except EOFError:  # the command needs this process no more
+        return 0
+    answer: tuple[str, Any]
+    try:
+        answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
+    except BaseException as exc:  # every failure goes back to the command
+        answer = ("failed", portable(exc))
+    connection.send(answer)
+    return 0
 
 
 def portable(exc: BaseException) -> BaseException:
