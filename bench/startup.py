@@ -175,7 +175,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="cold,warm,private",
-        help="which of cold, warm, raytrain, private, baseline_cold, baseline_warm to run, "
+        help="which of cold, cold_ray, warm, raytrain, private, baseline_cold, baseline_warm "
+        "to run, "
         "in this order",
     )
     parser.add_argument(
