@@ -181,8 +181,11 @@ def _run(
             if cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 payload["mlflow"] = handle.for_workers()
-            if own is not None or warm is not None:
-                finished = own.run(worker_output) if own is not None else warm.fit()
+            if own is not None:
+                finished = own.run(worker_output)
+                metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
+            elif warm is not None:
+                finished = warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
             else:
                 metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)

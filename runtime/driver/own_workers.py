@@ -165,17 +165,17 @@ class OwnRun:
     def _run_once(self) -> warm_pool.Finished | dict[int, BaseException]:
         port = local_cluster.free_port()
         world_size = len(self.processes)
-        ranks = {}
+        ranks: dict[Any, int] = {}  # connection → rank (``wait`` returns the ready ones)
         for rank, connection in enumerate(self.connections):
             with contextlib.suppress(OSError):  # it died importing: its end of file tells
                 connection.send((self.payload, rank, world_size, port))
             ranks[connection] = rank
         results: dict[int, Any] = {}
         while len(results) < world_size:
-            for connection in wait([c for c in ranks if ranks[c] not in results]):
-                rank = ranks[connection]
+            for ready in wait([c for c in ranks if ranks[c] not in results]):
+                rank = ranks[ready]
                 try:
-                    kind, value = connection.recv()
+                    kind, value = self.connections[rank].recv()
                 except (EOFError, OSError):
                     kind, value = "failed", self._died(rank)
                 if kind == "failed":
