@@ -179,17 +179,8 @@ def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
 
     # A Ctrl-C ends the command with one line and stops its workers; a SIGKILLed command's
     # workers stop themselves (each checks that its command lives).
-    long = [*trainforge(), "train", str(DIGITS), "run.name=stopped", "train.epochs=200",
-            "scaling.num_workers=2", "train.log_every_steps=5"]  # fmt: skip
     for stop in (signal.SIGINT, signal.SIGKILL):
-        process = subprocess.Popen(long, env=env_for(home), cwd=tmp_path, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        assert process.stdout is not None
-        seen = []
-        for line in process.stdout:
-            seen.append(line)
-            if re.search(r"epoch \d+/200 done", line):  # training (a resumed run: later epochs)
-                break
+        process, seen = training(home, tmp_path, "stopped")
         process.send_signal(stop)
         rest = process.communicate(timeout=60)[0]
         if stop == signal.SIGINT:
@@ -209,6 +200,22 @@ def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
     while warm_workers(home) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert warm_workers(home) == []  # … and then none
+
+
+def training(home: Path, cwd: Path, name: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """A long digits run, started and read until it has trained an epoch (a resumed run: a
+    later one); the process, its stdout still open, and the lines it printed so far."""
+    long = [*trainforge(), "train", str(DIGITS), f"run.name={name}", "train.epochs=200",
+            "scaling.num_workers=2", "train.log_every_steps=5"]  # fmt: skip
+    process = subprocess.Popen(long, env=env_for(home), cwd=cwd, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if re.search(r"epoch \d+/200 done", line):
+            break
+    return process, seen
 
 
 def warm_workers(home: Path, doing: str = "") -> list[str]:
@@ -367,17 +374,8 @@ def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> N
     command lives). A Ctrl-C ends the command with one line; it starts no cluster."""
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
     assert stopped.returncode == 0
-    long = [*trainforge(), "train", str(DIGITS), "run.name=killed", "train.epochs=200",
-            "scaling.num_workers=2", "train.log_every_steps=5"]  # fmt: skip
     for stop in (signal.SIGINT, signal.SIGKILL):
-        process = subprocess.Popen(long, env=env_for(home), cwd=tmp_path, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        assert process.stdout is not None
-        seen = []
-        for line in process.stdout:
-            seen.append(line)
-            if re.search(r"epoch \d+/200 done", line):
-                break
+        process, seen = training(home, tmp_path, "killed")
         assert any("processes of this command" in line for line in seen), "".join(seen)
         assert own_workers_in(tmp_path) != []
         process.send_signal(stop)
