@@ -34,14 +34,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import log, storage
+from trainforge import log
 from trainforge.config import Recipe
 from trainforge.driver import local_cluster, warm_pool
 
 ENV = "TRAINFORGE_COLD_WORKERS"
 """``ray``: a command with no local cluster running starts it and runs on its warm workers, as
 one does when it runs (``own``, the default: the command's own processes)."""
-POLL_S = 0.05
 STOP_WAIT_S = 5.0  # a worker asked to stop (SIGTERM) gets this long before SIGKILL
 
 
@@ -56,10 +55,9 @@ def unavailable(cfg: Recipe, storage_path: str) -> str | None:
         return "RAY_ADDRESS names a cluster"
     if cfg.scaling.use_gpu != "false" and cfg.scaling.resources_per_worker.get("GPU", 1) != 1:
         return "workers of other than one GPU each"
-    if storage.local_folder(storage_path) is None:
-        return "remote storage"
     if _needs_cluster(cfg):
         return "its data stage runs on the cluster"
+    # its switch (TRAINFORGE_WARM_WORKERS=0) and remote storage rule these out too
     why_not_warm = warm_pool.unavailable(cfg, storage_path, on_lasting_cluster=True)
     if why_not_warm is not None:
         return why_not_warm
