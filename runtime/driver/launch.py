@@ -102,7 +102,7 @@ def train(cfg: Recipe) -> Outcome:
     cfg = config.resolve_data(cfg, root)
     recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
 
-    payload = _payload(cfg, root)
+    payload = worker_payload(cfg, root)
     ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
     failed: tuple[type[BaseException], ...] = (warm_pool.WorkersFailed,)
     if why_not_warm:  # Ray Train's import (~1 s) only where it runs the workers
@@ -111,7 +111,7 @@ def train(cfg: Recipe) -> Outcome:
         failed += (ray.train.TrainingFailedError,)
     worker_output = console.attach(storage.local_folder(root), cfg.run.name)
     try:
-        return _run(cfg, payload, root, why_not_warm, ahead, failed, worker_output)
+        return run_workers(cfg, payload, root, why_not_warm, ahead, failed, worker_output)
     finally:
         if worker_output is not None:
             worker_output.close()
@@ -126,15 +126,15 @@ def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
     try:
         cfg = config.resolve_data(cfg, root)
         recipe_change.check(cfg, root)
-        payload = _payload(cfg, root)
+        payload = worker_payload(cfg, root)
         team.attach(payload)
         folder = storage.local_folder(root)
         worker_output = None
         if log.verbosity() <= 0 and folder is not None:  # -v: every worker line as it comes
             worker_output = console.Console(folder / cfg.run.name / "worker-output.log")
         try:
-            outcome = _run(cfg, payload, root, None, {}, (warm_pool.WorkersFailed,),
-                           worker_output, own=team)  # fmt: skip
+            outcome = run_workers(cfg, payload, root, None, {}, (warm_pool.WorkersFailed,),
+                                  worker_output, own=team)  # fmt: skip
         finally:
             if worker_output is not None:
                 worker_output.close()
@@ -145,7 +145,7 @@ def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
     return outcome
 
 
-def _payload(cfg: Recipe, root: str) -> dict[str, Any]:
+def worker_payload(cfg: Recipe, root: str) -> dict[str, Any]:
     """What every worker is given: the resolved recipe, the run folder, this command's settings."""
     payload: dict[str, Any] = {"recipe": config.to_container(cfg)}
     payload["run_dir"] = f"{root}/{cfg.run.name}"
@@ -156,7 +156,7 @@ def _payload(cfg: Recipe, root: str) -> dict[str, Any]:
     return payload
 
 
-def _run(
+def run_workers(
     cfg: Recipe,
     payload: dict[str, Any],
     root: str,

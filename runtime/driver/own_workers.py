@@ -222,11 +222,18 @@ class OwnRun:
 def start_cluster_in_background(cfg: Recipe) -> None:
     """Start the lasting local cluster and the run's warm workers (``warm_pool.prestart``) for
     later commands, in a detached process (``main``), and say so; this command does not wait.
-    The process holds ``background.lock`` until it is done (``wait_for_background``)."""
+    The process holds ``background.lock`` until it is done (``wait_for_background``). Where
+    another command's background start still runs, this one starts nothing: its cluster serves
+    both, and this command does not wait for it to end."""
     home = local_cluster.folder()
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "background.lock", "a") as lock, open(home / "background.log", "ab") as out:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # taken here, so no one finds it free before the start
+        try:  # taken here, so no one finds it free before the start
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.say("ray: the local cluster is being started in the background by another "
+                    "command; later commands use it")  # fmt: skip
+            return
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(lock.fileno())],
             stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
@@ -260,17 +267,18 @@ def wait_for_background(timeout_s: float) -> bool:
 
 def main(lock_fd: int) -> int:
     """The background start: the lasting cluster (``cluster.connect`` starts it, or joins one
-    started meanwhile), then the warm workers a command of this recipe would take."""
+    started meanwhile), then the warm workers a command of this recipe would take, and their
+    first run, a rehearsal of this recipe (``rehearsal.py``), so the next command finds them
+    as warm as workers that have run once."""
     cfg, sys_path = pickle.load(sys.stdin.buffer)
     sys.path[:] = sys_path  # the command's: the warm workers take it on
+    from trainforge.driver import rehearsal
     from trainforge.driver.cluster import connect
 
     connect()
     started = warm_pool.prestart(cfg)
-    import ray
-
-    # constructed (imports done) before this process, their first owner, ends
-    ray.get([worker.preload.remote() for worker in started.values()])
+    code = rehearsal.rehearse(cfg, started)
+    log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")
     os.close(lock_fd)
     return 0
 

@@ -130,13 +130,6 @@ class WarmWorker:
         with _lines_to(Path(console_file), 0), settings.applied(env):
             return getattr(tracking, call)(*args)
 
-    def preload(self) -> None:
-        """Import now what a run's end imports on rank 0 (matplotlib, for the learning curve
-        and a classifier's confusion matrix: ~1 s of this project's CPU). Asked of workers
-        started in the background for later commands (``own_workers.main``): their first run's
-        end would pay it, on that command's path to its summary."""
-        import trainforge.plots  # noqa: F401
-
     def open_tracking(self, uri: str, env: dict[str, str]) -> None:
         """MLflow imported and the run's store opened ahead of the run (``warm_pool.prestart``):
         a new process's first MLflow call costs seconds (2 s on this project's CPU, 5-7 s on a

@@ -7,8 +7,8 @@ torch (CNN) is checked without importing it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
 
@@ -58,3 +58,7 @@ class WorkloadSpec(Generic[W]):
     prepare_data: Callable[[W, int, str], W] | None = None
     """(section, seed, storage root) → the section with its data made and located, run by
     ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""
+    rehearsal: dict[str, Any] = field(default_factory=dict)
+    """Values of the ``workload`` section for a rehearsal (``driver/rehearsal.py``: new warm
+    workers' first run, a few steps in the background): what keeps its final evaluation short.
+    Empty: the section as the command ran it."""

@@ -16,6 +16,7 @@ import os
 import pty
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -362,11 +363,18 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert waited.returncode == 0
     assert alive(state_of(home)["supervisor_pid"])
     assert len(warm_workers(home)) == 2
+    # their first run, a rehearsal, is made in the background, without the command's fault
+    background = (home / "local-cluster" / "background.log").read_text()
+    assert "rehearsal done" in background, background
 
     again = run(home, "train", str(DIGITS), "run.name=own-again", *SHORT, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"ray: connected to the local cluster at {state_of(home)['gcs_address']}" in again.stdout
     assert "workers: 2 warm, process group up (" in again.stdout  # the background's workers
+    # the rehearsal is no run of the user's: not in the MLflow store the commands use
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        names = {name for (name,) in db.execute("SELECT name FROM runs")}
+    assert {"own", "own-again"} <= names and "rehearsal" not in names, names
 
 
 def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> None:

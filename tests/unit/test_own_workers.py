@@ -6,6 +6,7 @@ tests/integration/test_local_cluster.py."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 from pathlib import Path
@@ -105,3 +106,20 @@ def test_a_worker_exception_crosses_back_as_itself_or_as_text() -> None:
     assert isinstance(crossed, RuntimeError)
     assert str(crossed).startswith("Unbuildable: 1/2\n")
     assert "raise Unbuildable(1, 2)" in str(crossed)  # the worker's traceback, as text
+
+
+def test_a_background_start_under_way_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another command's background start holds its lock: this command starts no second one
+    and ends at once (it used to wait for the lock, 40 s after a cluster stop)."""
+    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    home = local_cluster.folder()
+    home.mkdir(parents=True)
+    with open(home / "background.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the other command's background process does
+        own_workers.start_cluster_in_background(recipe())  # type: ignore[arg-type]
+        assert not own_workers.wait_for_background(0.2)  # still the other one's
+    assert "being started in the background by another command" in capsys.readouterr().out
+    assert not (home / "background.log").read_bytes()  # no process of this command wrote there
+    assert own_workers.wait_for_background(1)

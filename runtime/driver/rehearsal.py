@@ -1,0 +1,63 @@
+"""A rehearsal: new warm workers' first run, made in the background before any command needs
+them, so the next command finds workers that have run once.
+
+Why: a warm worker's first run pays what its later runs do not: the first optimizer step, the
+first checkpoint, MLflow's model logging and figures on rank 0, on a GPU the first CUDA-graph
+capture and cuDNN's autotuning (bench/results, issue 12: the command after a cold one, on the
+workers the background started, had 5.4 s of overhead on this project's 2-core CPU against
+3.9 s on workers that had run once; on one H200 its first step came after 3.3-4.5 s against
+2.2-2.4 s). The background start after a cold command (``own_workers.main``) therefore runs
+the command's own recipe for a few steps on them, through the command's own path
+(``launch._run``), in a temporary folder with a temporary MLflow store, both deleted
+afterwards: nothing of it reaches the user's runs or MLflow.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trainforge import config
+from trainforge.config import Recipe
+from trainforge.workloads import spec_for
+
+STEPS = 2
+"""Optimizer steps of a rehearsal: the first captures a CUDA graph, the second replays it."""
+
+
+def recipe(cfg: Recipe, folder: Path) -> Recipe:
+    """The command's resolved recipe (workers, device, data as it ran), cut to a rehearsal:
+    ``STEPS`` steps each logged, its run and MLflow store in ``folder``, the workload's final
+    evaluation at its cheapest (``WorkloadSpec.rehearsal``)."""
+    data = config.to_container(cfg)
+    data["run"] |= {"name": "rehearsal", "storage_path": str(folder), "max_failures": 0}
+    data["checkpoint"] |= {"resume": False}
+    data["train"] |= {"max_steps": STEPS, "log_every_steps": 1}
+    data["tracking"] |= {"tracking_uri": f"sqlite:///{folder}/mlflow.db", "profile_steps": 0}
+    _update(data["workload"], spec_for(cfg.workload.kind).rehearsal)
+    return config.from_container(data)
+
+
+def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int:
+    """Run the rehearsal of ``cfg`` on the warm workers (``ahead``: those just started, by
+    name; the others are found by their slots); its exit status (0: they ran)."""
+    from trainforge.driver import launch, warm_pool
+    from trainforge.worker import faults
+
+    with tempfile.TemporaryDirectory(prefix="trainforge-rehearsal-") as folder:
+        short = recipe(cfg, Path(folder))
+        payload = launch.worker_payload(short, folder)
+        for key in faults.requested():  # a test's injected fault is for its command's run
+            payload.pop(key)
+        failed = (warm_pool.WorkersFailed,)
+        return launch.run_workers(short, payload, folder, None, ahead, failed, None).exit_code
+
+
+def _update(section: dict[str, Any], values: dict[str, Any]) -> None:
+    """``values`` into ``section``, nested dictionaries key by key."""
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(section.get(key), dict):
+            _update(section[key], value)
+        else:
+            section[key] = value
