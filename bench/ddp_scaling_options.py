@@ -11,7 +11,10 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``bf16``: gradients all-reduced in bf16 (DDP's ``bf16_compress_hook``): half the bytes;
 - ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
 - ``static``: DDP told the graph is static (``static_graph``: the same parameters get
-  gradients every step, so its bookkeeping is set once).
+  gradients every step, so its bookkeeping is set once);
+- ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
+  an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
+  own gradients): the ceiling that any all-reduce setting could reach.
 
 NCCL's own settings (e.g. ``NCCL_MAX_NCHANNELS``: fewer SMs taken from the backward pass) are
 environment variables of the launch: run this once per setting.
@@ -41,6 +44,18 @@ from trainforge import distributed
 PLAIN_WRAP = distributed.wrap
 
 
+def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
+    """A DDP comm hook that communicates nothing: the bucket's own gradients, at once."""
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+# DDP accepts a hook whose parameters are annotated with its own classes or not at all; this
+# module's annotations are strings (``from __future__ import annotations``)
+local_gradients.__annotations__ = {}
+
+
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
     distributed.BUCKET_CAP_MB = float(option[6:]) if option.startswith("bucket") else 25.0
@@ -53,6 +68,8 @@ def use(option: str) -> None:
             wrapped.broadcast_buffers = False
         if option == "static":
             wrapped._set_static_graph()
+        if option == "nocomm":
+            wrapped.register_comm_hook(None, local_gradients)
         return wrapped
 
     distributed.wrap = wrap  # type: ignore[assignment]

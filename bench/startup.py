@@ -219,7 +219,7 @@ def main() -> None:
             if args.fresh_data:
                 overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
             result = trainforge_run(args.recipe, f"{mode}{repeat}", overrides, mode_env, work)
-            if mode == "cold":
+            if mode in ("cold", "baseline_cold"):  # the next command finds what it started
                 settle(env)
             runs[mode].append(result)
             print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
