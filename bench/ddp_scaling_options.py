@@ -7,7 +7,8 @@ all-reduce shares the GPU with the backward pass. This runs trainforge's loop
 (``bench/cnn_throughput.py``'s ``trainforge_loop``) under one torchrun launch for each DDP
 option, in a rotating order per repeat, so they are compared on one host minutes apart:
 
-- ``bucket<N>``: DDP's gradient bucket of N MB (default 25): smaller buckets start earlier;
+- ``bucket<N>``: DDP's gradient bucket of N MB (graphed steps ship 10, eager 25): smaller
+  buckets start earlier;
 - ``bf16``: gradients all-reduced in bf16 (DDP's ``bf16_compress_hook``): half the bytes;
 - ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
 - ``static``: DDP told the graph is static (``static_graph``: the same parameters get
@@ -58,7 +59,8 @@ local_gradients.__annotations__ = {}
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
-    distributed.BUCKET_CAP_MB = float(option[6:]) if option.startswith("bucket") else 25.0
+    size = float(option[6:]) if option.startswith("bucket") else 25.0
+    distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
         wrapped = PLAIN_WRAP(model, ctx, cuda_graphs, **kwargs)

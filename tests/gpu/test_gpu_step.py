@@ -80,10 +80,11 @@ def train_graphed(
         model = workload.build_model().to(device, memory_format=torch.channels_last)
         opt = build_optimizer(model, train, capturable=graphs)
         notes: list[str] = []  # the Stepper captures at its first call, or says why not
-        step = Stepper(
-            distributed.wrap(model, ctx, cuda_graphs=graphs), workload, precision, opt, None,
-            graphs, notes.append,
-        )  # fmt: skip
+        wrapped = distributed.wrap(model, ctx, cuda_graphs=graphs)
+        if ctx.world_size > 1:  # a graphed step's DDP all-reduces in smaller buckets
+            mb = distributed.bucket_cap_mb(graphs, device)
+            assert wrapped.bucket_bytes_cap == int(mb * 2**20), (graphs, mb)
+        step = Stepper(wrapped, workload, precision, opt, None, graphs, notes.append)
         built[graphs] = (model, opt, step, notes)
     (eager_model, eager_opt, eager_step, _), (model, opt, step, notes) = built.values()
     schedule = build_schedule(opt, train, total_steps=STEPS)

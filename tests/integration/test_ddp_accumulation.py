@@ -90,6 +90,15 @@ def test_world_size_one_has_no_ddp_wrapper() -> None:
         pass
 
 
+def test_a_graphed_gpu_step_all_reduces_in_smaller_buckets() -> None:
+    from trainforge.distributed import BUCKET_CAP_MB, GRAPHED_BUCKET_CAP_MB, bucket_cap_mb
+
+    assert GRAPHED_BUCKET_CAP_MB < BUCKET_CAP_MB
+    assert bucket_cap_mb(True, torch.device("cuda", 0)) == GRAPHED_BUCKET_CAP_MB
+    assert bucket_cap_mb(False, torch.device("cuda", 0)) == BUCKET_CAP_MB  # eager
+    assert bucket_cap_mb(True, torch.device("cpu")) == BUCKET_CAP_MB  # no graph on a CPU
+
+
 def _buffers_rank(rank: int, port: int, results: dict) -> None:
     from torch import nn
 
@@ -109,6 +118,7 @@ def _buffers_rank(rank: int, port: int, results: dict) -> None:
         )
         model[1].running_mean.normal_()
         train_model = distributed.wrap(model, ctx)
+        assert train_model.bucket_bytes_cap == distributed.BUCKET_CAP_MB * 2**20  # eager
         started_equal = gather_buffers(model)
         workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
         precision = Precision("fp32", ctx.device)
