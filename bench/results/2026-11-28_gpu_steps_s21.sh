@@ -15,6 +15,13 @@
 #            under NCCL_MIN_NCHANNELS=32 (one launch each)
 #   ddp4b    the next call: the first ddp4's default launch again (it failed on nocomm's hook
 #            annotations), and 10 and 5 MB buckets under CUDA_DEVICE_MAX_CONNECTIONS=1
+#   stream4  DDP built on the stream its step is warmed up and captured on (bucket25, bucket10)
+#            against a stream of its own (split25, split10, as before), 4 GPUs; then
+#            tests/gpu/test_gpu_step.py (the graphed step equals the eager one, DDP on two GPUs).
+#            It ran with a trial change of the runtime and bench that was not kept (no gain;
+#            bench/results/README.md, twenty-first session): on main, split<N> is bucket<N>
+#   alone4   one one-GPU graphed run alone, then four at once, one per GPU, no DDP: does a
+#            fully loaded host slow a GPU (the 5% that DDP without communication still loses)?
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
@@ -54,6 +61,15 @@ print('background done:', o.wait_for_background(150))" >> "$OUT/cold4.log" 2>&1
           NCCL_MIN_NCHANNELS=32 opts "$step" ch32 4 bucket25 ;;
     ddp4b) opts "$step" four 4 bucket25 bucket10 nocomm
            CUDA_DEVICE_MAX_CONNECTIONS=1 opts "$step" mc1 4 bucket10 bucket5 ;;
+    stream4) opts "$step" four 4 split25 bucket25 split10 bucket10
+           timeout 200 python3 -m pytest -p no:cacheprovider -q -rA -W always \
+             tests/gpu/test_gpu_step.py > "$OUT/$step/gpu_step.log" 2>&1
+           echo "gpu_step rc=$?" >> "$OUT/$step/$step.log" ;;
+    alone4) opts "$step" alone 1 bucket25
+           for gpu in 0 1 2 3; do
+             CUDA_VISIBLE_DEVICES=$gpu opts "$step" "at_once_gpu$gpu" 1 bucket25 &
+           done
+           wait ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
