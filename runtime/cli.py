@@ -192,7 +192,12 @@ def run() -> None:
     MLflow's clients, ~1.5 s on a 2-core machine that every command paid. Ray is left first
     (so the driver's job ends cleanly on the cluster), then the process exits directly."""
     signal.signal(signal.SIGTERM, _on_sigterm)
-    code = main()
+    try:
+        code = main()
+        sys.stdout.flush()  # a listing's print()s, buffered in a pipe
+    except BrokenPipeError:  # ... whose reader went away (`trainforge recipes | head -3`)
+        log.silence(sys.stdout)
+        code = 141  # what a shell reports for a command ended by SIGPIPE
     if "ray" in sys.modules:
         import ray
 

@@ -6,8 +6,10 @@ workers and a printed line would appear twice in the driver's console.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from typing import IO
 
 PREFIX = "[trainforge]"
 STARTED_AT = time.time()  # about when the command started: the CLI imports this module first
@@ -39,8 +41,7 @@ def say(text: str) -> None:
 
 def result(text: str) -> None:
     """A line that is shown even under -q: the run's outcome."""
-    sys.stdout.write(f"{PREFIX} {text}\n")
-    sys.stdout.flush()
+    write(sys.stdout, f"{PREFIX} {text}\n")
 
 
 def warn(message: str, key: str | None = None) -> None:
@@ -50,21 +51,38 @@ def warn(message: str, key: str | None = None) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    sys.stderr.write(f"{PREFIX} warning: {message}\n")
-    sys.stderr.flush()
+    write(sys.stderr, f"{PREFIX} warning: {message}\n")
 
 
 def refuse(message: str) -> None:
     """What the user asked for cannot be done (a RecipeError): one line in the style of a
     command-line tool's usage errors, before anything started."""
-    sys.stderr.write(f"trainforge: error: {message}\n")
-    sys.stderr.flush()
+    write(sys.stderr, f"trainforge: error: {message}\n")
 
 
 def error(message: str) -> None:
     """A line about why the command failed, on stderr."""
-    sys.stderr.write(f"{PREFIX} {message}\n")
-    sys.stderr.flush()
+    write(sys.stderr, f"{PREFIX} {message}\n")
+
+
+def write(stream: IO[str], text: str) -> None:
+    """``text`` to ``stream``, flushed; a reader gone silences the stream (``silence``)."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        silence(stream)
+
+
+def silence(stream: IO[str]) -> None:
+    """The reader of ``stream`` went away (``trainforge recipes | head -3``): its later lines
+    go to /dev/null instead of raising BrokenPipeError, so a run still goes on to its end, its
+    checkpoints and its MLflow run, and no traceback follows the lines that were read."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -85,10 +85,7 @@ class Console:
 
     def _print(self, line: str) -> None:
         self._clear_bar()
-        self.out.write(line + "\n")
-        if self._bar:
-            self.out.write(self._bar)
-        self.out.flush()
+        log.write(self.out, line + "\n" + self._bar)
 
     def _draw_bar(self, step: re.Match[str]) -> None:
         done = int(step["step"])
@@ -189,8 +186,7 @@ def relay_file(path: Path, output: Console | None) -> Any:
             output.handle({"pid": pid, "actor_name": f"TrainforgeWorker rank={rank}",
                            "lines": [text], "is_err": is_err == "1"})  # fmt: skip
         else:
-            sys.stdout.write(f"(TrainforgeWorker pid={pid}, rank={rank}) {text}\n")
-            sys.stdout.flush()
+            log.write(sys.stdout, f"(TrainforgeWorker pid={pid}, rank={rank}) {text}\n")
 
     def follow() -> None:
         position, pending = 0, ""

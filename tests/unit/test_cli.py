@@ -393,3 +393,21 @@ def test_ui_on_a_taken_port_is_one_line(capsys: pytest.CaptureFixture[str], tmp_
     assert _one_error_line(capsys.readouterr().err) == (
         f"--port: {port} is taken on 127.0.0.1; pass another --port"
     )
+
+
+@pytest.mark.parametrize(("command", "code"), [(["recipes"], 141), (["cluster", "status"], 1)])
+def test_a_reader_gone_ends_the_output_without_a_traceback(
+    command: list[str], code: int, tmp_path: Path
+) -> None:
+    """`trainforge recipes | head -1`: the reader closes the pipe before the command writes
+    (here before it even starts); the command ends quietly, as a shell tool does."""
+    env = _subprocess_env() | {"TRAINFORGE_HOME": str(tmp_path)}  # no cluster there
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainforge", *command], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert process.stdout is not None
+    process.stdout.close()  # the reader is gone
+    _, err = process.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert process.returncode == code  # `cluster status` still says there is none: exit 1
