@@ -165,15 +165,17 @@ def run_workers(
     failed: tuple[type[BaseException], ...],
     worker_output: Any,
     own: own_workers.OwnRun | None = None,
+    warm_slots: list[int] | None = None,
 ) -> Outcome:
     """The MLflow run and the workers' run, on the command's ``own`` workers, on warm workers
-    (with those this command started ``ahead``) or Ray Train's."""
+    (with those this command started ``ahead``; on ``warm_slots`` unclaimed, else on free slots
+    it claims) or Ray Train's."""
     recipe, recipe_yaml = payload["recipe"], config.to_yaml(cfg)
     status, checkpoint_path, reason, handle = "FAILED", None, None, None
     caught: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, *failed)
     with contextlib.ExitStack() as stack:
         warm = None if why_not_warm or own else stack.enter_context(
-            warm_pool.WarmRun(cfg, payload, worker_output, ahead)
+            warm_pool.WarmRun(cfg, payload, worker_output, ahead, warm_slots)
         )  # fmt: skip
         track = warm.track if warm else _track_here
         interrupted = [False]

@@ -278,7 +278,8 @@ def main(lock_fd: int) -> int:
     connect()
     started = warm_pool.prestart(cfg)
     code = rehearsal.rehearse(cfg, started)
-    log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")
+    if code is not None:
+        log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")
     os.close(lock_fd)
     return 0
 

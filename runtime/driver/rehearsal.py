@@ -39,19 +39,28 @@ def recipe(cfg: Recipe, folder: Path) -> Recipe:
     return config.from_container(data)
 
 
-def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int:
-    """Run the rehearsal of ``cfg`` on the warm workers (``ahead``: those just started, by
-    name; the others are found by their slots); its exit status (0: they ran)."""
+def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int | None:
+    """Run the rehearsal of ``cfg`` on the warm workers just started (``ahead``, by name:
+    ``worker-<slot>``); its exit status (0: they ran), None where they are not all new.
+
+    Their slots are not claimed: a command that claims one meanwhile waits for the
+    rehearsal's end (a worker serves one call at a time) and then takes rehearsed workers,
+    where claimed slots would send it to other slots and new workers."""
     from trainforge.driver import launch, warm_pool
     from trainforge.worker import faults
 
+    slots = sorted(int(name.rsplit("-", 1)[1]) for name in ahead)
+    if len(slots) != cfg.scaling.num_workers:
+        return None
     with tempfile.TemporaryDirectory(prefix="trainforge-rehearsal-") as folder:
         short = recipe(cfg, Path(folder))
         payload = launch.worker_payload(short, folder)
         for key in faults.requested():  # a test's injected fault is for its command's run
             payload.pop(key)
         failed = (warm_pool.WorkersFailed,)
-        return launch.run_workers(short, payload, folder, None, ahead, failed, None).exit_code
+        outcome = launch.run_workers(short, payload, folder, None, ahead, failed, None,
+                                     warm_slots=slots)  # fmt: skip
+        return outcome.exit_code
 
 
 def _update(section: dict[str, Any], values: dict[str, Any]) -> None:

@@ -81,10 +81,18 @@ class WarmRun:
     would import it anew) and the run itself (``fit``), with restarts."""
 
     def __init__(
-        self, cfg: Recipe, payload: dict[str, Any], output: Any, ahead: dict[str, Any]
+        self,
+        cfg: Recipe,
+        payload: dict[str, Any],
+        output: Any,
+        ahead: dict[str, Any],
+        slots: list[int] | None = None,
     ) -> None:
         self.cfg = cfg
         self.ahead = ahead  # this command's workers from ``prestart``, by name
+        # given: these slots' workers, unclaimed (a rehearsal: a command that claims one meanwhile
+        # waits for the worker's run to end, then takes it); None: free slots, claimed
+        self.given_slots = slots
         self.payload = payload  # the command's: the MLflow run it opens reaches the workers
         payload["console_file"] = str(console_file(payload))
         self.output = output
@@ -99,7 +107,9 @@ class WarmRun:
             left.unlink(missing_ok=True)  # (one command per run at a time: run_lock.py)
         self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
         try:
-            self.slots = self._held.enter_context(claimed_slots(self.cfg.scaling.num_workers))
+            self.slots = self.given_slots or self._held.enter_context(
+                claimed_slots(self.cfg.scaling.num_workers)
+            )
             self.gpus = slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
             self.payload["gpus"] = self.gpus  # for the workers' line: which GPUs
             self.members, self.payload["workers_started"] = _members(
