@@ -8,7 +8,7 @@ workers the background started, had 5.4 s of overhead on this project's 2-core C
 3.9 s on workers that had run once; on one H200 its first step came after 3.3-4.5 s against
 2.2-2.4 s). The background start after a cold command (``own_workers.main``) therefore runs
 the command's own recipe for a few steps on them, through the command's own path
-(``launch._run``), in a temporary folder with a temporary MLflow store, both deleted
+(``launch.run_workers``), in a temporary folder with a temporary MLflow store, both deleted
 afterwards: nothing of it reaches the user's runs or MLflow.
 """
 
