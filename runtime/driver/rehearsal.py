@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from trainforge import config
 from trainforge.config import Recipe
 from trainforge.workloads import spec_for
@@ -30,13 +32,16 @@ def recipe(cfg: Recipe, folder: Path) -> Recipe:
     """The command's resolved recipe (workers, device, data as it ran), cut to a rehearsal:
     ``STEPS`` steps each logged, its run and MLflow store in ``folder``, the workload's final
     evaluation at its cheapest (``WorkloadSpec.rehearsal``)."""
-    data = config.to_container(cfg)
-    data["run"] |= {"name": "rehearsal", "storage_path": str(folder), "max_failures": 0}
-    data["checkpoint"] |= {"resume": False}
-    data["train"] |= {"max_steps": STEPS, "log_every_steps": 1}
-    data["tracking"] |= {"tracking_uri": f"sqlite:///{folder}/mlflow.db", "profile_steps": 0}
-    _update(data["workload"], spec_for(cfg.workload.kind).rehearsal)
-    return config.from_container(data)
+    cut = {
+        "run": {"name": "rehearsal", "storage_path": str(folder), "max_failures": 0},
+        "checkpoint": {"resume": False},
+        "train": {"max_steps": STEPS, "log_every_steps": 1},
+        "tracking": {"tracking_uri": f"sqlite:///{folder}/mlflow.db", "profile_steps": 0},
+        "workload": spec_for(cfg.workload.kind).rehearsal,
+    }
+    merged = OmegaConf.merge(config.to_container(cfg), cut)
+    assert isinstance(merged, DictConfig)
+    return config.build(merged)
 
 
 def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int | None:
@@ -61,12 +66,3 @@ def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int | None:
         outcome = launch.run_workers(short, payload, folder, None, ahead, failed, None,
                                      warm_slots=slots)  # fmt: skip
         return outcome.exit_code
-
-
-def _update(section: dict[str, Any], values: dict[str, Any]) -> None:
-    """``values`` into ``section``, nested dictionaries key by key."""
-    for key, value in values.items():
-        if isinstance(value, dict) and isinstance(section.get(key), dict):
-            _update(section[key], value)
-        else:
-            section[key] = value
