@@ -23,3 +23,14 @@ step_done() {  # step_done STEP RC STARTED_AT
   echo "== $1 rc=$2 $(( $(date +%s) - $3 )) s"
   if [ -d "$OUT/$1" ]; then tail -n 3 "$OUT/$1"/*.log; else tail -4 "$OUT/$1.log"; fi | cut -c1-600
 }
+
+# one torchrun launch of bench/ddp_scaling_options.py (graphed SGD, batch 256, 2 repeats of each
+# option), its JSON in $OUT/STEP/NAME.json and its output in the step's log
+opts() {  # opts STEP NAME GPUS OPTION... (environment variables before the call)
+  local step=$1 name=$2 gpus=$3; shift 3
+  mkdir -p "$OUT/$step"
+  timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
+    bench/ddp_scaling_options.py --options "$@" --repeats 2 \
+    --out "$OUT/$step/$name.json" >> "$OUT/$step/$step.log" 2>&1
+  echo "$name rc=$?" >> "$OUT/$step/$step.log"
+}

@@ -18,14 +18,6 @@
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
-opts() {  # opts STEP NAME GPUS OPTION... (environment variables before the call)
-  local step=$1 name=$2 gpus=$3; shift 3
-  mkdir -p "$OUT/$step"
-  timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
-    bench/ddp_scaling_options.py --options "$@" --repeats 2 \
-    --out "$OUT/$step/$name.json" >> "$OUT/$step/$step.log" 2>&1
-  echo "$name rc=$?" >> "$OUT/$step/$step.log"
-}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in

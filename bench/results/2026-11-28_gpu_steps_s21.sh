@@ -25,14 +25,6 @@
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
-opts() {  # opts STEP NAME GPUS OPTION... (environment variables before the call)
-  local step=$1 name=$2 gpus=$3; shift 3
-  mkdir -p "$OUT/$step"
-  timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
-    bench/ddp_scaling_options.py --options "$@" --repeats 2 \
-    --out "$OUT/$step/$name.json" >> "$OUT/$step/$step.log" 2>&1
-  echo "$name rc=$?" >> "$OUT/$step/$step.log"
-}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -45,6 +37,7 @@ for step in "$@"; do
            (cd /tmp/c4 && timeout -s INT 240 python3 -m trainforge train -v "$recipe" \
               run.name=c4 train.max_steps=40 train.log_every_steps=10) > "$OUT/cold4.log" 2>&1
            echo "cold4 rc=$?" >> "$OUT/cold4.log"
+           # shellcheck disable=SC2009  # ps: each process's elapsed time, which pgrep lacks
            ps -eo pid,etimes,args | grep -E "trainforge|ray" | grep -v grep | cut -c1-250 \
              >> "$OUT/cold4.log"
            python3 -c "from trainforge.driver import own_workers as o
