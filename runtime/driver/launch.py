@@ -33,7 +33,7 @@ from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.log import first_line
 from trainforge.tracking import driver as tracking
 from trainforge.tracking.client import redact
-from trainforge.worker import faults
+from trainforge.worker import faults, settings
 
 
 def spool_file(cfg: Recipe, storage_path: str) -> Path:
@@ -292,6 +292,10 @@ def _fit_ray_train(
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             # Ray Train logs every report at INFO; our own progress lines say what matters.
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+            # set when each worker process starts, before Ray Train makes its CUDA context
+            worker_runtime_env={"env_vars": settings.gpu_worker_env(os.environ)}
+            if use_gpu
+            else None,
         ),
     )
     try:

@@ -47,6 +47,7 @@ class WarmWorker:
                  gpu: str | None) -> None:  # fmt: skip
         if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            os.environ.update(settings.gpu_worker_env(os.environ))
         self.gpu = gpu
         _use_sys_path(sys_path)
         self.sys_path = list(sys_path)

@@ -65,3 +65,22 @@ def test_warm_workers_serve_one_gpu_run_after_another_over_nccl(tmp_path: Path) 
         assert "workers: 1 warm on GPU 0, nccl, process group up (" in alone
     finally:
         subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(home), timeout=120)
+
+
+def test_a_gpu_worker_makes_its_cuda_context_with_one_work_queue() -> None:
+    """``settings.GPU_WORKER_ENV`` is in the worker's environment before its CUDA context exists
+    (own workers and warm workers are both ``WarmWorker``)."""
+    if torch.cuda.device_count() < 1:
+        pytest.skip("needs a GPU")
+    code = (
+        "import os, sys\n"
+        "os.environ.pop('CUDA_DEVICE_MAX_CONNECTIONS', None)\n"
+        "from trainforge.worker.warm import WarmWorker\n"
+        "worker = WarmWorker(sys.path, os.getpid(), 60.0, '0')\n"
+        "import torch\n"
+        "print(torch.cuda.is_initialized(), os.environ['CUDA_DEVICE_MAX_CONNECTIONS'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "1"]

@@ -171,6 +171,14 @@ def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPat
     assert warm_pool.slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
 
 
+def test_a_gpu_worker_gets_one_cuda_work_queue_unless_the_user_chose() -> None:
+    from trainforge.worker import settings
+
+    assert settings.gpu_worker_env({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    chosen = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "PATH": "/bin"}
+    assert settings.gpu_worker_env(chosen) == {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+
+
 def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
