@@ -85,11 +85,14 @@ def assert_learn_alike(
         assert (outcome.backend, outcome.num_workers) == (backend, 2), dtype
         losses = history["train/epoch_loss"]
         assert len(losses) == AMP_EPOCHS, (dtype, losses)
-        # it learns: a tenth of the first epoch's loss by the last, and no epoch more than 5%
-        # above the best before it (a diverging run climbs; a converged one wobbles a little
-        # as the cosine schedule reaches 0)
+        # it learns: a tenth of the first epoch's loss by the last, and no epoch more than 10%
+        # above the best before it. A diverging run climbs by far more; a converged one wobbles
+        # as the cosine schedule reaches 0: each epoch drops a different 29 of the 1,437 images
+        # (11 whole steps of 128), and a few hard ones move the mean. On 4×H200 every precision's
+        # last epoch came out 6% above its ninth (the same seed, so the same images dropped).
         assert losses[-1] < 0.1 * losses[0], (dtype, losses)
-        assert all(b <= 1.05 * min(losses[: i + 1]) for i, b in enumerate(losses[1:])), losses
+        climbs = [b / min(losses[: i + 1]) for i, b in enumerate(losses[1:], start=1)]
+        assert max(climbs) <= 1.10, (dtype, losses)
         assert outcome.metrics["val/accuracy"] >= 0.9, (dtype, outcome.metrics)
     fp32 = runs["fp32"][1]
     for dtype in ("bf16", "fp16"):
