@@ -13,6 +13,9 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
 - ``static``: DDP told the graph is static (``static_graph``: the same parameters get
   gradients every step, so its bookkeeping is set once);
+- ``own<N>``: no DDP: the trainer's bare model with its gradients averaged by its own
+  all-reduce, N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL
+  call launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
 - ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
   an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
   own gradients): the ceiling that any all-reduce setting could reach.
@@ -57,12 +60,73 @@ def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
 local_gradients.__annotations__ = {}
 
 
+class OwnAllReduce:
+    """Gradient averaging without DDP: buckets of parameters in the order the backward pass
+    produces their gradients (the reverse of registration), each bucket's gradients averaged in
+    place by one coalesced all-reduce as soon as its last gradient is accumulated, buckets
+    launched in order on every rank; the backward pass's end waits for all of them."""
+
+    def __init__(self, model: torch.nn.Module, bucket_mb: float) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for tensor in [*params, *model.buffers()]:
+                torch.distributed.broadcast(tensor, src=0)
+        self.buckets: list[list[torch.nn.Parameter]] = [[]]
+        size = 0
+        for param in reversed(params):
+            if size >= bucket_mb * 2**20:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(param)
+            size += param.numel() * param.element_size()
+        self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.missing = [len(b) for b in self.buckets]
+        self.next = 0
+        self.works: list[Any] = []
+        for param in params:
+            param.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, param: torch.nn.Parameter) -> None:
+        if self.next == 0 and not self.works and self.missing == [len(b) for b in self.buckets]:
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+        self.missing[self.index[id(param)]] -= 1
+        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+            self.launch(self.next)
+
+    def launch(self, i: int) -> None:
+        grads = [p.grad for p in self.buckets[i]]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self.works.append(
+                torch.distributed.all_reduce_coalesced(
+                    grads, op=torch.distributed.ReduceOp.AVG, async_op=True
+                )
+            )
+        self.next += 1
+
+    def finish(self) -> None:
+        while self.next < len(self.buckets):
+            for p in self.buckets[self.next]:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.launch(self.next)
+        for work in self.works:
+            work.wait()
+        self.works, self.next = [], 0
+        self.missing = [len(b) for b in self.buckets]
+
+
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
     size = float(option[6:]) if option.startswith("bucket") else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
+        if option.startswith("own"):
+            model._own_all_reduce = OwnAllReduce(model, float(option[3:]))
+            return model
         wrapped = PLAIN_WRAP(model, ctx, cuda_graphs, **kwargs)
         if option == "bf16":
             wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)

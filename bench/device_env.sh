@@ -25,12 +25,13 @@ step_done() {  # step_done STEP RC STARTED_AT
 }
 
 # one torchrun launch of bench/ddp_scaling_options.py (graphed SGD, batch 256, 2 repeats of each
-# option), its JSON in $OUT/STEP/NAME.json and its output in the step's log
+# option; one more argument in OPTS_ARGS, e.g. --eager), its JSON in $OUT/STEP/NAME.json and its
+# output in the step's log
 opts() {  # opts STEP NAME GPUS OPTION... (environment variables before the call)
   local step=$1 name=$2 gpus=$3; shift 3
   mkdir -p "$OUT/$step"
-  timeout 150 python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
-    bench/ddp_scaling_options.py --options "$@" --repeats 2 \
+  timeout "${OPTS_TIMEOUT:-200}" python3 -m torch.distributed.run --standalone --nproc_per_node="$gpus" \
+    bench/ddp_scaling_options.py --options "$@" --repeats 2 ${OPTS_ARGS:+"$OPTS_ARGS"} \
     --out "$OUT/$step/$name.json" >> "$OUT/$step/$step.log" 2>&1
   echo "$name rc=$?" >> "$OUT/$step/$step.log"
 }
