@@ -55,6 +55,25 @@ def folder() -> Path:
     return base / "local-cluster"
 
 
+def background_lock_path() -> Path:
+    """Held by a background start (``own_workers.start_cluster_in_background``) until it ends."""
+    return folder() / "background.lock"
+
+
+def background_start_running() -> bool:
+    """Whether a background start holds its lock now. Probed with a shared lock, held for an
+    instant: a background start that tries its exclusive lock at that very instant starts
+    nothing, as when another one runs."""
+    try:
+        with open(background_lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no folder: nothing was ever started here
+        return False
+    return False
+
+
 @dataclass(frozen=True)
 class ClusterState:
     gcs_address: str

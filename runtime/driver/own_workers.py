@@ -227,7 +227,10 @@ def start_cluster_in_background(cfg: Recipe) -> None:
     both, and this command does not wait for it to end."""
     home = local_cluster.folder()
     home.mkdir(parents=True, exist_ok=True)
-    with open(home / "background.lock", "a") as lock, open(home / "background.log", "ab") as out:
+    with (
+        open(local_cluster.background_lock_path(), "a") as lock,
+        open(home / "background.log", "ab") as out,
+    ):
         try:  # taken here, so no one finds it free before the start
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -252,7 +255,7 @@ def start_cluster_in_background(cfg: Recipe) -> None:
 def wait_for_background(timeout_s: float) -> bool:
     """Wait until no background start (``start_cluster_in_background``) runs; False on
     timeout."""
-    path = local_cluster.folder() / "background.lock"
+    path = local_cluster.background_lock_path()
     deadline = time.monotonic() + timeout_s
     with open(path, "a") as lock:
         while True:

@@ -358,12 +358,32 @@ def _new_worker(ray: Any, name: str, gpu: str | None) -> Any:
     return actor.remote(sys_path, pid, idle_s, gpu)
 
 
+ANSWER_S = 30.0
+"""How long a warm worker may take to say whether it serves a command: it answers at once unless
+it is busy, and a busy worker in a slot this command holds is hung (replaced), or is running a
+background start's rehearsal (``rehearsal.py``), which takes as long as a short run: waited for
+while the background start runs."""
+
+
 def _ask(ray: Any, ref: Any) -> str | None:
-    """A warm worker's answer; a dead one is "gone"."""
-    try:
-        return ray.get(ref, timeout=30)
-    except Exception as exc:  # dead, or hung: replaced either way
-        return f"it did not answer: {type(exc).__name__}"
+    """A warm worker's answer to ``serve``: None, or why it cannot serve (a dead or hung one is
+    replaced). One busy with a rehearsal is waited for, saying so once."""
+    deadline, said = time.monotonic() + ANSWER_S, False
+    while True:
+        done, _ = ray.wait([ref], timeout=1.0)
+        if done:
+            try:
+                return ray.get(ref)
+            except Exception as exc:  # dead: replaced
+                return f"it did not answer: {type(exc).__name__}"
+        if local_cluster.background_start_running():
+            if not said:
+                log.say("workers: waiting for the background start to finish its rehearsal of "
+                        "this recipe on them")  # fmt: skip
+                said = True
+            deadline = time.monotonic() + ANSWER_S
+        elif time.monotonic() > deadline:
+            return f"it did not answer in {ANSWER_S:.0f} s"
 
 
 @contextlib.contextmanager

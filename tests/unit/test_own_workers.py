@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,3 +124,48 @@ def test_a_background_start_under_way_is_not_waited_for(
     assert "being started in the background by another command" in capsys.readouterr().out
     assert not (home / "background.log").read_bytes()  # no process of this command wrote there
     assert own_workers.wait_for_background(1)
+
+
+def test_a_warm_worker_busy_with_a_rehearsal_is_waited_for_and_a_hung_one_replaced(
+    ray_cluster: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command asks a warm worker whether it serves it; the worker answers once its current
+    call ends. While a background start runs (its lock held), a busy worker is rehearsing: the
+    command waits past ``ANSWER_S`` and says so once. Without one, a worker silent for
+    ``ANSWER_S`` is hung, and the command replaces it."""
+    import ray
+
+    from trainforge.driver import warm_pool
+
+    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setattr(warm_pool, "ANSWER_S", 1.0)
+    local_cluster.folder().mkdir(parents=True)
+    assert not local_cluster.background_start_running()
+
+    @ray.remote(num_cpus=0)
+    class Busy:
+        def work(self, seconds: float) -> None:
+            time.sleep(seconds)
+
+        def serve(self) -> None:
+            return None
+
+    worker = Busy.remote()  # type: ignore[attr-defined]
+    ray.get(worker.serve.remote())  # started
+    with open(local_cluster.background_lock_path(), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the background start's process does
+        assert local_cluster.background_start_running()
+        worker.work.remote(3.0)  # the rehearsal: longer than ANSWER_S
+        started = time.monotonic()
+        assert warm_pool._ask(ray, worker.serve.remote()) is None
+        assert time.monotonic() - started > 2.0
+    said = capsys.readouterr().out
+    assert said.count("waiting for the background start to finish its rehearsal") == 1
+    assert not local_cluster.background_start_running()
+    worker.work.remote(3.0)  # no background start: a worker this slow to answer is hung
+    assert warm_pool._ask(ray, worker.serve.remote()) == "it did not answer in 1 s"
+    assert "rehearsal" not in capsys.readouterr().out
+    ray.kill(worker)
