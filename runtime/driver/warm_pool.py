@@ -27,7 +27,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -108,7 +108,7 @@ class WarmRun:
         self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
         try:
             self.slots = self.given_slots or self._held.enter_context(
-                claimed_slots(self.cfg.scaling.num_workers)
+                claimed_slots(self.cfg.scaling.num_workers, living_slots(), gpu_count(self.cfg))
             )
             self.gpus = slot_gpus(self.slots) if self.cfg.scaling.use_gpu == "true" else None
             self.payload["gpus"] = self.gpus  # for the workers' line: which GPUs
@@ -185,13 +185,8 @@ def describe() -> list[str]:
     """A line per warm worker of the connected cluster, for ``trainforge cluster status``."""
     import ray
 
-    names = sorted(
-        (actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
-         if actor["namespace"] == NAMESPACE),
-        key=lambda name: int(name.rsplit("-", 1)[-1]),
-    )  # fmt: skip
     lines = []
-    for name in names:
+    for name in (f"worker-{slot}" for slot in sorted(living_slots())):
         try:
             info = ray.get(ray.get_actor(name, namespace=NAMESPACE).info.remote(), timeout=2)
         except ray.exceptions.GetTimeoutError:
@@ -205,6 +200,17 @@ def describe() -> list[str]:
             f"{info['unused_s']} s (ends after {info['idle_limit_s']:.0f} s unused)"
         )
     return lines
+
+
+def living_slots() -> set[int]:
+    """The slots whose warm worker (``worker-<slot>``) is on the connected cluster."""
+    import ray
+
+    return {
+        int(actor["name"].rsplit("-", 1)[-1])
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == NAMESPACE
+    }
 
 
 def console_file(payload: dict[str, Any]) -> Path:
@@ -248,6 +254,18 @@ def slot_gpus(slots: list[int], count: int | None = None) -> list[str]:
     command sees; ``count`` of them where CUDA_VISIBLE_DEVICES does not list them, else the
     connected cluster's), so two commands' workers take different GPUs while there are
     enough."""
+    gpus = machine_gpus(count)
+    return [gpus[slot % len(gpus)] for slot in slots]
+
+
+def gpu_count(cfg: Recipe) -> int:
+    """How many GPUs the slots of a run of ``cfg`` are bound to (0: a CPU run)."""
+    return len(machine_gpus()) if cfg.scaling.use_gpu == "true" else 0
+
+
+def machine_gpus(count: int | None = None) -> list[str]:
+    """The GPUs slots are bound to: those this command sees (CUDA_VISIBLE_DEVICES), else
+    ``count`` of them, else the connected cluster's."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     gpus = [g.strip() for g in visible.split(",") if g.strip()] if visible else []
     if not gpus:
@@ -256,7 +274,7 @@ def slot_gpus(slots: list[int], count: int | None = None) -> list[str]:
 
             count = int(ray.cluster_resources().get("GPU", 0))
         gpus = [str(index) for index in range(count)]
-    return [gpus[slot % len(gpus)] for slot in slots]
+    return gpus
 
 
 def prestart(cfg: Recipe) -> dict[str, Any]:
@@ -268,7 +286,8 @@ def prestart(cfg: Recipe) -> dict[str, Any]:
     leaves the run another; a process not taken stays warm for later runs)."""
     import ray
 
-    with claimed_slots(cfg.scaling.num_workers) as slots:  # free now; released at once
+    # free now (released at once), where warm workers live if they can
+    with claimed_slots(cfg.scaling.num_workers, living_slots(), gpu_count(cfg)) as slots:
         gpus = slot_gpus(slots) if cfg.scaling.use_gpu == "true" else None
     started: dict[str, Any] = {}
     for index, slot in enumerate(slots):
@@ -387,24 +406,44 @@ def _ask(ray: Any, ref: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def claimed_slots(count: int) -> Iterator[list[int]]:
-    """``count`` slot numbers no other command holds, held until the run ends."""
+def claimed_slots(count: int, living: Collection[int] = (), gpus: int = 0) -> Iterator[list[int]]:
+    """``count`` slot numbers no other command holds, held until the run ends: the lowest free
+    ones, except that a free slot whose warm worker lives (``living``) takes the place of one
+    whose worker does not, where both have the same GPU (slot n has GPU n mod ``gpus``; 0: a
+    CPU run, any place). A background start that found slots 0-3 held by a running command
+    rehearsed its worker in slot 4: the next one-GPU command takes that worker (GPU 0) instead
+    of starting another in slot 0."""
     folder = local_cluster.folder() / "warm"
     folder.mkdir(parents=True, exist_ok=True)
-    held: list[tuple[int, IO[str]]] = []
-    slot = 0
+    held: dict[int, IO[str]] = {}
+
+    def take(slot: int) -> bool:
+        handle = open(folder / f"slot-{slot}.lock", "a")  # noqa: SIM115 - closed below
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        held[slot] = handle
+        return True
+
     try:
+        slot = 0
         while len(held) < count:
-            handle = open(folder / f"slot-{slot}.lock", "a")  # noqa: SIM115 - closed below
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held.append((slot, handle))
-            except BlockingIOError:
-                handle.close()
+            take(slot)
             slot += 1
-        yield [number for number, _ in held]
+        chosen = list(held)  # in the order taken: ascending
+        for index, slot in enumerate(chosen):
+            if slot in living:
+                continue
+            for other in sorted(set(living) - set(held)):
+                if (not gpus or other % gpus == slot % gpus) and take(other):
+                    held.pop(slot).close()
+                    chosen[index] = other
+                    break
+        yield chosen
     finally:
-        for _, lock in held:
+        for lock in held.values():
             lock.close()
 
 

@@ -171,6 +171,28 @@ def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPat
     assert warm_pool.slot_gpus([1, 2]) == ["5", "3"]  # more slots than GPUs: they share
 
 
+def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Slots are claimed lowest first, but a free slot with a living warm worker (a background
+    start put one in slot 4 while another command held 0-3) replaces one without, where both
+    have the same GPU (slot n: GPU n mod 4 here); a slot another command holds is never taken."""
+    from trainforge.driver import local_cluster
+
+    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    with warm_pool.claimed_slots(1, living={4}, gpus=4) as slots:
+        assert slots == [4]  # slot 4's worker is on GPU 0, as slot 0's would be
+    with warm_pool.claimed_slots(2, living={4, 6}, gpus=4) as slots:
+        assert slots == [4, 1]  # slot 6 is GPU 2: not the second worker's GPU 1
+    with warm_pool.claimed_slots(2, living={0, 9}, gpus=0) as slots:
+        assert slots == [0, 9]  # CPU workers: any living one
+    with warm_pool.claimed_slots(1, living={4}, gpus=4) as mine:
+        with warm_pool.claimed_slots(1, living={4}, gpus=4) as theirs:
+            assert (mine, theirs) == ([4], [0])  # held: the next command takes another
+    with warm_pool.claimed_slots(2) as slots:
+        assert slots == [0, 1]  # none living: the lowest free
+
+
 def test_a_gpu_worker_gets_one_cuda_work_queue_unless_the_user_chose() -> None:
     from trainforge.worker import settings
 
