@@ -21,6 +21,11 @@ startup (~30 s) is no part of a step. Throughput is measured over the second hal
 run's steps (after cuDNN autotuning and graph capture), the trainforge side from its own
 ``perf/samples_per_s`` over its last logging interval.
 
+Each launch's environment has what trainforge's GPU workers set for themselves
+(``trainforge.worker.settings.GPU_WORKER_ENV``: one CUDA work queue per GPU), so the trainforge
+side runs as a `trainforge train` worker does; the hand-written side, in the same processes,
+gets it too, which can only help it. ``--default-cuda-env`` launches without it.
+
 Also ``tutorial``: the classic single-GPU tutorial loop (fp32, a CPU DataLoader with 4
 workers and pinned memory, ``.to(device)`` per batch, non-fused SGD) as the floor.
 
@@ -225,8 +230,13 @@ def launch(args: argparse.Namespace, gpus: int, repeat: int) -> list[dict[str, A
             "--optimizers", *args.optimizers, "--batches", *map(str, args.batches),
             "--graph-batches", *map(str, args.graph_batches),
         ]  # fmt: skip
+        env = dict(os.environ)
+        if not args.default_cuda_env:
+            from trainforge.worker import settings
+
+            env |= settings.gpu_worker_env(os.environ)
         started = time.perf_counter()
-        subprocess.run(command, check=True, timeout=args.launch_timeout)
+        subprocess.run(command, check=True, timeout=args.launch_timeout, env=env)
         rows = json.loads(Path(result.name).read_text())
     print(f"[bench] {gpus} GPU(s), repeat {repeat}: {time.perf_counter() - started:.0f} s")
     return [{"gpus": gpus, "repeat": repeat, **row} for row in rows]
@@ -309,6 +319,10 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", type=int, default=None)
     parser.add_argument("--tutorial-steps", type=int, default=100)
     parser.add_argument("--launch-timeout", type=int, default=300)
+    parser.add_argument(
+        "--default-cuda-env", action="store_true",
+        help="launch without the CUDA settings trainforge's GPU workers give themselves",
+    )  # fmt: skip
     parser.add_argument(
         "--merge", nargs="+", type=Path, help="summarize these results files (calls of one host)"
     )

@@ -14,6 +14,7 @@
 #            on 4, three repeats interleaved; the workers set their own CUDA environment
 #            (settings.GPU_WORKER_ENV). samples/s of the last 300 steps, from the closing table.
 #            Then the GPU test of that environment
+#   mixed    the mixed-precision GPU test again, with its bound as changed after `failed`
 #   gpustep  tests/gpu/ (the graphed step equals the eager one, DDP on two GPUs, its bucket size)
 #   start1   bench/startup.py on one GPU, synthetic ResNet-18, 40 graphed steps: cold, warm (on
 #            the workers the background started and rehearsed), the torchrun script, 3 repeats
@@ -52,6 +53,9 @@ for step in "$@"; do
              tests/gpu/test_warm_gpu.py::test_a_gpu_worker_makes_its_cuda_context_with_one_work_queue \
              > "$OUT/$step/work_queue_test.log" 2>&1
            echo "work queue test rc=$?" >> "$OUT/$step/$step.log" ;;
+    mixed) timeout "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
+             "tests/gpu/test_gpu_training.py::test_mixed_precision_on_two_gpus_over_nccl" \
+             > "$OUT/$step.log" 2>&1 ;;
     gpustep) timeout 300 python3 -m pytest -p no:cacheprovider -q -rA -W always tests/gpu \
                > "$OUT/$step.log" 2>&1 ;;
     start1) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-400}" python3 bench/startup.py \

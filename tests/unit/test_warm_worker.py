@@ -186,9 +186,11 @@ def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
         assert slots == [4, 1]  # slot 6 is GPU 2: not the second worker's GPU 1
     with warm_pool.claimed_slots(2, living={0, 9}, gpus=0) as slots:
         assert slots == [0, 9]  # CPU workers: any living one
-    with warm_pool.claimed_slots(1, living={4}, gpus=4) as mine:
-        with warm_pool.claimed_slots(1, living={4}, gpus=4) as theirs:
-            assert (mine, theirs) == ([4], [0])  # held: the next command takes another
+    with (
+        warm_pool.claimed_slots(1, living={4}, gpus=4) as mine,
+        warm_pool.claimed_slots(1, living={4}, gpus=4) as theirs,
+    ):
+        assert (mine, theirs) == ([4], [0])  # held: the next command takes another
     with warm_pool.claimed_slots(2) as slots:
         assert slots == [0, 1]  # none living: the lowest free
 
