@@ -256,6 +256,8 @@ def wait_for_background(timeout_s: float) -> bool:
     """Wait until no background start (``start_cluster_in_background``) runs; False on
     timeout."""
     path = local_cluster.background_lock_path()
+    if not path.parent.is_dir():  # nothing was ever started here
+        return True
     deadline = time.monotonic() + timeout_s
     with open(path, "a") as lock:
         while True:

@@ -115,6 +115,7 @@ def test_a_background_start_under_way_is_not_waited_for(
     """Another command's background start holds its lock: this command starts no second one
     and ends at once (it used to wait for the lock, 40 s after a cluster stop)."""
     monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    assert own_workers.wait_for_background(0.1)  # no folder yet: nothing to wait for
     home = local_cluster.folder()
     home.mkdir(parents=True)
     with open(home / "background.lock", "a") as held:
