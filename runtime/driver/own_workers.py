@@ -255,19 +255,12 @@ def start_cluster_in_background(cfg: Recipe) -> None:
 def wait_for_background(timeout_s: float) -> bool:
     """Wait until no background start (``start_cluster_in_background``) runs; False on
     timeout."""
-    path = local_cluster.background_lock_path()
-    if not path.parent.is_dir():  # nothing was ever started here
-        return True
     deadline = time.monotonic() + timeout_s
-    with open(path, "a") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.2)
+    while local_cluster.background_start_running():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def main(lock_fd: int) -> int:
