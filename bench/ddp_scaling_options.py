@@ -34,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,20 +84,20 @@ class OwnAllReduce:
         self.missing = [len(b) for b in self.buckets]
         self.next = 0
         self.works: list[Any] = []
+        self.finish_queued = False  # per backward pass: finish runs at its end
         for param in params:
             param.register_post_accumulate_grad_hook(self.ready)
 
     def ready(self, param: torch.nn.Parameter) -> None:
-        if self.next == 0 and not self.works and self.missing == [len(b) for b in self.buckets]:
+        if not self.finish_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+            self.finish_queued = True
         self.missing[self.index[id(param)]] -= 1
         while self.next < len(self.buckets) and self.missing[self.next] == 0:
             self.launch(self.next)
 
     def launch(self, i: int) -> None:
         grads = [p.grad for p in self.buckets[i]]
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             self.works.append(
@@ -114,7 +115,7 @@ class OwnAllReduce:
             self.launch(self.next)
         for work in self.works:
             work.wait()
-        self.works, self.next = [], 0
+        self.works, self.next, self.finish_queued = [], 0, False
         self.missing = [len(b) for b in self.buckets]
 
 
