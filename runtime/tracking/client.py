@@ -131,7 +131,10 @@ def open_store(uri: str, ask_server: bool = True) -> None:
     configure_client_env()
     from mlflow.tracking import MlflowClient
 
+    from trainforge.tracking import new_store
+
     if ask_server or not uri.startswith(("http://", "https://")):
+        new_store.seed(uri)
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 

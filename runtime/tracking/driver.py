@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.log import first_line, warn
+from trainforge.tracking import new_store
 from trainforge.tracking.client import (
     RunHandle,
     configure_client_env,
@@ -168,6 +169,7 @@ def start_run(
     try:
         if not reachable(uri):
             raise ConnectionError(f"{redact(uri)}/health did not answer")
+        new_store.seed(uri)  # a new SQLite store without MLflow's migrations
         client = MlflowClient(tracking_uri=uri)
         user = tags["mlflow.user"]
         run_id, created = find_or_create_run(client, section.experiment, run_name, user)
