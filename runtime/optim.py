@@ -15,16 +15,20 @@ def build_optimizer(
     model: nn.Module, train: Any, lr: float | None = None, capturable: bool = False
 ) -> torch.optim.Optimizer:
     """The recipe's optimizer at ``lr`` (default ``train.lr``; the loop passes the scaled LR).
-    On CUDA the fused implementations: one or two kernels per step instead of several per
-    parameter tensor. ``capturable``: for CUDA graph capture, with the LR in a device tensor
-    that the schedule updates in place (a float would be frozen into the graph). Adam and AdamW
-    also keep their step counter on the device; SGD has none, and its fused kernel reads a
-    tensor LR on the device, so fused SGD is capturable as it is (momentum buffers that the
-    capture's warm-up created are zeroed afterwards, which is where a first step starts from
-    with zero dampening: see ``worker.step``)."""
+    The fused implementations, on CUDA and on the CPU: one or two kernels per step instead of
+    several per parameter tensor (on one CPU thread the step took a third to a half of the
+    time: ``bench/optimizer_step_cpu.py``). ``capturable``: for CUDA graph capture, with the LR
+    in a device tensor that the schedule updates in place (a float would be frozen into the
+    graph). Adam and AdamW also keep their step counter on the device; SGD has none, and its
+    fused kernel reads a tensor LR on the device, so fused SGD is capturable as it is
+    (momentum buffers that the capture's warm-up created are zeroed afterwards, which is where
+    a first step starts from with zero dampening: see ``worker.step``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     rate: float | torch.Tensor = train.lr if lr is None else lr
-    fused: dict[str, Any] = {"fused": True} if params and params[0].is_cuda else {}
+    device = params[0].device.type if params else None
+    # CUDA graphs (capturable) are CUDA's alone: on the CPU only a test asks for them
+    fusable = device == "cuda" or (device == "cpu" and not capturable)
+    fused: dict[str, Any] = {"fused": True} if fusable else {}
     if capturable:
         rate = torch.tensor(rate, device=params[0].device)
     if train.optimizer == "sgd":

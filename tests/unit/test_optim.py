@@ -113,3 +113,38 @@ def test_plateau_lowers_the_lr_after_patience_evaluations_without_a_new_best(
     assert isinstance(fresh, optim.PlateauLR)
     fresh.load_state_dict(scheduler.state_dict())
     assert (fresh.scale, fresh.best, fresh.since_best) == (0.25, 1.0, scheduler.since_best)
+
+
+@pytest.mark.usefixtures("optimizer_imports")
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_the_cpu_takes_the_fused_optimizers_and_they_step_as_the_loop_does(name: str) -> None:
+    """Fused on the CPU as on CUDA (2-3x faster steps on one thread: bench/optimizer_step_cpu.py);
+    the same steps as torch's default implementation up to rounding."""
+    train = train_section(f"train.optimizer={name}", "train.lr=0.05", "train.weight_decay=1e-3")
+    torch.manual_seed(0)
+    fused_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    loop_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    loop_model.load_state_dict(fused_model.state_dict())
+    initial = [p.detach().clone() for p in fused_model.parameters()]
+    fused = optim.build_optimizer(fused_model, train)
+    assert fused.defaults["fused"] is True
+    settings = {k: v for k, v in fused.defaults.items() if k != "decoupled_weight_decay"}
+    loop = type(fused)(loop_model.parameters(), **{**settings, "fused": None})  # AdamW's is fixed
+    batch = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(5):
+        for model, optimizer in ((fused_model, fused), (loop_model, loop)):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
+            optimizer.step()
+    pairs = zip(fused_model.parameters(), loop_model.parameters(), initial, strict=True)
+    for after_fused, after_loop, before in pairs:
+        torch.testing.assert_close(after_fused, after_loop, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(after_fused, before)  # it stepped
+
+
+@pytest.mark.usefixtures("optimizer_imports")
+def test_a_capturable_optimizer_on_the_cpu_is_not_fused() -> None:
+    """CUDA graphs are CUDA's: only a test builds a capturable optimizer on the CPU."""
+    optimizer = optim.build_optimizer(nn.Linear(2, 1), train_section("train.optimizer=adam"),
+                                      capturable=True)  # fmt: skip
+    assert not optimizer.defaults["fused"] and optimizer.defaults["capturable"]
