@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-HOME_ENV = "TRAINFORGE_HOME"
+from trainforge import home
+
 KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
 DEFAULT_IDLE_STOP_S = 1800.0
@@ -50,9 +51,7 @@ def keep_cluster() -> bool:
 
 
 def folder() -> Path:
-    home = os.environ.get(HOME_ENV)
-    base = Path(home) if home else Path.home() / ".cache" / "trainforge"
-    return base / "local-cluster"
+    return home.folder() / "local-cluster"
 
 
 def background_lock_path() -> Path:

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from trainforge.errors import did_you_mean
+from trainforge.tracking import new_store
 
 RUN_NAME_TAG = "trainforge.run_name"
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -130,8 +131,6 @@ def open_store(uri: str, ask_server: bool = True) -> None:
     is imported."""
     configure_client_env()
     from mlflow.tracking import MlflowClient
-
-    from trainforge.tracking import new_store
 
     if ask_server or not uri.startswith(("http://", "https://")):
         new_store.seed(uri)

@@ -18,7 +18,8 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-HOME_ENV = "TRAINFORGE_HOME"  # the same home as the lasting local cluster's
+from trainforge import home
+
 ROWS_MADE_WITH_THE_SCHEMA = ("experiments",)
 """What MLflow writes into a new store besides its schema: the Default experiment, whose
 artifact location is the store's own folder (it would be the template's). MLflow makes it again
@@ -59,8 +60,7 @@ def sqlite_file(uri: str) -> Path | None:
 def template_path() -> Path:
     import mlflow
 
-    home = Path(os.environ.get(HOME_ENV) or Path.home() / ".cache" / "trainforge")
-    return home / "mlflow-schema" / f"mlflow-{mlflow.__version__}.db"
+    return home.folder() / "mlflow-schema" / f"mlflow-{mlflow.__version__}.db"
 
 
 def make_template(template: Path) -> None:

@@ -118,7 +118,7 @@ def test_plateau_lowers_the_lr_after_patience_evaluations_without_a_new_best(
 @pytest.mark.usefixtures("optimizer_imports")
 @pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
 def test_the_cpu_takes_the_fused_optimizers_and_they_step_as_the_loop_does(name: str) -> None:
-    """Fused on the CPU as on CUDA (2-3x faster steps on one thread: bench/optimizer_step_cpu.py);
+    """Fused on the CPU as on CUDA (2.3-4x faster steps on one thread: bench/optimizer_step_cpu.py);
     the same steps as torch's default implementation up to rounding."""
     train = train_section(f"train.optimizer={name}", "train.lr=0.05", "train.weight_decay=1e-3")
     torch.manual_seed(0)

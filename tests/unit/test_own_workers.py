@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainforge import home as trainforge_home
 from trainforge.driver import local_cluster, own_workers
 from trainforge.errors import NonFiniteLoss
 from trainforge.worker.own import portable
@@ -30,7 +31,7 @@ def recipe(kind: str = "cnn", use_gpu: str = "auto", **resources: float) -> Simp
 def test_which_commands_train_on_their_own_workers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))  # no cluster runs there
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))  # no cluster runs there
     for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
@@ -62,7 +63,7 @@ def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     from tests.conftest import RECIPES
     from trainforge import config
 
-    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
     monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
     for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
         monkeypatch.delenv(name, raising=False)
@@ -114,7 +115,7 @@ def test_a_background_start_under_way_is_not_waited_for(
 ) -> None:
     """Another command's background start holds its lock: this command starts no second one
     and ends at once (it used to wait for the lock, 40 s after a cluster stop)."""
-    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
     assert own_workers.wait_for_background(0.1)  # no folder yet: nothing to wait for
     home = local_cluster.folder()
     home.mkdir(parents=True)
@@ -141,7 +142,7 @@ def test_a_warm_worker_busy_with_a_rehearsal_is_waited_for_and_a_hung_one_replac
 
     from trainforge.driver import warm_pool
 
-    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
     monkeypatch.setattr(warm_pool, "ANSWER_S", 1.0)
     local_cluster.folder().mkdir(parents=True)
     assert not local_cluster.background_start_running()

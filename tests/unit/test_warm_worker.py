@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainforge import checkpoint, log
+from trainforge import home as trainforge_home
 from trainforge.driver import console, warm_pool
 from trainforge.driver.console import Console
 from trainforge.worker import warm
@@ -177,9 +178,7 @@ def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
     """Slots are claimed lowest first, but a free slot with a living warm worker (a background
     start put one in slot 4 while another command held 0-3) replaces one without, where both
     have the same GPU (slot n: GPU n mod 4 here); a slot another command holds is never taken."""
-    from trainforge.driver import local_cluster
-
-    monkeypatch.setenv(local_cluster.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
     with warm_pool.claimed_slots(1, living={4}, gpus=4) as slots:
         assert slots == [4]  # slot 4's worker is on GPU 0, as slot 0's would be
     with warm_pool.claimed_slots(2, living={4, 6}, gpus=4) as slots:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainforge import atomic
+from trainforge import atomic, home
 from trainforge.errors import RecipeError
 
 if TYPE_CHECKING:  # torch only where the files are read into tensors (not the driver's checks)
@@ -47,7 +47,6 @@ WHEEL = f"sbibm-{VERSION}-py2.py3-none-any.whl"
 # sha256 of the wheel on PyPI (files.pythonhosted.org), checked on every use.
 WHEEL_SHA256 = "12ecc6b4d327b92f9225f08faa6405e4274fb8e75943d86a53157d1b1bcfaf74"
 PATH_ENV = "TRAINFORGE_SBIBM"
-HOME_ENV = "TRAINFORGE_HOME"  # the same home as the lasting local cluster's
 NUM_OBSERVATIONS = 10
 NUM_REFERENCE_SAMPLES = 10_000
 
@@ -160,8 +159,7 @@ def given_path() -> str | None:
 
 
 def cache_dir() -> Path:
-    home = os.environ.get(HOME_ENV)
-    return (Path(home) if home else Path.home() / ".cache" / "trainforge") / "sbibm"
+    return home.folder() / "sbibm"
 
 
 def check_wheel(path: Path, sha256: str, what: str) -> None:
