@@ -127,15 +127,16 @@ def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
         cfg = config.resolve_data(cfg, root)
         recipe_change.check(cfg, root)
         payload = worker_payload(cfg, root)
-        team.attach(payload)
         folder = storage.local_folder(root)
         worker_output = None
         if log.verbosity() <= 0 and folder is not None:  # -v: every worker line as it comes
             worker_output = console.Console(folder / cfg.run.name / "worker-output.log")
         try:
+            team.attach(payload, worker_output)
             outcome = run_workers(cfg, payload, root, None, {}, (warm_pool.WorkersFailed,),
                                   worker_output, own=team)  # fmt: skip
         finally:
+            team.close()  # the workers' last lines, before their output closes
             if worker_output is not None:
                 worker_output.close()
     finally:
@@ -177,14 +178,14 @@ def run_workers(
         warm = None if why_not_warm or own else stack.enter_context(
             warm_pool.WarmRun(cfg, payload, worker_output, ahead, warm_slots)
         )  # fmt: skip
-        track = warm.track if warm else _track_here
+        track = warm.track if warm else own.track if own else _track_here
         interrupted = [False]
         try:
             if cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 payload["mlflow"] = handle.for_workers()
             if own is not None:
-                finished = own.run(worker_output)
+                finished = own.run()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
             elif warm is not None:
                 finished = warm.fit()

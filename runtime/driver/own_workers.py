@@ -100,14 +100,13 @@ def visible_gpus() -> list[str]:
 
 class OwnRun:
     """One command's own worker processes, from their start (``__init__``: they import while
-    the command creates the MLflow run and makes the data) to their end (``close``); ``run``
-    runs the loop in them, with restarts. The command makes its MLflow calls itself: its import
-    of MLflow overlaps the workers' of torch (rank 0 imports MLflow during the run's setup,
-    ``tracking/worker.py``)."""
+    the command makes the data) to their end (``close``); ``run`` runs the loop in them, with
+    restarts; ``track`` makes the command's MLflow calls."""
 
     def __init__(self, cfg: Recipe) -> None:
         self.cfg = cfg
         self._held = contextlib.ExitStack()
+        self._stop_relay: Any = None
         count = cfg.scaling.num_workers
         self.slots = self._held.enter_context(warm_pool.claimed_slots(count))
         self.gpus: list[str] | None = None
@@ -137,19 +136,45 @@ class OwnRun:
             self.connections.append(connection)
             self.outputs.append(output)
 
-    def attach(self, payload: dict[str, Any]) -> None:
-        """The run's payload: the workers' lines go to its console file."""
+    def attach(self, payload: dict[str, Any], output: Any) -> None:
+        """The run's payload: the workers' lines go to its console file, which this command
+        shows (on ``output``) until ``close``."""
+        from trainforge.driver import console
+
         self.payload = payload
         payload["console_file"] = str(warm_pool.console_file(payload))
         payload["gpus"] = self.gpus
         payload["workers_started"] = self.cfg.scaling.num_workers  # "N started"
+        self._stop_relay = console.relay_file(Path(payload["console_file"]), output)
 
-    def run(self, output: Any) -> warm_pool.Finished:
+    def track(self, call: str, *args: Any) -> Any:
+        """``tracking.driver.<call>(*args)``: in rank 0's process where this machine has no
+        core to spare for the command beside its workers, else here.
+
+        Both the command and rank 0 would import MLflow (~4 CPU-seconds for the command, which
+        also loads its SQL store; ~2 for rank 0, which logs the run's metrics). Beside the
+        workers' imports on a spare core, the command's import costs no time. With every core
+        taken by a worker it slowed their imports as much (bench/results, issue 12), so there
+        rank 0, which imports MLflow anyway, creates and ends the run. Where rank 0's process
+        is gone (a failed or stopped run), the call is made here."""
+        from trainforge.tracking import driver as tracking
+
+        if self.connections and not spare_core(self.cfg.scaling.num_workers):
+            env, lines = local_cluster.worker_env(), self.payload["console_file"]
+            try:
+                self.connections[0].send(("track", call, args, env, lines))
+                kind, value = self.connections[0].recv()
+            except (EOFError, OSError):
+                kind, value = "gone", None
+            if kind == "ok":
+                return value
+            if kind == "failed":
+                raise value
+        return getattr(tracking, call)(*args)
+
+    def run(self) -> warm_pool.Finished:
         """The loop in the workers until it ends, restarts within ``run.max_failures``; raises
         ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
-        from trainforge.driver import console
-
-        stop_relay = console.relay_file(Path(self.payload["console_file"]), output)
         try:
             return warm_pool.with_restarts(
                 self.cfg.run.max_failures, self._run_once, self._stop, self._start, self.payload
@@ -157,8 +182,6 @@ class OwnRun:
         except BaseException:
             self._stop()
             raise
-        finally:
-            stop_relay()
 
     def _run_once(self) -> warm_pool.Finished | dict[int, BaseException]:
         port = local_cluster.free_port()
@@ -166,7 +189,7 @@ class OwnRun:
         ranks: dict[Any, int] = {}  # connection → rank (``wait`` returns the ready ones)
         for rank, connection in enumerate(self.connections):
             with contextlib.suppress(OSError):  # it died importing: its end of file tells
-                connection.send((self.payload, rank, world_size, port))
+                connection.send(("run", self.payload, rank, world_size, port))
             ranks[connection] = rank
         results: dict[int, Any] = {}
         while len(results) < world_size:
@@ -214,9 +237,18 @@ class OwnRun:
         self.processes, self.connections, self.outputs = [], [], []
 
     def close(self) -> None:
-        """Stop the workers and give back their slots (again: nothing happens)."""
+        """Stop the workers, show their last lines and give back their slots (again: nothing
+        happens)."""
         self._stop()
+        if self._stop_relay is not None:
+            self._stop_relay()
+            self._stop_relay = None
         self._held.close()
+
+
+def spare_core(workers: int) -> bool:
+    """Does this machine have a CPU core beside one per worker (the command's own)?"""
+    return len(os.sched_getaffinity(0)) > workers
 
 
 def start_cluster_in_background(cfg: Recipe) -> None:

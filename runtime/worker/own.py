@@ -4,12 +4,16 @@ process that the command started, for one run.
 
 It talks with the command over a connection (a socket pair; the command passes its end's file
 descriptor as the argument). The first message is (Python path, the command's pid, its GPU or
-None): it imports torch and the loop, and makes its CUDA context, at once. The second is the
-run (payload, rank, world size, store port), sent once the command has created the MLflow run
-and made the data; the answer is ("ok", what rank 0 reported last) or ("failed", exception).
-A closed connection before the run means the command needs the process no more. The process
-ends with its command (``WarmWorker`` checks that it lives), so a killed command leaves no loop
-running.
+None): it imports torch and the loop, and makes its CUDA context, at once. Then it answers
+requests until the connection closes (the command needs the process no more):
+- ("run", payload, rank, world size, store port), sent once the command has made the data:
+  one run of the loop;
+- ("track", call, arguments, settings, console file), to rank 0: one of the command's MLflow
+  calls (``tracking.driver``: the run's start and its end) made here, where MLflow is imported
+  for the run's metrics anyway (``own_workers.OwnRun.track``).
+Each answer is ("ok", the result: for a run, what rank 0 reported last) or ("failed",
+exception). The process ends with its command (``WarmWorker`` checks that it lives), so a
+killed command leaves no loop running.
 
     python -m trainforge.worker.own FD
 """
@@ -29,17 +33,20 @@ def main(fd: int) -> int:
     from trainforge.worker.warm import WarmWorker
 
     worker = WarmWorker(sys_path, driver_pid, float("inf"), gpu)
-    try:
-        payload, rank, world_size, port = connection.recv()
-    except EOFError:  # the command needs this process no more
-        return 0
-    answer: tuple[str, Any]
-    try:
-        answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
-    except BaseException as exc:  # every failure goes back to the command
-        answer = ("failed", portable(exc))
-    connection.send(answer)
-    return 0
+    while True:
+        try:
+            kind, *request = connection.recv()
+        except EOFError:  # the command needs this process no more
+            return 0
+        answer: tuple[str, Any]
+        try:
+            if kind == "run":
+                answer = ("ok", worker.run(*request, driver_pid))
+            else:
+                answer = ("ok", worker.track(*request))
+        except BaseException as exc:  # every failure goes back to the command
+            answer = ("failed", portable(exc))
+        connection.send(answer)
 
 
 def portable(exc: BaseException) -> BaseException:
