@@ -6,7 +6,8 @@ Why: with no Ray running, a command waited for the lasting cluster's start (`ray
 this project's 2-core CPU, 7.7 s on a 16-core H100 host) and then for its warm workers' start
 (their imports; 13 s on that host) before the first step: 15.8 s on the CPU, 25.3 s on one H100
 (bench/results, issue 12). Training on one machine needs no cluster: the command starts its
-workers itself and they import while it creates the MLflow run and makes the data.
+workers itself and they import while it makes the data (and creates the MLflow run, where a
+core is spare: ``OwnRun.track``).
 
 A worker is the warm pool's worker class (``worker/warm.py``) in a plain process: the same loop,
 process group (gloo; NCCL on its GPU) over a TCP store on loopback, checkpoints in the run folder,
