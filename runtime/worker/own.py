@@ -41,9 +41,11 @@ def main(fd: int) -> int:
         answer: tuple[str, Any]
         try:
             if kind == "run":
-                answer = ("ok", worker.run(*request, driver_pid))
+                payload, rank, world_size, port = request
+                answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
             else:
-                answer = ("ok", worker.track(*request))
+                call, args, env, console_file = request
+                answer = ("ok", worker.track(call, args, env, console_file))
         except BaseException as exc:  # every failure goes back to the command
             answer = ("failed", portable(exc))
         connection.send(answer)
