@@ -35,3 +35,12 @@ opts() {  # opts STEP NAME GPUS OPTION... (environment variables before the call
     --out "$OUT/$step/$name.json" >> "$OUT/$step/$step.log" 2>&1
   echo "$name rc=$?" >> "$OUT/$step/$step.log"
 }
+
+# bench/startup.py on GPU 0 alone: the synthetic ResNet-18 recipe, 40 graphed steps, cold and
+# warm commands and the hand-written torchrun script, REPEATS times; $OUT/STEP.{json,log}
+start_one_gpu() {  # start_one_gpu STEP DEFAULT_LIMIT_S (LIMIT and REPEATS override)
+  CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-$2}" python3 bench/startup.py \
+    --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
+    --modes cold,warm --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 1 \
+    --timeout-s 150 --out "$OUT/$1.json" train.max_steps=40 > "$OUT/$1.log" 2>&1
+}

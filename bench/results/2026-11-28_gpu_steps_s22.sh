@@ -58,10 +58,7 @@ for step in "$@"; do
              > "$OUT/$step.log" 2>&1 ;;
     gpustep) timeout 300 python3 -m pytest -p no:cacheprovider -q -rA -W always tests/gpu \
                > "$OUT/$step.log" 2>&1 ;;
-    start1) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-400}" python3 bench/startup.py \
-           --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
-           --modes cold,warm --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 1 \
-           --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
+    start1) start_one_gpu "$step" 400 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"

@@ -23,10 +23,7 @@ for step in "$@"; do
     cnn1) timeout "${LIMIT:-240}" python3 bench/cnn_throughput.py --gpus 1 --repeats 3 \
             --steps 300 --min-steps 90 --batches 256 --graph-batches 256 --tutorial-steps 100 \
             --out "$OUT/$step.json" > "$OUT/$step.log" 2>&1 ;;
-    start1) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-480}" python3 bench/startup.py \
-           --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
-           --modes cold,warm --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 1 \
-           --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
+    start1) start_one_gpu "$step" 480 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
