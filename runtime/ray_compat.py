@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -181,6 +182,33 @@ def quiet_ray_printer() -> None:
     """Ray's own printer, less its late-metrics-agent lines: what the driver shows from
     ``ray.init`` until a run's console takes over (the SBI simulation stage comes first)."""
     replace_worker_log_printer(without_late_metrics_agent(_ray_printer()))
+
+
+ADDON_MODULES = ("pydantic", "starlette", "pyarrow")
+"""The packages whose types Ray's serialization add-ons register custom serializers for."""
+
+
+def skip_unused_serializer_addons() -> None:
+    """A process's first Ray call builds its serialization context, and with it Ray's add-ons
+    (``ray.util.serialization_addons.apply``): serializers for pydantic's, starlette's and
+    pyarrow's types, importing those packages to register them (0.16 s on this project's CPU,
+    0.5 s or more on a GPU host whose imports are slower: bench/results, issue 12). A driver
+    that never imported them cannot have their objects in what it sends; the add-ons run as
+    before once any of them is imported. Relies on the context calling the module's ``apply``
+    by attribute (``ray._private.serialization``, Ray 2.60). Deserializing needs no
+    registration: a custom serializer's result names its own rebuilding function."""
+    from ray.util import serialization_addons
+
+    every_addon = serialization_addons.apply
+    if getattr(every_addon, "skips_unused", False):
+        return
+
+    def apply(context: Any) -> None:
+        if any(name in sys.modules for name in ADDON_MODULES):
+            every_addon(context)
+
+    apply.skips_unused = True  # type: ignore[attr-defined]
+    serialization_addons.apply = apply
 
 
 @contextlib.contextmanager

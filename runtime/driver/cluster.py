@@ -33,6 +33,7 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
 
     if ray.is_initialized():
         return
+    ray_compat.skip_unused_serializer_addons()
     with ray_compat.keeping_sigterm_handler():
         said = _connect(ray, local_only, init_options)
     if log.verbosity() <= 0:  # -v shows everything Ray says
