@@ -40,7 +40,7 @@ def explain(exc: BaseException, run_dir: str) -> str | None:
 
 def _latest(run_dir: str) -> str:
     """Where a resume starts: the run's latest valid checkpoint, by its manifest."""
-    from trainforge import checkpoint  # torch: only once a run has failed
+    from trainforge import checkpoint
 
     folder = storage.local_folder(run_dir)
     if folder is None:  # remote storage: nothing to look into from here

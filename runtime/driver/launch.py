@@ -56,8 +56,8 @@ def check_existing_run(cfg: Recipe, storage_path: str) -> None:
             "false; pick another run.name or set checkpoint.resume=true"
         )
     if not run_dir.is_dir():
-        return  # a new run: no checkpoints to check (and no torch to import for them)
-    from trainforge.checkpoint import check_resumable  # torch: only for a run that exists
+        return  # a new run: no checkpoints to check
+    from trainforge.checkpoint import check_resumable
 
     check_resumable(run_dir)  # checkpoints that all fail verification: refused, none deleted
 

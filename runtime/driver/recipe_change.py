@@ -44,8 +44,8 @@ def check(cfg: Recipe, storage_root: str) -> None:
     that change results, unless ``checkpoint.allow_changes``; then say what changed."""
     folder = storage.local_folder(storage_root)
     if folder is None or not (folder / cfg.run.name).is_dir():
-        return  # a new run (or remote storage): nothing to compare, and no torch to import
-    from trainforge import checkpoint  # torch: only for a run that exists
+        return  # a new run (or remote storage): nothing to compare
+    from trainforge import checkpoint
 
     latest = checkpoint.newest_verified(folder / cfg.run.name)
     if latest is None:
