@@ -201,7 +201,7 @@ def main() -> None:
     if args.torchrun:
         runs["torchrun"] = []
     for repeat in range(args.repeats):
-        for mode in modes:
+        for position, mode in enumerate(modes):
             mode_env = env
             if mode in ("cold", "cold_ray", "baseline_cold"):
                 stop_cluster(env)
@@ -218,7 +218,9 @@ def main() -> None:
             overrides = list(args.overrides)
             if args.fresh_data:
                 overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
-            result = trainforge_run(args.recipe, f"{mode}{repeat}", overrides, mode_env, work)
+            # a mode named twice in --modes trains a new run each time, never resumes one
+            name = f"{mode}{repeat}" + (f"-{position}" if modes.count(mode) > 1 else "")
+            result = trainforge_run(args.recipe, name, overrides, mode_env, work)
             if mode in ("cold", "baseline_cold"):  # the next command finds what it started
                 settle(env)
             runs[mode].append(result)
