@@ -16,6 +16,8 @@ Each repeat runs, in one invocation on one machine and in this order:
              `deploy/` beside it: shipped recipes are found there), run like `private`
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
+  resume, baseline_resume — the command just before it again, same run name: a user re-running
+             a finished run (it resumes from its last checkpoint and has nothing left to train)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
 
@@ -200,6 +202,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     if args.torchrun:
         runs["torchrun"] = []
+    previous_name = "first"  # what a resume mode re-runs
     for repeat in range(args.repeats):
         for position, mode in enumerate(modes):
             mode_env = env
@@ -209,7 +212,7 @@ def main() -> None:
                 mode_env = {**env, "TRAINFORGE_COLD_WORKERS": "ray"}
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
-            if mode in ("baseline", "baseline_cold", "baseline_warm"):
+            if mode in ("baseline", "baseline_cold", "baseline_warm", "baseline_resume"):
                 # first on the path, before whatever else the environment puts there
                 path = [args.baseline, *filter(None, [mode_env.get("PYTHONPATH")])]
                 mode_env = {**mode_env, "PYTHONPATH": os.pathsep.join(path)}
@@ -220,6 +223,9 @@ def main() -> None:
                 overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
             # a mode named twice in --modes trains a new run each time, never resumes one
             name = f"{mode}{repeat}" + (f"-{position}" if modes.count(mode) > 1 else "")
+            if mode.endswith("resume"):
+                name = previous_name
+            previous_name = name
             result = trainforge_run(args.recipe, name, overrides, mode_env, work)
             if mode in ("cold", "baseline_cold"):  # the next command finds what it started
                 settle(env)

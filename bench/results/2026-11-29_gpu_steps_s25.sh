@@ -4,6 +4,10 @@
 #   startw  bench/startup.py on one GPU, synthetic ResNet-18, 40 graphed steps: the session's
 #           starting package (.base25: d765463's runtime as `trainforge`, its recipes and deploy)
 #           cold, then warm three times; this checkout the same; REPEATS rounds (default 2)
+#   startw2 startw again once bench/startup.py gave each repeated mode its own run name (the
+#           first call's second and third warm commands resumed the finished run of the first),
+#           and a resume (the warm command just before it again: a user re-running a finished
+#           run) after each package's warm commands
 #   imp     where a warm command's driver spends its time before Ray: Python's own start, the
 #           imports of a warm command (-X importtime) after a cold one started the cluster
 set -u
@@ -15,6 +19,10 @@ for step in "$@"; do
     startw) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-500}" python3 bench/startup.py \
               --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" --baseline .base25 \
               --modes baseline_cold,baseline_warm,baseline_warm,baseline_warm,cold,warm,warm,warm \
+              --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
+    startw2) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-540}" python3 bench/startup.py \
+              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" --baseline .base25 \
+              --modes baseline_cold,baseline_warm,baseline_warm,baseline_warm,baseline_resume,cold,warm,warm,warm,resume \
               --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
     imp) mkdir -p "$OUT/imp" /tmp/imp && (
            cd /tmp/imp || exit 1

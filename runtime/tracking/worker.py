@@ -146,8 +146,14 @@ class WorkerTracker:
         logging its map of installed packages (1.2 s) and the run context's tags (whether this
         is a notebook imports IPython, 0.5 s; the git repository). A cold command's run ended
         with 2-3 s of these; a warm worker has them from its first run. ``end_ready`` waits
-        for the thread: two threads must not import the same modules at once."""
-        if not self.logs_metrics or not self.online:
+        for the thread: two threads must not import the same modules at once.
+
+        Only where the loop runs on a GPU: its thread mostly waits for the device, so the
+        imports take no time from it (the end after a cold command's loop on one H200: 7.7-11.8
+        s before, 2.8-4.8 s after). A CPU loop needs Python's lock for every step: there the
+        thread made the loop itself 0.7 → 2.3 s slower (its samples/s a third of the truth) and
+        the end shorter by as much (bench/results, issue 12), so the end prepares itself."""
+        if not self.logs_metrics or not self.online or self.ctx.device.type != "cuda":
             return
 
         def prepare() -> None:
