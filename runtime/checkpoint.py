@@ -155,7 +155,7 @@ def newest_verified(run_dir: Path) -> Path | None:
 def check_resumable(run_dir: Path) -> None:
     """Before any worker starts: refuse a run whose checkpoints all fail verification (each
     file's size and sha256 against the manifest). The driver does not load one: torch's import
-    alone took 1.5 s on this project's CPU and 4 s on a GPU host (bench/results, issue 12). A
+    alone takes 1.5 s on this project's CPU, for a command that only checks the files. A
     verified file that torch cannot read is skipped by the worker's own ``newest_in``."""
     skipped = []
     for folder in _most_steps_first(run_dir):

@@ -207,7 +207,7 @@ print(checkpoint.newest_verified(run_dir).name, "torch" in sys.modules)
 
 def test_the_driver_checks_a_runs_checkpoints_without_importing_torch(tmp_path: Path) -> None:
     """Re-running a run name (a resume) checks its checkpoints in the driver before any worker
-    starts; torch's import (1.5 s here, 4 s on a GPU host) is left to the workers."""
+    starts; torch's import (1.5 s here) is left to the workers."""
     write(tmp_path / "checkpoint_000000", 30)
     truncate(write(tmp_path / "checkpoint_000001", 44))  # skipped: the one before is taken
     out = subprocess.run([sys.executable, "-c", CHECK_WITHOUT_TORCH, str(tmp_path)],
