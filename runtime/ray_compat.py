@@ -191,8 +191,8 @@ ADDON_MODULES = ("pydantic", "starlette", "pyarrow")
 def skip_unused_serializer_addons() -> None:
     """A process's first Ray call builds its serialization context, and with it Ray's add-ons
     (``ray.util.serialization_addons.apply``): serializers for pydantic's, starlette's and
-    pyarrow's types, importing those packages to register them (0.16 s on this project's CPU,
-    0.5 s or more on a GPU host whose imports are slower: bench/results, issue 12). A driver
+    pyarrow's types, importing those packages to register them (0.18-0.24 s on this project's
+    CPU; on one H200 host no change was seen: bench/results, issue 12). A driver
     that never imported them cannot have their objects in what it sends; the add-ons run as
     before once any of them is imported. Relies on the context calling the module's ``apply``
     by attribute (``ray._private.serialization``, Ray 2.60). Deserializing needs no
