@@ -143,13 +143,7 @@ def newest_in(run_dir: Path) -> Found:
 
 def newest_verified(run_dir: Path) -> Path | None:
     """The folder of the valid checkpoint with the most steps (its state is not loaded)."""
-    for folder in _most_steps_first(run_dir):
-        try:
-            verify(folder)
-            return folder
-        except Unverified:
-            continue
-    return None
+    return _verified_search(run_dir)[0]
 
 
 def check_resumable(run_dir: Path) -> None:
@@ -157,15 +151,22 @@ def check_resumable(run_dir: Path) -> None:
     file's size and sha256 against the manifest). The driver does not load one: torch's import
     alone takes 1.5 s on this project's CPU, for a command that only checks the files. A
     verified file that torch cannot read is skipped by the worker's own ``newest_in``."""
-    skipped = []
+    newest, skipped = _verified_search(run_dir)
+    if newest is None and skipped:
+        raise _none_valid(run_dir, skipped)
+
+
+def _verified_search(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The folder of the valid checkpoint with the most steps (None: none), and why each one
+    ranked above it failed verification."""
+    skipped: list[str] = []
     for folder in _most_steps_first(run_dir):
         try:
             verify(folder)
-            return
+            return folder, skipped
         except Unverified as exc:
             skipped.append(str(exc))
-    if skipped:
-        raise _none_valid(run_dir, skipped)
+    return None, skipped
 
 
 def _none_valid(where: Path | str, skipped: list[str]) -> NoValidCheckpoint:
