@@ -13,17 +13,19 @@
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
+# bench/startup.py on GPU 0, the synthetic ResNet-18 recipe, 40 graphed steps, both packages
+startw_run() {  # startw_run STEP DEFAULT_LIMIT_S MODES (LIMIT and REPEATS override)
+  CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-$2}" python3 bench/startup.py \
+    --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" --baseline .base25 \
+    --modes "$3" --timeout-s 150 --out "$OUT/$1.json" train.max_steps=40 > "$OUT/$1.log" 2>&1
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    startw) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-500}" python3 bench/startup.py \
-              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" --baseline .base25 \
-              --modes baseline_cold,baseline_warm,baseline_warm,baseline_warm,cold,warm,warm,warm \
-              --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
-    startw2) CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-540}" python3 bench/startup.py \
-              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" --baseline .base25 \
-              --modes baseline_cold,baseline_warm,baseline_warm,baseline_warm,baseline_resume,cold,warm,warm,warm,resume \
-              --timeout-s 150 --out "$OUT/$step.json" train.max_steps=40 > "$OUT/$step.log" 2>&1 ;;
+    startw) startw_run "$step" 500 \
+              baseline_cold,baseline_warm,baseline_warm,baseline_warm,cold,warm,warm,warm ;;
+    startw2) startw_run "$step" 540 \
+               baseline_cold,baseline_warm,baseline_warm,baseline_warm,baseline_resume,cold,warm,warm,warm,resume ;;
     imp) mkdir -p "$OUT/imp" /tmp/imp && (
            cd /tmp/imp || exit 1
            export TRAINFORGE_HOME=/tmp/imp/home CUDA_VISIBLE_DEVICES=0
