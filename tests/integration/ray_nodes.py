@@ -152,9 +152,11 @@ class RayNodes:
 
     def _job_agent_ready(self) -> bool:
         """The dashboard answers before its job agent registers (slow on a loaded machine); a
-        submission before then fails with "No available agent". Probe with a no-op job."""
+        submission before then fails with "No available agent". Probe with a no-op job, not
+        waiting for it: its submission shows the agent, and tailing its logs can fail on its
+        own (a WebSocket closed with code 1006 once the job ended, seen in a CI run)."""
         probe = subprocess.run(
-            ["ray", "job", "submit", "--address", self.dashboard, "--", "true"],
+            ["ray", "job", "submit", "--no-wait", "--address", self.dashboard, "--", "true"],
             env=self.env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         if probe.returncode == 0:
