@@ -192,6 +192,9 @@ class PrecisionSection(Section):
     """fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)."""
     tf32: bool = True
     """Allow TF32 matmuls/convolutions on Ampere+ GPUs."""
+    cudnn_benchmark: bool = True
+    """Let cuDNN time its algorithms for each new convolution shape, on its first use, and keep
+    the fastest (``torch.backends.cudnn.benchmark``): a cold worker's first step pays for it."""
     channels_last: bool = False
     """NHWC memory format for convolution models (faster with tensor cores)."""
     compile: bool = False
