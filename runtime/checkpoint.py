@@ -146,14 +146,16 @@ def newest_verified(run_dir: Path) -> Path | None:
     return _verified_search(run_dir)[0]
 
 
-def check_resumable(run_dir: Path) -> None:
+def check_resumable(run_dir: Path) -> Path | None:
     """Before any worker starts: refuse a run whose checkpoints all fail verification (each
-    file's size and sha256 against the manifest). The driver does not load one: torch's import
-    alone takes 1.5 s on this project's CPU, for a command that only checks the files. A
-    verified file that torch cannot read is skipped by the worker's own ``newest_in``."""
+    file's size and sha256 against the manifest); else the folder of the newest valid one
+    (None: no checkpoint yet). The driver does not load one: torch's import alone takes 1.5 s
+    on this project's CPU, for a command that only checks the files. A verified file that
+    torch cannot read is skipped by the worker's own ``newest_in``."""
     newest, skipped = _verified_search(run_dir)
     if newest is None and skipped:
         raise _none_valid(run_dir, skipped)
+    return newest
 
 
 def _verified_search(run_dir: Path) -> tuple[Path | None, list[str]]:

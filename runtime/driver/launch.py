@@ -45,10 +45,13 @@ def spool_file(cfg: Recipe, storage_path: str) -> Path:
     return spool_path(base / cfg.run.name)
 
 
-def check_existing_run(cfg: Recipe, storage_path: str) -> None:
+def check_existing_run(cfg: Recipe, storage_path: str) -> Path | None:
+    """Refuse a run name taken without ``checkpoint.resume``, or whose checkpoints all fail
+    verification; the folder of the checkpoint a resume starts from (None: a new run, or
+    remote storage)."""
     folder = storage.local_folder(storage_path)
     if folder is None:
-        return
+        return None
     run_dir = folder / cfg.run.name
     if run_dir.exists() and not cfg.checkpoint.resume:
         raise RecipeError(
@@ -56,10 +59,10 @@ def check_existing_run(cfg: Recipe, storage_path: str) -> None:
             "false; pick another run.name or set checkpoint.resume=true"
         )
     if not run_dir.is_dir():
-        return  # a new run: no checkpoints to check
+        return None  # a new run: no checkpoints to check
     from trainforge.checkpoint import check_resumable
 
-    check_resumable(run_dir)  # checkpoints that all fail verification: refused, none deleted
+    return check_resumable(run_dir)  # checkpoints that all fail verification: refused
 
 
 @dataclass
@@ -85,11 +88,11 @@ def train(cfg: Recipe) -> Outcome:
 
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
-    check_existing_run(cfg, root)
+    resumed_from = check_existing_run(cfg, root)  # verified once: its files are hashed here
     start_workload_data(cfg.workload, cfg.run.seed, root)  # what needs no cluster, while Ray starts
     if own_workers.unavailable(cfg, root) is None:  # no cluster runs: none is waited for
         log.say("ray: no local cluster runs; this run's workers are processes of this command")
-        return _train_on_own_workers(cfg, root)
+        return _train_on_own_workers(cfg, root, resumed_from)
     import ray
 
     connect()
@@ -100,7 +103,7 @@ def train(cfg: Recipe) -> Outcome:
     # new warm workers' imports overlap the data stage instead of following it
     ahead = warm_pool.prestart(cfg) if why_not_warm is None else {}
     cfg = config.resolve_data(cfg, root)
-    recipe_change.check(cfg, root)  # resuming with another recipe: refused, or said
+    recipe_change.check(cfg, root, resumed_from)  # another recipe: refused, or said
 
     payload = worker_payload(cfg, root)
     ray_compat.time_out_report_barriers(cfg.scaling.timeout_s)  # like the process group's
@@ -117,7 +120,7 @@ def train(cfg: Recipe) -> Outcome:
             worker_output.close()
 
 
-def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
+def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> Outcome:
     """The run on the command's own worker processes (``own_workers.py``), started before the
     data stage so that their imports overlap it; the lasting cluster starts in the background
     afterwards, for later commands."""
@@ -125,7 +128,7 @@ def _train_on_own_workers(cfg: Recipe, root: str) -> Outcome:
     team = own_workers.OwnRun(cfg)
     try:
         cfg = config.resolve_data(cfg, root)
-        recipe_change.check(cfg, root)
+        recipe_change.check(cfg, root, resumed_from)
         payload = worker_payload(cfg, root)
         folder = storage.local_folder(root)
         worker_output = None

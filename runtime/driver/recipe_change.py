@@ -18,6 +18,7 @@ setting) are not compared. Remote storage (``s3://…``) has no folder to read: 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from trainforge import config, log, storage
@@ -39,15 +40,18 @@ PASS_WHEN_LARGER = ("train.epochs", "train.max_steps")
 """Keys that may grow on resume: the run trains further."""
 
 
-def check(cfg: Recipe, storage_root: str) -> None:
+def check(cfg: Recipe, storage_root: str, verified: Path | None = None) -> None:
     """Refuse (RecipeError) a resume whose recipe differs from its latest checkpoint's in keys
-    that change results, unless ``checkpoint.allow_changes``; then say what changed."""
+    that change results, unless ``checkpoint.allow_changes``; then say what changed. That
+    checkpoint is ``verified`` where the command has just checked it (``check_resumable``:
+    hashing a large checkpoint's files twice would cost the command their read again), else
+    it is searched for."""
     folder = storage.local_folder(storage_root)
     if folder is None or not (folder / cfg.run.name).is_dir():
         return  # a new run (or remote storage): nothing to compare
     from trainforge import checkpoint
 
-    latest = checkpoint.newest_verified(folder / cfg.run.name)
+    latest = verified or checkpoint.newest_verified(folder / cfg.run.name)
     if latest is None:
         return
     from omegaconf import OmegaConf  # as written: not validated again, only compared

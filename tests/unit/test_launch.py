@@ -26,7 +26,7 @@ def test_existing_run_without_resume_is_refused(tmp_path: Path) -> None:
 def test_existing_run_with_resume_is_fine(tmp_path: Path) -> None:
     cfg = config.load(DIGITS, ["checkpoint.resume=true"])
     (tmp_path / cfg.run.name).mkdir()
-    launch.check_existing_run(cfg, str(tmp_path))
+    assert launch.check_existing_run(cfg, str(tmp_path)) is None  # no checkpoint yet
 
 
 def test_a_run_whose_checkpoints_all_fail_verification_is_refused(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_a_run_whose_checkpoints_all_fail_verification_is_refused(tmp_path: Path
     folder = tmp_path / cfg.run.name / "checkpoint_000000"
     folder.mkdir(parents=True)
     checkpoint.save(folder, {"global_step": 3}, "")
-    launch.check_existing_run(cfg, str(tmp_path))
+    assert launch.check_existing_run(cfg, str(tmp_path)) == folder  # where the resume starts
     (folder / checkpoint.MANIFEST_FILE).unlink()
     with pytest.raises(NoValidCheckpoint, match=r"checkpoint_000000: no manifest\.json"):
         launch.check_existing_run(cfg, str(tmp_path))

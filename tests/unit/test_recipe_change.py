@@ -91,3 +91,19 @@ def test_epochs_null_extends_a_run_and_a_number_after_it_shortens_one(tmp_path: 
     checkpointed(tmp_path / "unbounded", 10, *stopping, "train.epochs=null")
     with pytest.raises(RecipeError, match=r"train\.epochs None -> 4"):
         recipe_change.check(recipe(*stopping, "train.epochs=4"), str(tmp_path / "unbounded"))
+
+
+def test_the_checkpoint_the_command_verified_is_not_hashed_again(tmp_path: Path) -> None:
+    """The command verifies the run's checkpoints once (``check_resumable``, every file's
+    sha256) and compares the recipe of the one it found: its state file, changed after that
+    check, is not read again (a second search would hash it, fail it and compare nothing)."""
+    folder = checkpointed(tmp_path, 10)
+    verified = checkpoint.check_resumable(tmp_path / "r")
+    assert verified == folder
+    state = folder / checkpoint.STATE_FILE
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: only a new hash would notice
+    state.write_bytes(bytes(data))
+    with pytest.raises(RecipeError, match=r"train\.lr"):
+        recipe_change.check(recipe("train.lr=0.01"), str(tmp_path), verified)
+    recipe_change.check(recipe("train.lr=0.01"), str(tmp_path))  # searched anew: none valid
