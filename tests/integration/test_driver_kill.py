@@ -98,13 +98,14 @@ def test_a_killed_driver_leaves_nothing_running_and_the_same_command_resumes(
             time.sleep(0.05)
         assert driver.poll() is None, "".join(seen)  # still training: killed mid-run
         command = psutil.Process(driver.pid).children(recursive=True)  # Ray, workers, watcher
+        names = [_name(p) for p in command]  # now: a short-lived helper may be gone later
         os.kill(driver.pid, signal.SIGKILL)
     finally:
         driver.kill()
         driver.wait(timeout=30)
         driver.stdout.close()
     assert driver.returncode == -signal.SIGKILL, "".join(seen)
-    assert any("RayTrainWorker" in p.name() for p in command), [p.name() for p in command]
+    assert any("RayTrainWorker" in name for name in names), names
 
     # The private Ray ended with its driver: GCS and raylet at once, workers within seconds,
     # the agents (a minute on their own) ended by the watcher.
@@ -137,3 +138,11 @@ def test_a_killed_driver_leaves_nothing_running_and_the_same_command_resumes(
     assert f"run {runs[0].info.run_id} reopened" in out
     assert runs[0].info.status == "FINISHED"
     assert runs[0].data.metrics["epoch"] == EPOCHS
+
+
+def _name(process: psutil.Process) -> str:
+    """The process's name, or "" for one that ended since it was listed."""
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return ""
