@@ -140,6 +140,7 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
             "usable_cpus": len(os.sched_getaffinity(0)),
         },
         "recipe": args.recipe,
+        "baseline": args.baseline,
         "overrides": args.overrides,
         "repeats": args.repeats,
         "busy_cores": args.busy,
@@ -149,6 +150,23 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
     }
     Path(args.out).write_text(json.dumps(report, indent=1))
     return medians
+
+
+def baseline_path(folder: str, env: dict[str, str], cwd: Path) -> str:
+    """``folder`` as an absolute path, once a command run like the bench's (from ``cwd``, the
+    folder first on the Python path) is seen to import its `trainforge` package. A relative
+    path, taken from the bench's commands' temporary folder, named nothing: Python skipped it
+    and the "baseline" ran this checkout, as three sessions' device steps did (.base25-27)."""
+    wanted = Path(folder).resolve()
+    path = os.pathsep.join([str(wanted), *filter(None, [env.get("PYTHONPATH")])])
+    code = "import os, trainforge; print(os.path.realpath(os.path.dirname(trainforge.__file__)))"
+    found = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": path},
+                           cwd=cwd, capture_output=True, text=True, check=False)  # fmt: skip
+    package = Path(found.stdout.strip() or "?")
+    if found.returncode != 0 or package.parent != wanted.resolve():
+        raise SystemExit(f"--baseline {folder}: its commands would import trainforge from "
+                         f"{package}, not from {wanted}")  # fmt: skip
+    return str(wanted)
 
 
 def main() -> None:
@@ -193,6 +211,8 @@ def main() -> None:
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     env.pop("TRAINFORGE_KEEP_CLUSTER", None)
+    if args.baseline:
+        args.baseline = baseline_path(args.baseline, env, work)
     modes = args.modes.split(",")
     if args.baseline and not {"baseline_cold", "baseline_warm"} & set(modes):
         modes.append("baseline")
