@@ -152,18 +152,24 @@ def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
     return medians
 
 
+def with_baseline(env: dict[str, str], folder: str) -> dict[str, str]:
+    """``env`` with ``folder`` first on the Python path, before whatever else the environment
+    puts there: how every baseline command runs."""
+    path = [folder, *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def baseline_path(folder: str, env: dict[str, str], cwd: Path) -> str:
-    """``folder`` as an absolute path, once a command run like the bench's (from ``cwd``, the
-    folder first on the Python path) is seen to import its `trainforge` package. A relative
-    path, taken from the bench's commands' temporary folder, named nothing: Python skipped it
-    and the "baseline" ran this checkout, as three sessions' device steps did (.base25-27)."""
+    """``folder`` as an absolute path, once a command run like the bench's (from ``cwd``, with
+    ``with_baseline``) is seen to import its `trainforge` package. A relative path, taken from
+    the bench's commands' temporary folder, named nothing: Python skipped it and the
+    "baseline" ran this checkout, as three sessions' device steps did (.base25-27)."""
     wanted = Path(folder).resolve()
-    path = os.pathsep.join([str(wanted), *filter(None, [env.get("PYTHONPATH")])])
     code = "import os, trainforge; print(os.path.realpath(os.path.dirname(trainforge.__file__)))"
-    found = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": path},
+    found = subprocess.run([sys.executable, "-c", code], env=with_baseline(env, str(wanted)),
                            cwd=cwd, capture_output=True, text=True, check=False)  # fmt: skip
     package = Path(found.stdout.strip() or "?")
-    if found.returncode != 0 or package.parent != wanted.resolve():
+    if found.returncode != 0 or package.parent != wanted:
         raise SystemExit(f"--baseline {folder}: its commands would import trainforge from "
                          f"{package}, not from {wanted}")  # fmt: skip
     return str(wanted)
@@ -233,9 +239,7 @@ def main() -> None:
             if mode in ("private", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
             if mode in ("baseline", "baseline_cold", "baseline_warm", "baseline_resume"):
-                # first on the path, before whatever else the environment puts there
-                path = [args.baseline, *filter(None, [mode_env.get("PYTHONPATH")])]
-                mode_env = {**mode_env, "PYTHONPATH": os.pathsep.join(path)}
+                mode_env = with_baseline(mode_env, args.baseline)
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
             overrides = list(args.overrides)

@@ -5,6 +5,8 @@
 #             starting package (.base27: 98f540c's runtime as `trainforge`, its recipes and
 #             deploy) cold, then this checkout cold (rank 0's MLflow connection after the first
 #             step); REPEATS rounds (default 3)
+#             (as run, `.base27` was relative and both sides ran this checkout: see the
+#             results README's correction; startup.py now refuses such a path)
 #   startlong the same with 2,000 steps (about 10 s of loop): does the whole command gain what
 #             the first step gains, once the loop is long enough to hide the connection?
 #   gputest   the GPU tests of MLflow tracking, warm workers, the synthetic ResNet-18 recipe and
