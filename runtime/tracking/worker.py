@@ -6,6 +6,12 @@ crashes and resumes from its last checkpoint re-does exactly the steps whose met
 committed, so the metric history has no gap and no repeated step. A background thread does the
 sending; the training thread only appends to a list. When the server is down, the sender keeps
 retrying; what is still unsent at the end goes to the spool (``tracking/spool.py``).
+
+The run's end imports what it needs (matplotlib, MLflow's pytorch flavour) itself, after the
+loop. A thread importing them while the loop ran saved the end as much as it cost the loop:
+the loop's thread waits for Python's lock each time it gives it up (every wait for the GPU), and
+on a GPU the thread held back the CUDA-graph capture, the first step ~4 s later on one H200
+(bench/results, twenty-eighth session).
 """
 
 from __future__ import annotations
@@ -114,7 +120,6 @@ class WorkerTracker:
         self.system_monitor: Any = None
         self.busy_s = 0.0  # time the training thread spends in tracking calls
         self._warming: threading.Thread | None = None
-        self._preparing: threading.Thread | None = None
 
     @property
     def online(self) -> bool:
@@ -138,39 +143,6 @@ class WorkerTracker:
 
         self._warming = threading.Thread(target=warm, name="mlflow-prewarm", daemon=True)
         self._warming.start()
-
-    def prepare_end(self) -> None:
-        """Rank 0, once the loop runs: on a background thread, what the run's end pays only the
-        first time in a process, so that it overlaps the loop instead of following it —
-        matplotlib for the figures (0.6 s of this project's CPU), and for MLflow's model
-        logging its map of installed packages (1.2 s) and the run context's tags (whether this
-        is a notebook imports IPython, 0.5 s; the git repository). A cold command's run ended
-        with 2-3 s of these; a warm worker has them from its first run. ``end_ready`` waits
-        for the thread: two threads must not import the same modules at once.
-
-        Only where the loop runs on a GPU: its thread mostly waits for the device, so the
-        imports take no time from it (the end after a cold command's loop on one H200: 7.7-11.8
-        s before, 2.8-4.8 s after). A CPU loop needs Python's lock for every step: there the
-        thread made the loop itself 0.7 → 2.3 s slower (its samples/s a third of the truth) and
-        the end shorter by as much (bench/results, issue 12), so the end prepares itself."""
-        if not self.logs_metrics or not self.online or self.ctx.device.type != "cuda":
-            return
-
-        def prepare() -> None:
-            with contextlib.suppress(Exception):  # the end meets any problem itself
-                import trainforge.plots  # noqa: F401 - matplotlib
-
-                if self.section.log_model:
-                    _prepare_model_logging()
-
-        self._preparing = threading.Thread(target=prepare, name="mlflow-prepare-end", daemon=True)
-        self._preparing.start()
-
-    def end_ready(self) -> None:
-        """Wait for ``prepare_end``'s thread (before the run's end imports anything)."""
-        if self._preparing is not None:
-            self._preparing.join()
-            self._preparing = None
 
     def start(self) -> None:
         """Every rank calls this (the node count needs a collective)."""
@@ -299,7 +271,6 @@ class WorkerTracker:
             warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
 
     def close(self) -> None:
-        self.end_ready()
         self.commit()
         if self.sender is not None:
             for rows in self.sender.stop(CLOSE_WAIT_S):
@@ -348,21 +319,6 @@ def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
     mlflow.set_tracking_uri(handle.tracking_uri)
     with mlflow.start_run(run_id=handle.run_id):
         log()
-
-
-def _prepare_model_logging() -> None:
-    """What MLflow's first ``log_model`` in a process computes and keeps for later calls: the map
-    of installed packages to their modules (built by its check of the model's requirements;
-    ``_init_packages_to_modules_map``, MLflow 3.17's private helper, if it is there) and the
-    run context's tags."""
-    import mlflow.pytorch  # noqa: F401
-    from mlflow.tracking.context.registry import resolve_tags
-    from mlflow.utils import requirements_utils
-
-    build_map = getattr(requirements_utils, "_init_packages_to_modules_map", None)
-    if build_map is not None:
-        build_map()
-    resolve_tags()
 
 
 def _stop_soon(monitor: Any, wait_s: float = 0.3) -> None:

@@ -161,7 +161,6 @@ class Trainer:
         self.train_model = wrap(self.state.model, cfg.precision, ctx, graphs)
         tracker.start()
         tracker.log_training_data(self.workload.training_data())
-        tracker.prepare_end()  # the end's first-time imports, while the loop runs
         self.profiler = StepProfiler(
             cfg.tracking.profile_steps, cfg.tracking.profile_start_step, ctx
         )
@@ -301,7 +300,6 @@ class Trainer:
         """After the loop: the best weights back, the workload's own evaluation and export.
         True when anything changed since the last checkpoint."""
         position, stopper = self.state.position, self.state.stopper
-        self.tracker.end_ready()
         changed = not self.metrics  # a resumed run that had already finished: report once more
         if self.cfg.train.restore_best and stopper.restore_best(self.state.model):
             self.progress.note(

@@ -63,34 +63,3 @@ def test_ranks_that_never_talk_to_mlflow_do_not_warm_it(tmp_path: Path) -> None:
     offline = WorkerTracker(None, cfg.tracking, _ctx(0))
     offline.prewarm()
     assert offline._warming is None
-
-
-def test_rank_0_prepares_the_runs_end_while_the_loop_runs(tmp_path: Path) -> None:
-    """``prepare_end`` (a background thread): matplotlib imported and MLflow's map of installed
-    packages built before the end's figures and model need them; ``end_ready`` and ``close``
-    wait for it. Other ranks, offline runs and loops on the CPU (where the thread would slow
-    the loop by as much as it saves) start no thread."""
-    from mlflow.utils import requirements_utils
-
-    cfg, handle = _tracked_run(tmp_path, system_metrics=False)
-    gpu = torch.device("cuda", 0)  # a device name only: nothing here touches a GPU
-    other = WorkerContext(rank=1, local_rank=1, world_size=2, node_rank=0, device=gpu)
-    on_gpu = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=gpu)
-    for idle in (
-        WorkerTracker(handle, cfg.tracking, other),
-        WorkerTracker(None, cfg.tracking, on_gpu),
-        WorkerTracker(handle, cfg.tracking, _ctx(0)),  # rank 0 on the CPU
-    ):
-        idle.prepare_end()
-        assert idle._preparing is None
-    tracker = WorkerTracker(handle, cfg.tracking, on_gpu)  # not started: its tags need a GPU
-    tracker.prepare_end()
-    preparing = tracker._preparing
-    assert preparing is not None and preparing.name == "mlflow-prepare-end"
-    tracker.end_ready()
-    assert not preparing.is_alive() and tracker._preparing is None
-    assert "trainforge.plots" in sys.modules and "matplotlib.pyplot" in sys.modules
-    assert requirements_utils._PACKAGES_TO_MODULES is not None  # built once per process
-    tracker.prepare_end()
-    tracker.close()  # waits for a thread still running
-    assert tracker._preparing is None
