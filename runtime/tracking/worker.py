@@ -262,11 +262,12 @@ class WorkerTracker:
         if not (self.online and self.section.log_model):
             return
         try:
-            if custom is not None:
-                _log_custom_model(self._handle(), custom)
-            else:
-                assert example is not None, "the pytorch flavour needs an input example"
-                _log_mlflow_model(self._handle(), model, example)
+            with _no_package_scan():
+                if custom is not None:
+                    _log_custom_model(self._handle(), custom)
+                else:
+                    assert example is not None, "the pytorch flavour needs an input example"
+                    _log_mlflow_model(self._handle(), model, example)
         except Exception as exc:
             warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
 
@@ -311,6 +312,29 @@ class WorkerTracker:
     def _spool_dir(self) -> Path:
         assert self.handle is not None
         return Path(self.handle.spool_path).parent / "tracking-spool-files"
+
+
+@contextlib.contextmanager
+def _no_package_scan() -> Iterator[None]:
+    """MLflow's model logging without its scan of every installed package. Our models name
+    their requirements (``torch==…``, ``numpy==…``), and MLflow checks each against the
+    installed version. For that check it first maps every installed distribution's files to
+    their modules (``importlib_metadata.packages_distributions``), to find a package's module
+    should its version not be found by its name: 0.8-1.6 s of this project's CPU at every cold
+    run's end, more where imports are slower. Our requirements' versions are found by name, so
+    an empty map gives the same check. The map is a private global of MLflow 3.17
+    (``requirements_utils._MODULES_TO_PACKAGES``); it is put back as it was, so anything else
+    in the process that infers requirements still builds the full map."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:
+        yield  # built already, or a MLflow without it: nothing to save
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
 
 
 def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -63,3 +64,46 @@ def test_ranks_that_never_talk_to_mlflow_do_not_warm_it(tmp_path: Path) -> None:
     offline = WorkerTracker(None, cfg.tracking, _ctx(0))
     offline.prewarm()
     assert offline._warming is None
+
+
+def test_rank_0_logs_its_model_without_mlflows_scan_of_every_installed_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's end logs the model with its named requirements checked, but without MLflow
+    mapping every installed distribution's files to modules first (``_no_package_scan``); the
+    map is left unbuilt afterwards, so a later inference of requirements builds it whole."""
+    import importlib_metadata
+    import mlflow
+    from mlflow.utils import requirements_utils
+
+    scans: list[int] = []
+    real_scan = importlib_metadata.packages_distributions
+
+    def counted_scan() -> dict:
+        scans.append(1)
+        return real_scan()
+
+    monkeypatch.setattr(importlib_metadata, "packages_distributions", counted_scan)
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)  # as in a new process
+    cfg, handle = _tracked_run(tmp_path, system_metrics=False)
+    tracker = WorkerTracker(handle, cfg.tracking, _ctx(0))
+    tracker.start()
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    tracker.log_model(model, torch.zeros(2, 1, 8, 8))
+    tracker.close()
+    assert scans == []
+    assert requirements_utils._MODULES_TO_PACKAGES is None
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle["tracking_uri"])  # for the fluent API
+    run = MlflowClient(handle["tracking_uri"]).get_run(handle["run_id"])
+    [logged] = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run.info.run_id}'",
+        output_format="list",
+    )
+    requirements = Path(
+        mlflow.artifacts.download_artifacts(f"{logged.artifact_location}/requirements.txt")
+    ).read_text()
+    assert f"torch=={torch.__version__.split('+')[0]}" in requirements
+    loaded = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    example = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(loaded(example), model(example))
