@@ -10,7 +10,7 @@ retrying; what is still unsent at the end goes to the spool (``tracking/spool.py
 The run's end imports what it needs (matplotlib, MLflow's pytorch flavour) itself, after the
 loop. A thread importing them while the loop ran saved the end as much as it cost the loop:
 the loop's thread waits for Python's lock each time it gives it up (every wait for the GPU), and
-on a GPU the thread held back the CUDA-graph capture, the first step ~4 s later on one H200
+on a GPU the thread held back the CUDA-graph capture, the first step ~3 s later on one H200
 (bench/results, twenty-eighth session).
 """
 
