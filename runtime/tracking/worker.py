@@ -330,7 +330,8 @@ def _no_package_scan() -> Iterator[None]:
     if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:
         yield  # built already, or a MLflow without it: nothing to save
         return
-    requirements_utils._MODULES_TO_PACKAGES = {}
+    # MLflow declares the global as None only: mypy takes that for its type
+    requirements_utils._MODULES_TO_PACKAGES = {}  # type: ignore[assignment]
     try:
         yield
     finally:
