@@ -121,6 +121,14 @@ def stop_cluster(env: dict[str, str]) -> None:
                    capture_output=True, timeout=120)  # fmt: skip
 
 
+def run_modes(listed: str | None, baseline: str | None) -> list[str]:
+    """The modes to run: those listed, exactly; by default cold, warm and private, and the
+    baseline package on a private Ray where one is given."""
+    if listed:
+        return listed.split(",")
+    return ["cold", "warm", "private"] + (["baseline"] if baseline else [])
+
+
 def write_report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     medians = {
         mode: {
@@ -200,10 +208,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--modes",
-        default="cold,warm,private",
-        help="which of cold, cold_ray, warm, raytrain, private, baseline_cold, baseline_warm "
-        "to run, "
-        "in this order",
+        help="which of cold, cold_ray, warm, raytrain, private, baseline, baseline_cold, "
+        "baseline_warm to run, in this order (default: cold,warm,private, and baseline with "
+        "--baseline)",
     )
     parser.add_argument(
         "--timeout-s", type=float, help="end a command still running after this long (SIGINT)"
@@ -219,9 +226,7 @@ def main() -> None:
     env.pop("TRAINFORGE_KEEP_CLUSTER", None)
     if args.baseline:
         args.baseline = baseline_path(args.baseline, env, work)
-    modes = args.modes.split(",")
-    if args.baseline and not {"baseline_cold", "baseline_warm"} & set(modes):
-        modes.append("baseline")
+    modes = run_modes(args.modes, args.baseline)
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:  # a laptop running a simulation in the background
         spinner.start()

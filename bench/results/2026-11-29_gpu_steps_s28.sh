@@ -15,6 +15,8 @@
 #             most that moving MLflow out of rank 0 could gain; REPEATS rounds (default 2)
 #   lite      this checkout cold with MLflow on but no model logged and no system metrics: what
 #             is left is the MLflow import and connection in rank 0 and the command's run
+#             (as run, startup.py added its private-Ray `baseline` mode to `--modes cold`;
+#             it now runs the modes listed and no others)
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh

@@ -1,6 +1,6 @@
 """bench/startup.py's --baseline: the folder its commands import `trainforge` from, checked
 before any command runs (a relative path, taken from the commands' temporary folder, once
-named nothing and the "baseline" ran this checkout)."""
+named nothing and the "baseline" ran this checkout); and the modes it runs."""
 
 from __future__ import annotations
 
@@ -34,3 +34,13 @@ def test_the_baseline_is_the_package_its_commands_import(tmp_path: Path, monkeyp
     monkeypatch.chdir(work)  # here "base" names nothing: the checkout's package would run
     with pytest.raises(SystemExit, match=r"--baseline base: its commands would import"):
         startup.baseline_path("base", env, work)
+
+
+def test_the_modes_run_are_those_listed_and_no_others() -> None:
+    """An explicit --modes runs exactly those (a device step once ran a private-Ray baseline
+    nobody listed, 61 s of GPU time); the default adds the baseline only where one is given."""
+    startup = _startup()
+    assert startup.run_modes("cold", "/base") == ["cold"]
+    assert startup.run_modes("baseline_cold,cold", "/base") == ["baseline_cold", "cold"]
+    assert startup.run_modes(None, None) == ["cold", "warm", "private"]
+    assert startup.run_modes(None, "/base") == ["cold", "warm", "private", "baseline"]
