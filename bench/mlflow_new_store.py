@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 MEASURE = """
 import sys, time
@@ -38,11 +39,36 @@ print(time.process_time() - cpu, time.perf_counter() - wall)
 KINDS = ("mlflow_creates", "trainforge_copy", "existing")
 
 
-def measure(uri: str, seeded: bool, env: dict[str, str]) -> tuple[float, float]:
-    done = subprocess.run([sys.executable, "-c", MEASURE, uri, "1" if seeded else "0"],
+def timed_process(code: str, args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Run ``code`` in a new Python process; it prints its CPU and wall seconds last."""
+    done = subprocess.run([sys.executable, "-c", code, *args],
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    cpu, wall = done.stdout.split()
+    cpu, wall = done.stdout.split()[-2:]
     return float(cpu), float(wall)
+
+
+def measure(uri: str, seeded: bool, env: dict[str, str]) -> tuple[float, float]:
+    return timed_process(MEASURE, [uri, "1" if seeded else "0"], env)
+
+
+def write_report(out: str, repeats: int, runs: dict[str, list[tuple[float, float]]],
+                 **machine: Any) -> None:  # fmt: skip
+    """Each kind's CPU and wall medians, and every run, as JSON in ``out``; the medians printed.
+    ``machine`` adds to the platform facts (package versions)."""
+    medians = {
+        kind: {"cpu_s": round(statistics.median(c for c, _ in values), 3),
+               "wall_s": round(statistics.median(w for _, w in values), 3)}
+        for kind, values in runs.items()
+    }  # fmt: skip
+    report = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "usable_cpus": len(os.sched_getaffinity(0)),
+                    "python": platform.python_version(), **machine},
+        "repeats": repeats, "runs": runs, "medians": medians,
+    }  # fmt: skip
+    Path(out).write_text(json.dumps(report, indent=2))
+    for kind, values in medians.items():
+        print(kind, values)
 
 
 def main() -> None:
@@ -61,21 +87,9 @@ def main() -> None:
         runs["trainforge_copy"].append(measure(f"sqlite:///{work / f't{repeat}.db'}", True, env))
         runs["existing"].append(measure(existing, False, env))
         print(repeat, {kind: values[-1] for kind, values in runs.items()}, flush=True)
-    medians = {
-        kind: {"cpu_s": round(statistics.median(c for c, _ in values), 3),
-               "wall_s": round(statistics.median(w for _, w in values), 3)}
-        for kind, values in runs.items()
-    }  # fmt: skip
     import mlflow
 
-    report = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "mlflow": mlflow.__version__},
-        "repeats": args.repeats, "runs": runs, "medians": medians,
-    }  # fmt: skip
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    for kind, values in medians.items():
-        print(kind, values)
+    write_report(args.out, args.repeats, runs, mlflow=mlflow.__version__)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,11 @@ first-time imports and checks in that process included. The two kinds alternate 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from mlflow_new_store import timed_process, write_report  # this folder's bench of the store
 
 MEASURE = """
 import contextlib, sys, time
@@ -47,10 +44,7 @@ KINDS = ("mlflow_scans_packages", "no_package_scan")
 
 
 def measure(uri: str, scan: bool, spool: Path, env: dict[str, str]) -> tuple[float, float]:
-    done = subprocess.run([sys.executable, "-c", MEASURE, uri, "1" if scan else "0", str(spool)],
-                          env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    cpu, wall = done.stdout.split()[-2:]
-    return float(cpu), float(wall)
+    return timed_process(MEASURE, [uri, "1" if scan else "0", str(spool)], env)
 
 
 def main() -> None:
@@ -69,24 +63,10 @@ def main() -> None:
         for kind in order:
             runs[kind].append(measure(uri, kind == "mlflow_scans_packages", spool, env))
         print(repeat, {kind: values[-1] for kind, values in runs.items()}, flush=True)
-    medians = {
-        kind: {"cpu_s": round(statistics.median(c for c, _ in values), 3),
-               "wall_s": round(statistics.median(w for _, w in values), 3)}
-        for kind, values in runs.items()
-    }  # fmt: skip
     import mlflow
     import torch
 
-    report = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "usable_cpus": len(os.sched_getaffinity(0)),
-                    "python": platform.python_version(), "mlflow": mlflow.__version__,
-                    "torch": torch.__version__},
-        "repeats": args.repeats, "runs": runs, "medians": medians,
-    }  # fmt: skip
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    for kind, values in medians.items():
-        print(kind, values)
+    write_report(args.out, args.repeats, runs, mlflow=mlflow.__version__, torch=torch.__version__)
 
 
 if __name__ == "__main__":
