@@ -1,6 +1,7 @@
 """trainforge.tracking.worker, the parts a run's start and end wait for: MLflow imported and its
-store opened on a background thread while the data are built, and the system-metrics thread
-told to stop without waiting out its round (a real SQLite MLflow run)."""
+store opened on a background thread while the data are built, the system-metrics thread
+told to stop without waiting out its round, and the final model logged without MLflow's scan
+of every installed package (a real SQLite MLflow run)."""
 
 from __future__ import annotations
 
