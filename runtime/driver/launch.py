@@ -175,7 +175,7 @@ def run_workers(
     (with those this command started ``ahead``; on ``warm_slots`` unclaimed, else on free slots
     it claims) or Ray Train's."""
     recipe, recipe_yaml = payload["recipe"], config.to_yaml(cfg)
-    status, checkpoint_path, reason, handle = "FAILED", None, None, None
+    status, checkpoint_path, reason, handle, relay = "FAILED", None, None, None, None
     caught: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit, *failed)
     with contextlib.ExitStack() as stack:
         warm = None if why_not_warm or own else stack.enter_context(
@@ -186,6 +186,7 @@ def run_workers(
         try:
             if cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
+                relay = start_relay(cfg, handle, own)
                 payload["mlflow"] = handle.for_workers()
             if own is not None:
                 finished = own.run()
@@ -223,6 +224,8 @@ def run_workers(
             log.error(f"re-run with run.name={cfg.run.name} to resume")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
         finally:
+            if relay is not None:  # rank 0's last records, before the run's closing facts
+                relay.stop()
             if handle is not None:
                 track("finish_run", handle, status, checkpoint_path, reason)
 
@@ -261,6 +264,21 @@ def start_tracking(
         uri = redact(handle.tracking_uri)
         log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", started)
     return handle
+
+
+def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any:
+    """Rank 0's records sent from this process (``tracking/relay.py``), with the system
+    metrics, where this command made the run's MLflow calls itself beside its own workers;
+    else None, and what an earlier command of the run left unsent is spooled."""
+    from trainforge.tracking import relay
+
+    run_dir = Path(handle.spool_path).parent
+    if own is None or not own.tracks_here() or handle.run_id is None:
+        relay.spool_rest(relay.relay_path(run_dir), Path(handle.spool_path))
+        return None
+    section = cfg.tracking
+    interval = section.system_metrics_interval_s if section.system_metrics else None
+    return relay.start(handle, run_dir, interval)
 
 
 def _track_here(call: str, *args: Any) -> Any:

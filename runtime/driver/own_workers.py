@@ -160,7 +160,7 @@ class OwnRun:
         is gone (a failed or stopped run), the call is made here."""
         from trainforge.tracking import driver as tracking
 
-        if self.connections and not spare_core(self.cfg.scaling.num_workers):
+        if not self.tracks_here():
             env, lines = local_cluster.worker_env(), self.payload["console_file"]
             try:
                 self.connections[0].send(("track", call, args, env, lines))
@@ -172,6 +172,10 @@ class OwnRun:
             if kind == "failed":
                 raise value
         return getattr(tracking, call)(*args)
+
+    def tracks_here(self) -> bool:
+        """Are the run's MLflow calls made in this process (``track``)?"""
+        return not self.connections or spare_core(self.cfg.scaling.num_workers)
 
     def run(self) -> warm_pool.Finished:
         """The loop in the workers until it ends, restarts within ``run.max_failures``; raises

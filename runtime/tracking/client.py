@@ -41,6 +41,9 @@ class RunHandle:
     run_id: str | None
     resumed: bool
     spool_path: str
+    relay_path: str | None = None
+    """Set when the command sends rank 0's records: the file rank 0 writes them to
+    (``tracking/relay.py``)."""
 
     def identity(self) -> dict[str, str]:
         """Enough to find or recreate the run later (what the spool records carry). The URI

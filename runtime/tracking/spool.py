@@ -60,7 +60,6 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
     """Send every spooled record to MLflow; returns counts by kind. Raises on failure, leaving
     the spool in place (replay is idempotent for params, tags, status, artifacts and dataset
     inputs; metrics are only sent once because the file is removed after a complete replay)."""
-    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     path = Path(path)
@@ -75,26 +74,34 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
         if key not in run_ids:
             run_ids[key] = find_or_create_run(client, run["experiment"], run["run_name"])[0]
         run_id = run_ids[key]
-        kind = record["kind"]
-        if kind == "metrics":
-            metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
-            for start in range(0, len(metrics), 1000):
-                client.log_batch(run_id, metrics=metrics[start : start + 1000])
-        elif kind == "params":
-            params = [Param(k, v) for k, v in record["params"].items()]
-            for start in range(0, len(params), 100):
-                client.log_batch(run_id, params=params[start : start + 100])
-        elif kind == "tags":
-            for k, v in record["tags"].items():
-                client.set_tag(run_id, k, v)
-        elif kind == "artifact":
-            client.log_artifact(run_id, record["local_path"], record.get("artifact_path"))
-        elif kind == "text":
-            client.log_text(run_id, record["text"], record["artifact_file"])
-        elif kind == "dataset":
-            client.log_inputs(run_id, [TrainingData.from_record(record["dataset"]).as_input()])
-        elif kind == "status":
-            client.set_terminated(run_id, status=record["status"])
+        kind = send(client, run_id, record)
         counts[kind] = counts.get(kind, 0) + 1
     path.unlink()
     return counts
+
+
+def send(client: Any, run_id: str, record: dict[str, Any]) -> str:
+    """Send one record (as ``Spool.write`` wrote it) to the run ``run_id``; returns its kind."""
+    from mlflow.entities import Metric, Param
+
+    kind = str(record["kind"])
+    if kind == "metrics":
+        metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
+        for start in range(0, len(metrics), 1000):
+            client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    elif kind == "params":
+        params = [Param(k, v) for k, v in record["params"].items()]
+        for start in range(0, len(params), 100):
+            client.log_batch(run_id, params=params[start : start + 100])
+    elif kind == "tags":
+        for k, v in record["tags"].items():
+            client.set_tag(run_id, k, v)
+    elif kind == "artifact":
+        client.log_artifact(run_id, record["local_path"], record.get("artifact_path"))
+    elif kind == "text":
+        client.log_text(run_id, record["text"], record["artifact_file"])
+    elif kind == "dataset":
+        client.log_inputs(run_id, [TrainingData.from_record(record["dataset"]).as_input()])
+    elif kind == "status":
+        client.set_terminated(run_id, status=record["status"])
+    return kind

@@ -32,6 +32,7 @@ from torch import nn
 
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
+from trainforge.tracking import relay, system_metrics
 from trainforge.tracking.client import RunHandle, configure_client_env, open_store, redact
 from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
@@ -115,6 +116,13 @@ class WorkerTracker:
         self.section = section
         self.handle = RunHandle(**handle) if handle else None
         self.logs_metrics = self.handle is not None and ctx.is_main
+        # The command sends rank 0's records and samples the system (tracking/relay.py):
+        # this process then imports MLflow only to log the model at the end
+        relayed = self.handle is not None and self.handle.relay_path is not None
+        self.sends = self.logs_metrics and self.online and not relayed
+        self.monitors = (
+            self.online and ctx.local_rank == 0 and section.system_metrics and not relayed
+        )
         self.pending: list[MetricRow] = []
         self.sender: Sender | None = None
         self.system_monitor: Any = None
@@ -130,10 +138,9 @@ class WorkerTracker:
         model are built: ``start`` then finds both ready (MLflow keeps one store per URI in a
         process). Importing MLflow and opening a SQLite store cost ~1.7 s on a 2-core machine
         that every run's setup waited for. Only on the ranks that will talk to MLflow."""
-        monitors = self.ctx.local_rank == 0 and self.section.system_metrics
-        if not self.online or not (self.logs_metrics or monitors):
+        if not (self.sends or self.monitors):
             return
-        uri = self._handle().tracking_uri
+        uri, monitors = self._handle().tracking_uri, self.monitors
 
         def warm() -> None:
             with contextlib.suppress(Exception):  # start() meets any problem itself
@@ -152,8 +159,9 @@ class WorkerTracker:
         if self.handle is None:
             return
         configure_client_env()
-        if self.online and self.ctx.local_rank == 0 and self.section.system_metrics:
-            self._start_system_metrics()
+        if self.monitors:
+            handle, interval = self._handle(), self.section.system_metrics_interval_s
+            self.system_monitor = system_metrics.start(handle, interval, self.ctx.node_rank)
         if not self.logs_metrics:
             return
         tags = {
@@ -163,7 +171,7 @@ class WorkerTracker:
         }
         if self.ctx.device.type == "cuda":
             tags["gpu"] = torch.cuda.get_device_name(self.ctx.device)
-        if self.online:
+        if self.sends:
             sender = self.sender = Sender(self.handle)
             sender.start()
             try:
@@ -220,7 +228,7 @@ class WorkerTracker:
         if not self.logs_metrics:
             return
         for path in files:
-            if self.online and self.sender is not None:
+            if self.sender is not None:
                 try:
                     self.sender.client.log_artifact(self.sender.run_id, str(path), artifact_path)
                     continue
@@ -282,24 +290,7 @@ class WorkerTracker:
                     key="unsent",
                 )
         if self.system_monitor is not None:
-            _stop_soon(self.system_monitor)
-            self.system_monitor = None
-
-    def _start_system_metrics(self) -> None:
-        try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            handle = self._handle()
-            self.system_monitor = SystemMetricsMonitor(
-                handle.run_id,
-                sampling_interval=self.section.system_metrics_interval_s,
-                resume_logging=handle.resumed,
-                node_id=f"node_{self.ctx.node_rank}",
-                tracking_uri=handle.tracking_uri,
-            )
-            self.system_monitor.start()
-        except Exception as exc:  # psutil missing, NVML absent…: training goes on
-            warn(f"system metrics are off on node {self.ctx.node_rank}: {exc}")
+            system_metrics.stop_soon(self.system_monitor)
             self.system_monitor = None
 
     def _handle(self) -> RunHandle:
@@ -307,11 +298,19 @@ class WorkerTracker:
         return self.handle
 
     def _spool(self) -> Spool:
-        return Spool.of(self._handle())
+        """Where records go that this process does not send: the command's relay file, else
+        the spool."""
+        handle = self._handle()
+        if handle.relay_path is not None:
+            return Spool(handle.relay_path, handle.identity())
+        return Spool.of(handle)
 
     def _spool_dir(self) -> Path:
-        assert self.handle is not None
-        return Path(self.handle.spool_path).parent / "tracking-spool-files"
+        """Where the files of artifact records wait."""
+        handle = self._handle()
+        if handle.relay_path is not None:
+            return relay.files_folder(Path(handle.relay_path))
+        return Path(handle.spool_path).parent / "tracking-spool-files"
 
 
 @contextlib.contextmanager
@@ -344,20 +343,6 @@ def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
     mlflow.set_tracking_uri(handle.tracking_uri)
     with mlflow.start_run(run_id=handle.run_id):
         log()
-
-
-def _stop_soon(monitor: Any, wait_s: float = 0.3) -> None:
-    """Stop MLflow's system-metrics thread without waiting out its last round: on being told
-    to stop it asks the run's status through a new MLflow client (for a SQLite store ~2 s of
-    engine and schema checks) before it exits — time every command's end paid. It is a daemon
-    thread: at most its last, unpublished sample is lost. Relies on the monitor's private
-    ``_shutdown_event`` and ``_process`` (MLflow 3.17)."""
-    monitor._shutdown_event.set()
-    thread = monitor._process
-    if thread is not None:
-        thread.join(wait_s)
-    if thread is None or not thread.is_alive():
-        monitor.mlflow_logger.flush()  # what it sampled and had not sent yet
 
 
 def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor) -> None:

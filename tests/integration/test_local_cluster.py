@@ -52,7 +52,8 @@ def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> N
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
              step_stop_ends_the_cluster_and_its_ray_processes,
              step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one,
-             step_a_killed_cold_command_leaves_no_worker]  # fmt: skip
+             step_a_killed_cold_command_leaves_no_worker,
+             step_a_lone_workers_tracking_is_sent_by_its_command]  # fmt: skip
     for number, step in enumerate(steps):
         folder = tmp_path / f"step{number}"
         folder.mkdir()
@@ -413,6 +414,38 @@ def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> N
             time.sleep(0.2)
         assert own_workers_in(tmp_path) == [], f"after {stop.name}"
     assert not (home / "local-cluster" / "state.json").exists()  # neither started one
+
+
+def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Path) -> None:
+    """With a core beside its one worker, the command makes the run's MLflow calls and sends
+    what rank 0 writes to the run folder (``tracking/relay.py``), and samples the system: the
+    run is whole, and nothing of the relay stays in the run folder."""
+    from mlflow.tracking import MlflowClient
+
+    out = run(home, "train", str(DIGITS), "run.name=lone", "train.epochs=2",
+              "scaling.num_workers=1", "tracking.system_metrics_interval_s=0.5",
+              cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "workers: starting 1, processes of this command" in out.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (found,) = client.search_runs(
+        [client.get_experiment_by_name("trainforge").experiment_id],
+        "tags.`trainforge.run_name` = 'lone'",
+    )
+    run_id, data = found.info.run_id, found.data
+    assert found.info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(run_id, "epoch")] == [1.0, 2.0]
+    assert len(client.get_metric_history(run_id, "train/loss")) >= 4
+    assert data.tags["world_size"] == "1" and "trainforge.last_checkpoint" in data.tags
+    assert [i.dataset.name for i in found.inputs.dataset_inputs] == ["digits"]
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert {"model_state", "plots", "recipe.yaml"} <= artifacts
+    assert any(key.startswith("system/node_0/") for key in data.metrics), sorted(data.metrics)
+    run_dir = tmp_path / "runs" / "lone"
+    assert [p.name for p in run_dir.iterdir() if p.name.startswith("tracking-")] == []
+    wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
+    waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
+    assert waited.returncode == 0  # the fixture's stop finds the cluster it started
 
 
 def own_workers_in(folder: Path) -> list[int]:

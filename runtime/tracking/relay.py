@@ -1,0 +1,168 @@
+"""Rank 0's tracking records, sent to MLflow by the command: rank 0 then imports no MLflow
+before its first step.
+
+Where a run's workers are the command's own processes and the command has a core beside them
+(``driver/own_workers.py``), the command has imported MLflow and opened its store already: it
+created the run. Rank 0 then writes what it would send (metric rows at each commit, its tags,
+the dataset input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's
+format (``tracking/spool.py``), and a thread of the command sends each record as it comes. The
+command samples the system metrics too. Why: MLflow in rank 0 put a cold one-GPU command's first
+step ~5 s later — its import and store before the setup could end, then its system-metrics
+monitor (bench/results, twenty-eighth session).
+
+A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
+counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
+``trainforge tracking-sync``. A command killed before it sent everything leaves both files: the
+next command of the run sends the rest, or spools it where it does not relay.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+from trainforge.atomic import replacing
+from trainforge.log import first_line, warn
+from trainforge.tracking import system_metrics
+from trainforge.tracking.client import RunHandle, redact
+from trainforge.tracking.spool import send
+
+RELAY_FILE = "tracking-relay.jsonl"
+POLL_S = 0.5  # how soon a committed record reaches MLflow
+STOP_WAIT_S = 15.0  # at the end: how long the last records may take to send
+MAX_DELAY_S = 30.0  # the longest wait between attempts while MLflow does not answer
+
+
+def relay_path(run_dir: Path) -> Path:
+    return run_dir / RELAY_FILE
+
+
+def offset_path(path: Path) -> Path:
+    return path.with_suffix(".offset")
+
+
+def files_folder(path: Path) -> Path:
+    """Where the files of artifact records wait until they are sent."""
+    return path.parent / "tracking-relay-files"
+
+
+class Relay(threading.Thread):
+    """Sends the records appended to ``handle.relay_path``, in order, from where an earlier
+    command of the run stopped; the run's system metrics, sampled here, with
+    ``system_metrics_s`` (None: none)."""
+
+    def __init__(self, handle: RunHandle, system_metrics_s: float | None) -> None:
+        super().__init__(name="trainforge-tracking-relay", daemon=True)
+        from mlflow.tracking import MlflowClient
+
+        assert handle.run_id is not None and handle.relay_path is not None
+        self.handle = handle
+        self.run_id: str = handle.run_id
+        self.path = Path(handle.relay_path)
+        self.client = MlflowClient(tracking_uri=handle.tracking_uri)
+        self.offset = _sent_bytes(self.path)
+        self.stopping = threading.Event()
+        self.failing = False
+        self.abandoned = False  # stop() gave up waiting: what is left is spooled, not sent
+        self.monitor = None
+        if system_metrics_s is not None:
+            self.monitor = system_metrics.start(handle, system_metrics_s, node=0)
+
+    def run(self) -> None:
+        delay = POLL_S
+        while True:
+            last_pass = self.stopping.is_set()  # set after the workers ended: all is written
+            sent = self._send_new()  # else back off: 1, 2, 4 … 30 s between attempts
+            delay = POLL_S if sent else min(max(delay * 2, 1.0), MAX_DELAY_S)
+            if last_pass or (self.stopping.wait(delay) and self.failing):
+                return
+
+    def _send_new(self) -> bool:
+        """Send every whole line written since the last pass; False when MLflow failed."""
+        if not self.path.exists():
+            return True
+        with self.path.open("rb") as stream:
+            stream.seek(self.offset)
+            written = stream.read()
+        sent = 0
+        try:
+            for line in written.splitlines(keepends=True):
+                if not line.endswith(b"\n") or self.abandoned:
+                    break  # being written: the next pass sends it
+                if line.strip():
+                    record = json.loads(line)
+                    send(self.client, self.run_id, record)
+                    if record["kind"] == "artifact":
+                        Path(record["local_path"]).unlink(missing_ok=True)
+                sent += len(line)
+        except Exception as exc:
+            if not self.failing:
+                warn(f"MLflow at {redact(self.handle.tracking_uri)} stopped answering "
+                     f"({first_line(exc)}); retrying in the background, training goes on",
+                     key="relay")  # fmt: skip
+            self.failing = True
+            return False
+        finally:
+            if sent and not self.abandoned:
+                self.offset += sent
+                _write_sent_bytes(self.path, self.offset)
+        self.failing = False
+        return True
+
+    def stop(self) -> None:
+        """After the workers ended: send what is left (``STOP_WAIT_S`` at most; nothing more
+        while MLflow fails), then remove the relay's files, or spool what was not sent."""
+        if self.monitor is not None:
+            system_metrics.stop_soon(self.monitor)
+            self.monitor = None
+        self.stopping.set()  # a failing thread ends at once, between its attempts
+        self.join(timeout=STOP_WAIT_S)
+        if self.is_alive():  # stuck inside a request: the record it holds may reach both
+            self.abandoned = True
+        spool_rest(self.path, Path(self.handle.spool_path), self.offset)
+
+
+def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
+    """The records of the relay file ``path`` past ``offset`` (default: as its offset file
+    says) appended to the spool file ``spool``; the relay's files removed. Returns how many."""
+    if not path.exists():
+        return 0
+    offset = _sent_bytes(path) if offset is None else offset
+    with path.open("rb") as stream:
+        stream.seek(offset)
+        rest = [line for line in stream.read().splitlines(keepends=True) if line.strip()]
+    whole = [line if line.endswith(b"\n") else line + b"\n" for line in rest]
+    if whole:
+        spool.parent.mkdir(parents=True, exist_ok=True)
+        with spool.open("ab") as out:
+            out.writelines(whole)
+        warn(f"{len(whole)} tracking records could not be sent; kept in {spool} for "
+             "`trainforge tracking-sync`", key="relay-spooled")  # fmt: skip
+    path.unlink()
+    offset_path(path).unlink(missing_ok=True)
+    if not whole:  # an artifact spooled keeps its file where its record points
+        shutil.rmtree(files_folder(path), ignore_errors=True)
+    return len(whole)
+
+
+def _sent_bytes(path: Path) -> int:
+    try:
+        return int(offset_path(path).read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_sent_bytes(path: Path, offset: int) -> None:
+    with replacing(offset_path(path)) as temporary:
+        temporary.write_text(str(offset))
+
+
+def start(handle: RunHandle, run_dir: Path, system_metrics_s: float | None) -> Relay:
+    """The relay of this command's run: ``handle.relay_path`` set (the workers' handle must
+    be taken after this), its thread started."""
+    handle.relay_path = str(relay_path(run_dir))
+    relay = Relay(handle, system_metrics_s)
+    relay.start()
+    return relay

@@ -1,0 +1,141 @@
+"""trainforge.tracking.relay: rank 0 writes its records to the run folder and imports no MLflow;
+the command's thread sends them into a real SQLite MLflow run as they come; what it cannot send
+goes to the spool; what a killed command left is sent by the next from where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.mlflow_server import free_port
+from trainforge import config
+from trainforge.driver.launch import start_relay
+from trainforge.tracking import driver, relay
+from trainforge.tracking.client import RunHandle, configure_client_env
+from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+
+# Rank 0 of a relayed run, in a new process (this one has MLflow imported): everything a run
+# logs, then whether MLflow was imported for it
+RANK_0 = """
+import json, sys
+from pathlib import Path
+import torch
+from trainforge import config
+from trainforge.distributed import WorkerContext
+from trainforge.tracking.datasets import TrainingData
+from trainforge.tracking.worker import WorkerTracker
+
+handle, recipe, folder = json.loads(sys.argv[1])
+cfg = config.from_container(recipe)
+tracker = WorkerTracker(handle, cfg.tracking, WorkerContext(0, 0, 1, 0, torch.device("cpu")))
+tracker.prewarm()
+tracker.start()
+tracker.log_training_data(TrainingData.of("digits", {"seed": 0}, 1437, "sklearn"))
+for step in (1, 2):
+    tracker.log({"train/loss": 2.0 / step}, step)
+    tracker.commit()  # as a checkpoint does
+plot = Path(folder) / "curve.png"
+plot.write_bytes(b"png")
+tracker.log_artifacts([plot], "plots")
+tracker.log({"train/loss": 0.5}, 3)
+tracker.close()
+print(json.dumps({"mlflow": "mlflow" in sys.modules, "monitor": tracker.system_monitor is None,
+                  "warming": tracker._warming is None}))
+"""
+
+
+def _run(tmp_path: Path, *overrides: str) -> tuple[config.Recipe, RunHandle]:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = config.load(DIGITS, [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
+                               *overrides])  # fmt: skip
+    spool = tmp_path / "runs" / "r" / SPOOL_FILE
+    handle = driver.start_run(cfg.tracking, "r", config.to_container(cfg), "", str(spool))
+    return cfg, handle
+
+
+def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(tmp_path: Path) -> None:
+    cfg, handle = _run(tmp_path, "tracking.system_metrics_interval_s=0.2")
+    run_dir = tmp_path / "runs" / "r"
+    sending = relay.start(handle, run_dir, system_metrics_s=0.2)  # before rank 0, as a run does
+    assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
+
+    arguments = json.dumps([handle.for_workers(), config.to_container(cfg), str(tmp_path)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rank_0 = subprocess.run([sys.executable, "-c", RANK_0, arguments], capture_output=True,
+                            text=True, timeout=120, env=env)  # fmt: skip
+    assert rank_0.returncode == 0, rank_0.stderr
+    # no MLflow import, no prewarm thread, no system-metrics monitor in rank 0
+    assert json.loads(rank_0.stdout) == {"mlflow": False, "monitor": True, "warming": True}
+    sending.stop()
+
+    client = MlflowClient(handle.tracking_uri)
+    run = client.get_run(handle.run_id)
+    history = client.get_metric_history(handle.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.0), (3, 0.5)]
+    assert run.data.tags["world_size"] == "1" and run.data.tags["device"] == "cpu"
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["digits"]
+    assert [a.path for a in client.list_artifacts(handle.run_id, "plots")] == ["plots/curve.png"]
+    # the command sampled the system as node 0
+    assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
+    # all sent: nothing of the relay is left in the run folder, nothing spooled
+    assert sorted(p.name for p in run_dir.iterdir()) == []
+
+
+def test_records_mlflow_did_not_take_are_spooled_for_tracking_sync(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure_client_env()  # one short attempt, as in a run
+    _, reachable = _run(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    down = RunHandle(f"http://127.0.0.1:{free_port()}", "trainforge", "r", reachable.run_id,
+                     False, reachable.spool_path)  # fmt: skip
+    sending = relay.start(down, run_dir, system_metrics_s=None)
+    records = Spool(down.relay_path or "", reachable.identity())
+    records.write("metrics", metrics=[["epoch", 1.0, 1000, 10], ["epoch", 2.0, 2000, 20]])
+    records.write("tags", tags={"device": "cpu"})
+    sending.stop()
+
+    err = capsys.readouterr().err
+    assert err.count("stopped answering") == 1 and "2 tracking records could not be sent" in err
+    assert not (run_dir / relay.RELAY_FILE).exists()
+    counts = replay(run_dir / SPOOL_FILE, tracking_uri=reachable.tracking_uri)
+    assert counts == {"metrics": 1, "tags": 1}
+    client = MlflowClient(reachable.tracking_uri)
+    assert [m.value for m in client.get_metric_history(reachable.run_id, "epoch")] == [1.0, 2.0]
+
+
+def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Path) -> None:
+    cfg, handle = _run(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    path = relay.relay_path(run_dir)
+    records = Spool(path, handle.identity())
+    for epoch in (1, 2, 3):
+        records.write("metrics", metrics=[["epoch", float(epoch), epoch, epoch]])
+    first = len(path.read_bytes().splitlines(keepends=True)[0])
+    relay.offset_path(path).write_text(str(first))  # the killed command had sent epoch 1 only
+
+    # a command that does not relay (no own workers) spools the rest …
+    assert start_relay(cfg, handle, own=None) is None
+    spooled = [json.loads(line) for line in (run_dir / SPOOL_FILE).read_text().splitlines()]
+    assert [r["metrics"][0][1] for r in spooled] == [2.0, 3.0]
+    assert not path.exists() and not relay.offset_path(path).exists()
+
+    # … one that relays sends from where the last one stopped
+    for epoch in (1, 2, 3):
+        records.write("metrics", metrics=[["loss", float(epoch), epoch, epoch]])
+    first = len(path.read_bytes().splitlines(keepends=True)[0])
+    relay.offset_path(path).write_text(str(first))
+    sending = relay.start(handle, run_dir, system_metrics_s=None)
+    sending.stop()
+    client = MlflowClient(handle.tracking_uri)
+    assert [m.value for m in client.get_metric_history(handle.run_id, "loss")] == [2.0, 3.0]
+    assert not path.exists() and not relay.offset_path(path).exists()
