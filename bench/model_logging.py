@@ -1,7 +1,7 @@
 """What logging the final model costs a run's end in a new process (as a cold command's rank 0
 is): MLflow's pytorch flavour for the CNN recipes' ResNet-18, with MLflow's scan of every
-installed package (as MLflow does it) against without it (``tracking/worker.py``,
-``_no_package_scan``: our requirements are named, so the scan finds nothing the check needs).
+installed package (as MLflow does it) against without it (``tracking/model_logging.py``,
+``no_package_scan``: our requirements are named, so the scan finds nothing the check needs).
 
 Each measurement is a new Python process that imports torch, MLflow and the loop's modules and
 creates the run, untimed, then times, in CPU and wall seconds, the model's logging: MLflow's
@@ -25,7 +25,7 @@ import torch
 import mlflow
 from mlflow.tracking import MlflowClient
 import trainforge.worker.trainer  # noqa: F401 - what rank 0 has imported by its end
-from trainforge.tracking import worker
+from trainforge.tracking import model_logging
 from trainforge.tracking.client import RunHandle
 from trainforge.workloads.cnn.models import build_model
 uri, scan = sys.argv[1], sys.argv[2] == "1"
@@ -35,8 +35,8 @@ run = client.create_run(known.experiment_id if known else client.create_experime
 handle = RunHandle(uri, "bench", "bench", run.info.run_id, False, sys.argv[3])
 model, example = build_model("resnet18_cifar", 3, 10, 32), torch.randn(2, 3, 32, 32)
 cpu, wall = time.process_time(), time.perf_counter()
-with contextlib.nullcontext() if scan else worker._no_package_scan():
-    worker._log_mlflow_model(handle, model, example)
+with contextlib.nullcontext() if scan else model_logging.no_package_scan():
+    model_logging._log_pytorch_model(handle, *model_logging.for_mlflow(model, example))
 print(time.process_time() - cpu, time.perf_counter() - wall)
 """
 

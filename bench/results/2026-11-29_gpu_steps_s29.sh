@@ -4,11 +4,13 @@
 #   gpucheck  one cold command of this checkout (synthetic ResNet-18 on GPU 0, 300 graphed
 #             steps, system metrics every second): its MLflow run read back — the GPU's
 #             system metrics that the command now samples (tracking/relay.py), rank 0's tags,
-#             metrics, dataset and artifacts, and nothing of the relay left in the run folder.
+#             metrics, dataset and artifacts, the logged model (the command logs it from call
+#             3 on), and nothing of the relay left in the run folder.
 #             It is also the call's first cold command, which waits longer for the host's
 #             first cuDNN work (twenty-seventh session): nothing of it is timed
 #   ab        bench/startup.py, 40 graphed steps: the baseline (.base28, b75236c's runtime =
-#             this session's start, given as an absolute path) cold and this checkout cold, in
+#             this session's start, given as an absolute path) cold and this checkout cold
+#             (calls 1-2: 4c65cc1, the relay; call 3: the command logs the model too), in
 #             the order MODES gives (default baseline first); REPEATS rounds (default 2)
 #   bound     this checkout cold with tracking.enabled=false: no MLflow in any process, the
 #             floor for the relay's first step; REPEATS rounds (default 1)
@@ -43,6 +45,8 @@ print("system metrics", [k for k in keys if k.startswith("system/")])
 print("train/loss points", len(client.get_metric_history(run.info.run_id, "train/loss")))
 print("datasets", [i.dataset.name for i in run.inputs.dataset_inputs])
 print("artifacts", [a.path for a in client.list_artifacts(run.info.run_id)])
+models = client.search_logged_models([run.info.experiment_id])
+print("logged models", [(m.name, m.source_run_id == run.info.run_id) for m in models])
 print("relay left", [p.name for p in (work / "runs" / "check").iterdir() if p.name.startswith("tracking-")])
 PY
   TRAINFORGE_HOME="$home" python3 -c "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"

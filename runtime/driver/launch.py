@@ -191,6 +191,8 @@ def run_workers(
             if own is not None:
                 finished = own.run()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
+                if relay is not None and finished.model is not None:
+                    relay.log_model(*finished.model)
             elif warm is not None:
                 finished = warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
@@ -278,7 +280,7 @@ def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any
         return None
     section = cfg.tracking
     interval = section.system_metrics_interval_s if section.system_metrics else None
-    return relay.start(handle, run_dir, interval)
+    return relay.start(handle, run_dir, interval, logs_model=section.log_model)
 
 
 def _track_here(call: str, *args: Any) -> Any:

@@ -207,7 +207,8 @@ class OwnRun:
                 if kind == "failed":
                     return {rank: value}  # the others may wait in a collective for it
                 results[rank] = value
-        return warm_pool.Finished(results[0]["metrics"], results[0]["checkpoint"])
+        main = results[0]
+        return warm_pool.Finished(main["metrics"], main["checkpoint"], main.get("model"))
 
     def _died(self, rank: int) -> RuntimeError:
         """A worker process that ended without an answer (killed, crashed, failed importing):

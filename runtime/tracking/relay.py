@@ -1,14 +1,15 @@
-"""Rank 0's tracking records, sent to MLflow by the command: rank 0 then imports no MLflow
-before its first step.
+"""Rank 0's tracking records, sent to MLflow by the command: rank 0 then imports no MLflow.
 
 Where a run's workers are the command's own processes and the command has a core beside them
 (``driver/own_workers.py``), the command has imported MLflow and opened its store already: it
 created the run. Rank 0 then writes what it would send (metric rows at each commit, its tags,
 the dataset input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's
 format (``tracking/spool.py``), and a thread of the command sends each record as it comes. The
-command samples the system metrics too. Why: MLflow in rank 0 put a cold one-GPU command's first
-step ~5 s later — its import and store before the setup could end, then its system-metrics
-monitor (bench/results, twenty-eighth session).
+command samples the system metrics too, and logs the final model, which rank 0 hands it with
+its last result (the pytorch flavour; a workload's own flavour is logged by rank 0). Why:
+MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import and store
+before the setup could end, then its system-metrics monitor (bench/results, twenty-eighth
+session) — and its import at the end made the run's end as much longer.
 
 A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
 counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
@@ -18,14 +19,16 @@ next command of the run sends the rest, or spools it where it does not relay.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 from trainforge.atomic import replacing
 from trainforge.log import first_line, warn
-from trainforge.tracking import system_metrics
+from trainforge.tracking import model_logging, system_metrics
 from trainforge.tracking.client import RunHandle, redact
 from trainforge.tracking.spool import send
 
@@ -53,7 +56,9 @@ class Relay(threading.Thread):
     command of the run stopped; the run's system metrics, sampled here, with
     ``system_metrics_s`` (None: none)."""
 
-    def __init__(self, handle: RunHandle, system_metrics_s: float | None) -> None:
+    def __init__(
+        self, handle: RunHandle, system_metrics_s: float | None, logs_model: bool = False
+    ) -> None:
         super().__init__(name="trainforge-tracking-relay", daemon=True)
         from mlflow.tracking import MlflowClient
 
@@ -69,6 +74,8 @@ class Relay(threading.Thread):
         self.monitor = None
         if system_metrics_s is not None:
             self.monitor = system_metrics.start(handle, system_metrics_s, node=0)
+        if logs_model:  # its imports while the workers train, not after them
+            threading.Thread(target=_import_for_models, name="model-imports", daemon=True).start()
 
     def run(self) -> None:
         delay = POLL_S
@@ -111,6 +118,11 @@ class Relay(threading.Thread):
         self.failing = False
         return True
 
+    def log_model(self, model: Any, example: Any) -> None:
+        """The final model, handed over by rank 0 (``tracking/worker.py``): logged from here,
+        where MLflow is imported, not in rank 0 after its loop."""
+        model_logging.log(self.handle, model, example)
+
     def stop(self) -> None:
         """After the workers ended: send what is left (``STOP_WAIT_S`` at most; nothing more
         while MLflow fails), then remove the relay's files, or spool what was not sent."""
@@ -147,6 +159,13 @@ def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
     return len(whole)
 
 
+def _import_for_models() -> None:
+    """What unpickling rank 0's module and logging it need: torch and MLflow's flavour."""
+    with contextlib.suppress(Exception):  # the model's logging meets any problem itself
+        import mlflow.pytorch  # noqa: F401
+        import torch  # noqa: F401
+
+
 def _sent_bytes(path: Path) -> int:
     try:
         return int(offset_path(path).read_text())
@@ -159,10 +178,13 @@ def _write_sent_bytes(path: Path, offset: int) -> None:
         temporary.write_text(str(offset))
 
 
-def start(handle: RunHandle, run_dir: Path, system_metrics_s: float | None) -> Relay:
+def start(
+    handle: RunHandle, run_dir: Path, system_metrics_s: float | None, logs_model: bool = False
+) -> Relay:
     """The relay of this command's run: ``handle.relay_path`` set (the workers' handle must
-    be taken after this), its thread started."""
+    be taken after this), its thread started; with ``logs_model``, what the model's logging
+    will import, imported meanwhile."""
     handle.relay_path = str(relay_path(run_dir))
-    relay = Relay(handle, system_metrics_s)
+    relay = Relay(handle, system_metrics_s, logs_model)
     relay.start()
     return relay

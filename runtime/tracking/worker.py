@@ -17,9 +17,7 @@ on a GPU the thread held back the CUDA-graph capture, the first step ~3 s later 
 from __future__ import annotations
 
 import contextlib
-import copy
 import queue
-import shutil
 import tempfile
 import threading
 import time
@@ -32,7 +30,7 @@ from torch import nn
 
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
-from trainforge.tracking import relay, system_metrics
+from trainforge.tracking import model_logging, relay, system_metrics
 from trainforge.tracking.client import RunHandle, configure_client_env, open_store, redact
 from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
@@ -120,6 +118,9 @@ class WorkerTracker:
         # this process then imports MLflow only to log the model at the end
         relayed = self.handle is not None and self.handle.relay_path is not None
         self.sends = self.logs_metrics and self.online and not relayed
+        self.hands_off = self.logs_metrics and relayed
+        # the final model and its input example, for the command to log to MLflow
+        self.model_for_command: tuple[nn.Module, Any] | None = None
         self.monitors = (
             self.online and ctx.local_rank == 0 and section.system_metrics and not relayed
         )
@@ -269,15 +270,15 @@ class WorkerTracker:
             self.log_artifacts([path], "model_state")
         if not (self.online and self.section.log_model):
             return
-        try:
-            with _no_package_scan():
-                if custom is not None:
-                    _log_custom_model(self._handle(), custom)
-                else:
-                    assert example is not None, "the pytorch flavour needs an input example"
-                    _log_mlflow_model(self._handle(), model, example)
-        except Exception as exc:
-            warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
+        if custom is not None:
+            model_logging.log(self._handle(), custom=custom)
+            return
+        assert example is not None, "the pytorch flavour needs an input example"
+        prepared = model_logging.for_mlflow(model, example)
+        if self.hands_off:  # the command logs it (tracking/relay.py)
+            self.model_for_command = prepared
+        else:
+            model_logging.log(self._handle(), *prepared)
 
     def close(self) -> None:
         self.commit()
@@ -311,66 +312,3 @@ class WorkerTracker:
         if handle.relay_path is not None:
             return relay.files_folder(Path(handle.relay_path))
         return Path(handle.spool_path).parent / "tracking-spool-files"
-
-
-@contextlib.contextmanager
-def _no_package_scan() -> Iterator[None]:
-    """MLflow's model logging without its scan of every installed package. Our models name
-    their requirements (``torch==…``, ``numpy==…``), and MLflow checks each against the
-    installed version. For that check it first maps every installed distribution's files to
-    their modules (``importlib_metadata.packages_distributions``), to find a package's module
-    should its version not be found by its name: 0.8-1.6 s of this project's CPU at every cold
-    run's end, more where imports are slower. Our requirements' versions are found by name, so
-    an empty map gives the same check. The map is a private global of MLflow 3.17
-    (``requirements_utils._MODULES_TO_PACKAGES``); it is put back as it was, so anything else
-    in the process that infers requirements still builds the full map."""
-    from mlflow.utils import requirements_utils
-
-    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:
-        yield  # built already, or a MLflow without it: nothing to save
-        return
-    # MLflow declares the global as None only: mypy takes that for its type
-    requirements_utils._MODULES_TO_PACKAGES = {}  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        requirements_utils._MODULES_TO_PACKAGES = None
-
-
-def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
-    import mlflow
-
-    mlflow.set_tracking_uri(handle.tracking_uri)
-    with mlflow.start_run(run_id=handle.run_id):
-        log()
-
-
-def _log_mlflow_model(handle: RunHandle, model: nn.Module, example: torch.Tensor) -> None:
-    import mlflow
-    import numpy as np
-
-    import trainforge
-
-    cpu_model = copy.deepcopy(model).float().cpu().eval()
-    mlflow.set_tracking_uri(handle.tracking_uri)
-    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    with mlflow.start_run(run_id=handle.run_id), tempfile.TemporaryDirectory() as folder:
-        # The model's classes live in this package: ship it so the model loads anywhere. MLflow
-        # names the copy after its folder, and a checkout's folder is runtime/: copy it under
-        # the name it is imported by.
-        package = Path(folder) / "trainforge"
-        shutil.copytree(
-            Path(trainforge.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-        mlflow.pytorch.log_model(
-            cpu_model,
-            name="model",
-            input_example=example.detach().float().cpu().numpy(),
-            pip_requirements=requirements,
-            code_paths=[str(package)],
-            # MLflow 3.17's default, "pt2", runs torch.export at every run's end: importing
-            # torch._dynamo and tracing took 8-18 s for ResNet-18 on this project's 2-core CPU
-            # against 2 s pickled, and the user waits for it. The pickle loads anywhere the
-            # package shipped beside it does (code_paths), for any module torch.export may refuse.
-            serialization_format="pickle",
-        )

@@ -53,8 +53,10 @@ def train_worker(payload: dict[str, Any]) -> None:
     run(payload, distributed.ray_context())
 
 
-def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None = None) -> None:
-    """One worker's whole run; ``reporter`` takes the checkpoints (default: Ray Train's)."""
+def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None = None) -> Any:
+    """One worker's whole run; ``reporter`` takes the checkpoints (default: Ray Train's).
+    Returns the final model for the command to log to MLflow, where rank 0 hands it over
+    (``tracking/relay.py``); else None."""
     cfg = config.from_container(payload["recipe"])
     setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
@@ -90,6 +92,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     if trainer.finish(payload.get("run_dir")):
         checkpointer.maybe_save(state, trainer.metrics, last=True)
     trainer.close()
+    return tracker.model_for_command
 
 
 # The plan of a run that early stopping ends (train.epochs: null): a bound never reached

@@ -183,8 +183,11 @@ class WarmWorker:
                     reporter = RunFolderReporter(
                         Path(payload["run_dir"]), payload["recipe"]["checkpoint"]["keep_last"], rank
                     )
-                    run(payload, ctx, reporter)
-                    return reporter.result()
+                    model = run(payload, ctx, reporter)
+                    result = reporter.result()
+                    if model is not None:  # the command logs it to MLflow (tracking/relay.py)
+                        result["model"] = model
+                    return result
                 finally:
                     dist.destroy_process_group()
         finally:

@@ -441,6 +441,9 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     assert {"model_state", "plots", "recipe.yaml"} <= artifacts
     assert any(key.startswith("system/node_0/") for key in data.metrics), sorted(data.metrics)
+    # the model, handed over by rank 0 and logged by the command
+    models = client.search_logged_models([found.info.experiment_id])
+    assert [m.source_run_id for m in models] == [run_id]
     run_dir = tmp_path / "runs" / "lone"
     assert [p.name for p in run_dir.iterdir() if p.name.startswith("tracking-")] == []
     wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from tests.integration.mlflow_server import free_port
@@ -24,9 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 
 # Rank 0 of a relayed run, in a new process (this one has MLflow imported): everything a run
-# logs, then whether MLflow was imported for it
+# logs, then whether MLflow was imported for it; the model it hands the command, pickled as its
+# result crosses to the command
 RANK_0 = """
-import json, sys
+import json, pickle, sys
 from pathlib import Path
 import torch
 from trainforge import config
@@ -47,7 +51,11 @@ plot = Path(folder) / "curve.png"
 plot.write_bytes(b"png")
 tracker.log_artifacts([plot], "plots")
 tracker.log({"train/loss": 0.5}, 3)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+tracker.log_model(model, torch.zeros(2, 1, 8, 8))
 tracker.close()
+(Path(folder) / "handed.pkl").write_bytes(pickle.dumps(tracker.model_for_command))
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "monitor": tracker.system_monitor is None,
                   "warming": tracker._warming is None}))
 """
@@ -62,10 +70,13 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[config.Recipe, RunHandle]:
     return cfg, handle
 
 
-def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(tmp_path: Path) -> None:
+def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg, handle = _run(tmp_path, "tracking.system_metrics_interval_s=0.2")
     run_dir = tmp_path / "runs" / "r"
-    sending = relay.start(handle, run_dir, system_metrics_s=0.2)  # before rank 0, as a run does
+    # before rank 0, as a run does
+    sending = relay.start(handle, run_dir, system_metrics_s=0.2, logs_model=True)
     assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
 
     arguments = json.dumps([handle.for_workers(), config.to_container(cfg), str(tmp_path)])
@@ -75,6 +86,8 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(tmp_path: P
     assert rank_0.returncode == 0, rank_0.stderr
     # no MLflow import, no prewarm thread, no system-metrics monitor in rank 0
     assert json.loads(rank_0.stdout) == {"mlflow": False, "monitor": True, "warming": True}
+    model, example = pickle.loads((tmp_path / "handed.pkl").read_bytes())
+    sending.log_model(model, example)
     sending.stop()
 
     client = MlflowClient(handle.tracking_uri)
@@ -84,6 +97,16 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(tmp_path: P
     assert run.data.tags["world_size"] == "1" and run.data.tags["device"] == "cpu"
     assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["digits"]
     assert [a.path for a in client.list_artifacts(handle.run_id, "plots")] == ["plots/curve.png"]
+    state = client.download_artifacts(handle.run_id, "model_state/state_dict.pt", str(tmp_path))
+    assert torch.load(state, weights_only=True).keys() == model.state_dict().keys()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)  # for the fluent API
+    [logged] = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{handle.run_id}'",
+        output_format="list",
+    )
+    loaded = mlflow.pytorch.load_model(logged.model_uri)
+    torch.testing.assert_close(loaded(torch.from_numpy(example)), model(torch.from_numpy(example)))
     # the command sampled the system as node 0
     assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
     # all sent: nothing of the relay is left in the run folder, nothing spooled

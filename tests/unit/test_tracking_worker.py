@@ -71,7 +71,7 @@ def test_rank_0_logs_its_model_without_mlflows_scan_of_every_installed_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The run's end logs the model with its named requirements checked, but without MLflow
-    mapping every installed distribution's files to modules first (``_no_package_scan``); the
+    mapping every installed distribution's files to modules first (``no_package_scan``); the
     map is left unbuilt afterwards, so a later inference of requirements builds it whole."""
     import importlib_metadata
     import mlflow
