@@ -192,7 +192,7 @@ def run_workers(
                 finished = own.run()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
                 if relay is not None and finished.model is not None:
-                    relay.log_model(*finished.model)
+                    relay.log_model(finished.model)
             elif warm is not None:
                 finished = warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path

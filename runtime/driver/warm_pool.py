@@ -60,9 +60,9 @@ class WorkersFailed(Exception):
 class Finished:
     metrics: dict[str, Any]
     checkpoint_path: str | None
-    model: Any = None
-    """The final model and its input example, for the command to log to MLflow, where rank 0
-    handed them over (``tracking/relay.py``)."""
+    model: bytes | None = None
+    """The final model and its input example, pickled, for the command to log to MLflow,
+    where rank 0 handed them over (``tracking/relay.py``)."""
 
 
 def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str | None:

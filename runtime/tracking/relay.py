@@ -24,7 +24,6 @@ import json
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
 
 from trainforge.atomic import replacing
 from trainforge.log import first_line, warn
@@ -118,10 +117,10 @@ class Relay(threading.Thread):
         self.failing = False
         return True
 
-    def log_model(self, model: Any, example: Any) -> None:
+    def log_model(self, handed: bytes) -> None:
         """The final model, handed over by rank 0 (``tracking/worker.py``): logged from here,
         where MLflow is imported, not in rank 0 after its loop."""
-        model_logging.log(self.handle, model, example)
+        model_logging.log_handed(self.handle, handed)
 
     def stop(self) -> None:
         """After the workers ended: send what is left (``STOP_WAIT_S`` at most; nothing more

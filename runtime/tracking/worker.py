@@ -119,8 +119,8 @@ class WorkerTracker:
         relayed = self.handle is not None and self.handle.relay_path is not None
         self.sends = self.logs_metrics and self.online and not relayed
         self.hands_off = self.logs_metrics and relayed
-        # the final model and its input example, for the command to log to MLflow
-        self.model_for_command: tuple[nn.Module, Any] | None = None
+        # the final model and its input example, pickled, for the command to log to MLflow
+        self.model_for_command: bytes | None = None
         self.monitors = (
             self.online and ctx.local_rank == 0 and section.system_metrics and not relayed
         )
@@ -276,7 +276,7 @@ class WorkerTracker:
         assert example is not None, "the pytorch flavour needs an input example"
         prepared = model_logging.for_mlflow(model, example)
         if self.hands_off:  # the command logs it (tracking/relay.py)
-            self.model_for_command = prepared
+            self.model_for_command = model_logging.handed_over(prepared)
         else:
             model_logging.log(self._handle(), *prepared)
 

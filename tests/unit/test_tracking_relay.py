@@ -30,7 +30,7 @@ DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 # logs, then whether MLflow was imported for it; the model it hands the command, pickled as its
 # result crosses to the command
 RANK_0 = """
-import json, pickle, sys
+import json, sys
 from pathlib import Path
 import torch
 from trainforge import config
@@ -55,7 +55,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 tracker.log_model(model, torch.zeros(2, 1, 8, 8))
 tracker.close()
-(Path(folder) / "handed.pkl").write_bytes(pickle.dumps(tracker.model_for_command))
+(Path(folder) / "handed.pkl").write_bytes(tracker.model_for_command)
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "monitor": tracker.system_monitor is None,
                   "warming": tracker._warming is None}))
 """
@@ -86,8 +86,9 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     assert rank_0.returncode == 0, rank_0.stderr
     # no MLflow import, no prewarm thread, no system-metrics monitor in rank 0
     assert json.loads(rank_0.stdout) == {"mlflow": False, "monitor": True, "warming": True}
-    model, example = pickle.loads((tmp_path / "handed.pkl").read_bytes())
-    sending.log_model(model, example)
+    handed = (tmp_path / "handed.pkl").read_bytes()
+    sending.log_model(handed)
+    model, example = pickle.loads(handed)
     sending.stop()
 
     client = MlflowClient(handle.tracking_uri)
