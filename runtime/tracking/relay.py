@@ -98,10 +98,7 @@ class Relay(threading.Thread):
                 if not line.endswith(b"\n") or self.abandoned:
                     break  # being written: the next pass sends it
                 if line.strip():
-                    record = json.loads(line)
-                    send(self.client, self.run_id, record)
-                    if record["kind"] == "artifact":
-                        Path(record["local_path"]).unlink(missing_ok=True)
+                    self._send(json.loads(line))
                 sent += len(line)
         except Exception as exc:
             if not self.failing:
@@ -116,6 +113,17 @@ class Relay(threading.Thread):
                 _write_sent_bytes(self.path, self.offset)
         self.failing = False
         return True
+
+    def _send(self, record: dict[str, object]) -> None:
+        if record["kind"] != "artifact":
+            send(self.client, self.run_id, record)
+            return
+        kept = Path(str(record["local_path"]))
+        if not kept.exists():  # a later file of the same name was sent in its place
+            warn(f"{kept.name} was not in {kept.parent} to send to MLflow; left out")
+            return
+        send(self.client, self.run_id, record)
+        kept.unlink()
 
     def log_model(self, handed: bytes) -> None:
         """The final model, handed over by rank 0 (``tracking/worker.py``): logged from here,

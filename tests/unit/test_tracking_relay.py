@@ -124,11 +124,14 @@ def test_records_mlflow_did_not_take_are_spooled_for_tracking_sync(
                      False, reachable.spool_path)  # fmt: skip
     sending = relay.start(down, run_dir, system_metrics_s=None)
     records = Spool(down.relay_path or "", reachable.identity())
+    # a file gone from under its record is said and left out, not taken for MLflow's failure
+    records.write("artifact", local_path=str(tmp_path / "gone.png"), artifact_path="plots")
     records.write("metrics", metrics=[["epoch", 1.0, 1000, 10], ["epoch", 2.0, 2000, 20]])
     records.write("tags", tags={"device": "cpu"})
     sending.stop()
 
     err = capsys.readouterr().err
+    assert "gone.png was not in" in err
     assert err.count("stopped answering") == 1 and "2 tracking records could not be sent" in err
     assert not (run_dir / relay.RELAY_FILE).exists()
     counts = replay(run_dir / SPOOL_FILE, tracking_uri=reachable.tracking_uri)
