@@ -280,7 +280,10 @@ def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any
         return None
     section = cfg.tracking
     interval = section.system_metrics_interval_s if section.system_metrics else None
-    return relay.start(handle, run_dir, interval, logs_model=section.log_model)
+    from trainforge.workloads import spec_for
+
+    imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
+    return relay.start(handle, run_dir, interval, imports)
 
 
 def _track_here(call: str, *args: Any) -> Any:

@@ -25,23 +25,23 @@ def for_mlflow(model: Any, example: Any) -> tuple[Any, Any]:
     return cpu_model, example.detach().float().cpu().numpy()
 
 
-def handed_over(prepared: tuple[Any, Any]) -> bytes:
-    """``for_mlflow``'s model and example as rank 0 hands them to the command (``log_handed``):
+def handed_over(model: Any, example: Any, custom: Callable[[], Any] | None) -> bytes:
+    """What ``log`` would be given, as rank 0 hands it to the command (``log_handed``):
     pickled here, so that the connection to the command sends bytes. Its own pickler would
     send the tensors' memory as file descriptors, which the command can only take from a
     process that multiprocessing started (it refused them: "digest sent was rejected")."""
-    return pickle.dumps(prepared)
+    return pickle.dumps((model, example, custom))
 
 
 def log_handed(handle: RunHandle, handed: bytes) -> None:
-    """The model rank 0 handed over (``handed_over``), logged as the pytorch flavour. Rank 0
-    is a process of this command (``driver/own_workers.py``)."""
+    """The model rank 0 handed over (``handed_over``), logged. Rank 0 is a process of this
+    command (``driver/own_workers.py``)."""
     try:
-        model, example = pickle.loads(handed)
+        model, example, custom = pickle.loads(handed)
     except Exception as exc:
         warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
         return
-    log(handle, model, example)
+    log(handle, model, example, custom)
 
 
 def log(

@@ -6,10 +6,10 @@ created the run. Rank 0 then writes what it would send (metric rows at each comm
 the dataset input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's
 format (``tracking/spool.py``), and a thread of the command sends each record as it comes. The
 command samples the system metrics too, and logs the final model, which rank 0 hands it with
-its last result (the pytorch flavour; a workload's own flavour is logged by rank 0). Why:
-MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import and store
-before the setup could end, then its system-metrics monitor (bench/results, twenty-eighth
-session) — and its import at the end made the run's end as much longer.
+its last result (the module, or a workload's own flavour's logging function and its files).
+Why: MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import and
+store before the setup could end, then its system-metrics monitor (bench/results,
+twenty-eighth session) — and its import at the end made the run's end as much longer.
 
 A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
 counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
@@ -20,6 +20,7 @@ next command of the run sends the rest, or spools it where it does not relay.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import shutil
 import threading
@@ -56,7 +57,7 @@ class Relay(threading.Thread):
     ``system_metrics_s`` (None: none)."""
 
     def __init__(
-        self, handle: RunHandle, system_metrics_s: float | None, logs_model: bool = False
+        self, handle: RunHandle, system_metrics_s: float | None, model_imports: tuple[str, ...] = ()
     ) -> None:
         super().__init__(name="trainforge-tracking-relay", daemon=True)
         from mlflow.tracking import MlflowClient
@@ -73,8 +74,9 @@ class Relay(threading.Thread):
         self.monitor = None
         if system_metrics_s is not None:
             self.monitor = system_metrics.start(handle, system_metrics_s, node=0)
-        if logs_model:  # its imports while the workers train, not after them
-            threading.Thread(target=_import_for_models, name="model-imports", daemon=True).start()
+        if model_imports:  # the model's logging's imports while the workers train, not after
+            threading.Thread(target=_import_all, args=(model_imports,), name="model-imports",
+                             daemon=True).start()  # fmt: skip
 
     def run(self) -> None:
         delay = POLL_S
@@ -166,11 +168,10 @@ def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
     return len(whole)
 
 
-def _import_for_models() -> None:
-    """What unpickling rank 0's module and logging it need: torch and MLflow's flavour."""
-    with contextlib.suppress(Exception):  # the model's logging meets any problem itself
-        import mlflow.pytorch  # noqa: F401
-        import torch  # noqa: F401
+def _import_all(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        with contextlib.suppress(Exception):  # the model's logging meets any problem itself
+            importlib.import_module(name)
 
 
 def _sent_bytes(path: Path) -> int:
@@ -186,12 +187,15 @@ def _write_sent_bytes(path: Path, offset: int) -> None:
 
 
 def start(
-    handle: RunHandle, run_dir: Path, system_metrics_s: float | None, logs_model: bool = False
+    handle: RunHandle,
+    run_dir: Path,
+    system_metrics_s: float | None,
+    model_imports: tuple[str, ...] = (),
 ) -> Relay:
     """The relay of this command's run: ``handle.relay_path`` set (the workers' handle must
-    be taken after this), its thread started; with ``logs_model``, what the model's logging
+    be taken after this), its thread started; ``model_imports``, what the model's logging
     will import, imported meanwhile."""
     handle.relay_path = str(relay_path(run_dir))
-    relay = Relay(handle, system_metrics_s, logs_model)
+    relay = Relay(handle, system_metrics_s, model_imports)
     relay.start()
     return relay

@@ -270,15 +270,31 @@ class WorkerTracker:
             self.log_artifacts([path], "model_state")
         if not (self.online and self.section.log_model):
             return
-        if custom is not None:
-            model_logging.log(self._handle(), custom=custom)
-            return
-        assert example is not None, "the pytorch flavour needs an input example"
-        prepared = model_logging.for_mlflow(model, example)
+        logged: nn.Module | None = None
+        if custom is None:
+            assert example is not None, "the pytorch flavour needs an input example"
+            logged, example = model_logging.for_mlflow(model, example)
         if self.hands_off:  # the command logs it (tracking/relay.py)
-            self.model_for_command = model_logging.handed_over(prepared)
-        else:
-            model_logging.log(self._handle(), *prepared)
+            try:
+                self.model_for_command = model_logging.handed_over(logged, example, custom)
+                return
+            except Exception as exc:  # a flavour that cannot be pickled is logged here
+                warn(f"the model is logged by rank 0: it cannot be handed over ({exc})")
+        model_logging.log(self._handle(), logged, example, custom)
+
+    @contextlib.contextmanager
+    def model_folder(self) -> Iterator[Path]:
+        """Where a workload writes its own flavour's files (``Workload.mlflow_model``): a
+        temporary folder, or where the command logs the model, one beside the relay's files,
+        which the command removes (``tracking/relay.py``)."""
+        handle = self.handle
+        if self.hands_off and handle is not None and handle.relay_path is not None:
+            folder = relay.files_folder(Path(handle.relay_path)) / "model"
+            folder.mkdir(parents=True, exist_ok=True)
+            yield folder
+            return
+        with tempfile.TemporaryDirectory(prefix="trainforge-model-") as temporary:
+            yield Path(temporary)
 
     def close(self) -> None:
         self.commit()

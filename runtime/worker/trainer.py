@@ -395,8 +395,8 @@ def log_final_artifacts(
     if profiler.trace is not None:
         tracker.log_artifacts([profiler.trace], "profiler")
     model = distributed.unwrap(model)
-    with tempfile.TemporaryDirectory(prefix="trainforge-model-") as folder:
-        custom = workload.mlflow_model(model, Path(folder))  # the workload's own flavour
+    with tracker.model_folder() as folder:
+        custom = workload.mlflow_model(model, folder)  # the workload's own flavour
         if custom is not None:
             tracker.log_model(model, None, custom)
             return

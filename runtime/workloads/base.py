@@ -76,7 +76,8 @@ class Workload(ABC):
     def mlflow_model(self, model: nn.Module, folder: Path) -> Callable[[], Any] | None:
         """How the final model goes to MLflow when not as ``mlflow.pytorch`` with the first
         input tensor as its example (None, the default): a function that logs it into the
-        active MLflow run, using files it writes under ``folder`` now."""
+        active MLflow run, using files it writes under ``folder`` now. Picklable, so that rank
+        0 can hand it to the command (``tracking/relay.py``; else rank 0 logs it)."""
         return None
 
     def training_data(self) -> TrainingData | None:

@@ -58,6 +58,9 @@ class WorkloadSpec(Generic[W]):
     prepare_data: Callable[[W, int, str], W] | None = None
     """(section, seed, storage root) → the section with its data made and located, run by
     ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""
+    model_imports: tuple[str, ...] = ("torch", "mlflow.pytorch")
+    """What logging the final model imports: the command imports it while the workers train
+    where it logs the model that rank 0 hands it (``tracking/relay.py``)."""
     rehearsal: dict[str, Any] = field(default_factory=dict)
     """Values of the ``workload`` section for a rehearsal (``driver/rehearsal.py``: new warm
     workers' first run, a few steps in the background): what keeps its final evaluation short.

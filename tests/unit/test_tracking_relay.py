@@ -1,6 +1,7 @@
 """trainforge.tracking.relay: rank 0 writes its records to the run folder and imports no MLflow;
-the command's thread sends them into a real SQLite MLflow run as they come; what it cannot send
-goes to the spool; what a killed command left is sent by the next from where it stopped."""
+the command's thread sends them into a real SQLite MLflow run as they come, and logs the final
+model rank 0 hands it (a module; SBI's posterior pyfunc); what it cannot send goes to the
+spool; what a killed command left is sent by the next from where it stopped."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -76,7 +78,7 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     cfg, handle = _run(tmp_path, "tracking.system_metrics_interval_s=0.2")
     run_dir = tmp_path / "runs" / "r"
     # before rank 0, as a run does
-    sending = relay.start(handle, run_dir, system_metrics_s=0.2, logs_model=True)
+    sending = relay.start(handle, run_dir, 0.2, ("torch", "mlflow.pytorch"))
     assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
 
     arguments = json.dumps([handle.for_workers(), config.to_container(cfg), str(tmp_path)])
@@ -88,7 +90,8 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     assert json.loads(rank_0.stdout) == {"mlflow": False, "monitor": True, "warming": True}
     handed = (tmp_path / "handed.pkl").read_bytes()
     sending.log_model(handed)
-    model, example = pickle.loads(handed)
+    model, example, custom = pickle.loads(handed)
+    assert custom is None
     sending.stop()
 
     client = MlflowClient(handle.tracking_uri)
@@ -166,3 +169,61 @@ def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Pat
     client = MlflowClient(handle.tracking_uri)
     assert [m.value for m in client.get_metric_history(handle.run_id, "loss")] == [2.0, 3.0]
     assert not path.exists() and not relay.offset_path(path).exists()
+
+
+# Rank 0 of a relayed SBI run: the posterior's pyfunc prepared and handed over
+SBI_RANK_0 = """
+import json, sys
+from pathlib import Path
+import torch
+from tests.unit.sbi_helpers import _data
+from trainforge import config
+from trainforge.distributed import WorkerContext
+from trainforge.tracking.worker import WorkerTracker
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.workload import SBIWorkload
+
+handle, recipe, folder = json.loads(sys.argv[1])
+cfg = config.from_container(recipe)
+tracker = WorkerTracker(handle, cfg.tracking, WorkerContext(0, 0, 1, 0, torch.device("cpu")))
+theta, x = _data()
+workload = SBIWorkload(SBIWorkloadConfig(), seed=0)
+workload.train_theta, workload.train_x, workload.dim_theta, workload.dim_x = theta, x, 2, 2
+model = workload.build_model()
+with tracker.model_folder() as where:
+    tracker.log_model(model, None, workload.mlflow_model(model, where))
+(Path(folder) / "handed.pkl").write_bytes(tracker.model_for_command)
+print(json.dumps({"mlflow": "mlflow" in sys.modules, "where": str(where)}))
+"""
+
+
+def test_an_sbi_posterior_is_handed_over_and_logged_by_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, handle = _run(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    sending = relay.start(handle, run_dir, None, ("trainforge.workloads.sbi.pyfunc", "sbi"))
+    arguments = json.dumps([handle.for_workers(), config.to_container(cfg), str(tmp_path)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rank_0 = subprocess.run([sys.executable, "-c", SBI_RANK_0, arguments], capture_output=True,
+                            text=True, timeout=120, env=env, cwd=REPO)  # fmt: skip
+    assert rank_0.returncode == 0, rank_0.stderr
+    said = json.loads(rank_0.stdout)
+    assert said["mlflow"] is False
+    # the posterior's files wait beside the relay's until the command has logged them
+    assert Path(said["where"]).parent == relay.files_folder(run_dir / relay.RELAY_FILE)
+    sending.log_model((tmp_path / "handed.pkl").read_bytes())
+    sending.stop()
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)
+    run = MlflowClient(handle.tracking_uri).get_run(handle.run_id)
+    [logged] = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{handle.run_id}'",
+        output_format="list",
+    )
+    assert logged.name == "posterior"
+    loaded = mlflow.pyfunc.load_model(logged.model_uri)
+    x = np.zeros((1, 2), dtype=np.float32)
+    assert loaded.predict(x, params={"num_samples": 5}).shape == (5, 3)
+    assert sorted(p.name for p in run_dir.iterdir()) == []  # its files went with the relay's

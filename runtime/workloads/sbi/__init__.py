@@ -38,6 +38,7 @@ SPEC = WorkloadSpec(
     train_samples=train_samples,
     start_data=start_data,
     prepare_data=prepare_data,
+    model_imports=("trainforge.workloads.sbi.pyfunc", "sbi"),  # the posterior's pyfunc
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored
     rehearsal={"evaluation": {"c2st": False, "sbc_runs": 0, "num_samples": 100}},
 )

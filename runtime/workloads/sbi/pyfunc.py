@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ import torch
 from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
+
+from trainforge.workloads.sbi.export import PosteriorExport
 
 DEFAULT_SAMPLES = 1000
 
@@ -74,17 +75,6 @@ def signature(dim_theta: int, dim_x: int) -> ModelSignature:
             [ParamSpec("num_samples", "long", DEFAULT_SAMPLES), ParamSpec("seed", "long", 0)]
         ),
     )
-
-
-@dataclass
-class PosteriorExport:
-    """What ``log`` needs: the posterior file, an observation or two as the input example,
-    and the user's modules a custom task's prior lives in."""
-
-    posterior_file: Path
-    example_x: np.ndarray
-    dim_theta: int
-    user_modules: list[str] = field(default_factory=list)
 
 
 def log(export: PosteriorExport, name: str = "posterior") -> Any:

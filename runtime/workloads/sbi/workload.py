@@ -196,18 +196,19 @@ class SBIWorkload(Workload):
         """The posterior as a pyfunc model (``predict``: x → θ samples) — the NPE loss module
         takes (θ, x), which the pytorch flavour's one-input signature cannot describe."""
         import copy
+        import functools
 
-        from trainforge.workloads.sbi import export, pyfunc
+        from trainforge.workloads.sbi import export
 
         assert isinstance(model, estimators.NPELoss)
         estimator = copy.deepcopy(model.estimator).cpu().eval()
         path = folder / "posterior.pt"
         export.save_posterior(path, estimator, self.record(), export.prior_spec(self.cfg))
         prior_module = [self.cfg.prior.partition(":")[0]] if self.cfg.prior else []
-        spec = pyfunc.PosteriorExport(
+        spec = export.PosteriorExport(
             path, self.train_x[:2].cpu().numpy(), self.dim_theta, prior_module
         )
-        return lambda: pyfunc.log(spec)
+        return functools.partial(export.log_pyfunc, spec)  # picklable: rank 0 may hand it over
 
     def describe(self) -> dict[str, Any]:
         return {"task": self._source_name(), "estimator": self.cfg.estimator.model, **self.info}
