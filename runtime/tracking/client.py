@@ -27,6 +27,9 @@ CLIENT_ENV = {
     # MLflow prints "View run … at <tracking URI>" when a run ends, credentials and all; the
     # closing table names the run with the URI redacted instead
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+    # its bars when a model is logged ("Downloading artifacts"), which the command's console
+    # would show where the command logs the model (tracking/relay.py)
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
 }
 
 

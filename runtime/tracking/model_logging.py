@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import pickle
 import shutil
 import tempfile
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainforge.log import warn
+from trainforge.log import verbosity, warn
 from trainforge.tracking.client import RunHandle
 
 
@@ -41,7 +42,23 @@ def log_handed(handle: RunHandle, handed: bytes) -> None:
     except Exception as exc:
         warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
         return
-    log(handle, model, example, custom)
+    with _quiet():
+        log(handle, model, example, custom)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """MLflow's warnings while it logs the model, kept off the command's console unless -v, as
+    they were when rank 0 logged it (its lines go to the run's worker-output.log): that a
+    pickled model needs trust to load (our choice, see ``_log_pytorch_model``)."""
+    mlflow_logger = logging.getLogger("mlflow")
+    level = mlflow_logger.level
+    if verbosity() <= 0:
+        mlflow_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        mlflow_logger.setLevel(level)
 
 
 def log(

@@ -427,6 +427,9 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
               cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert "workers: starting 1, processes of this command" in out.stdout
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    strangers = [line for line in lines if not OWN_LINE.match(line)]
+    assert strangers == [], strangers  # nothing of MLflow's model logging in the command
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (found,) = client.search_runs(
         [client.get_experiment_by_name("trainforge").experiment_id],
