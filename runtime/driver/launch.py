@@ -273,6 +273,7 @@ def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any
     metrics, where this command made the run's MLflow calls itself beside its own workers;
     else None, and what an earlier command of the run left unsent is spooled."""
     from trainforge.tracking import relay
+    from trainforge.workloads import spec_for
 
     run_dir = Path(handle.spool_path).parent
     if own is None or not own.tracks_here() or handle.run_id is None:
@@ -280,8 +281,6 @@ def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any
         return None
     section = cfg.tracking
     interval = section.system_metrics_interval_s if section.system_metrics else None
-    from trainforge.workloads import spec_for
-
     imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
     return relay.start(handle, run_dir, interval, imports)
 

@@ -7,11 +7,13 @@ committed, so the metric history has no gap and no repeated step. A background t
 sending; the training thread only appends to a list. When the server is down, the sender keeps
 retrying; what is still unsent at the end goes to the spool (``tracking/spool.py``).
 
-The run's end imports what it needs (matplotlib, MLflow's pytorch flavour) itself, after the
-loop. A thread importing them while the loop ran saved the end as much as it cost the loop:
-the loop's thread waits for Python's lock each time it gives it up (every wait for the GPU), and
-on a GPU the thread held back the CUDA-graph capture, the first step ~3 s later on one H200
-(bench/results, twenty-eighth session).
+Where the command sends rank 0's records (``tracking/relay.py``), rank 0 imports no MLflow: its
+records go to a file in the run folder and its final model to the command. Else the run's end
+imports what it needs (matplotlib, MLflow's pytorch flavour) itself, after the loop. A thread
+importing them while the loop ran saved the end as much as it cost the loop: the loop's thread
+waits for Python's lock each time it gives it up (every wait for the GPU), and on a GPU the
+thread held back the CUDA-graph capture, the first step ~3 s later on one H200 (bench/results,
+twenty-eighth session).
 """
 
 from __future__ import annotations
@@ -114,8 +116,8 @@ class WorkerTracker:
         self.section = section
         self.handle = RunHandle(**handle) if handle else None
         self.logs_metrics = self.handle is not None and ctx.is_main
-        # The command sends rank 0's records and samples the system (tracking/relay.py):
-        # this process then imports MLflow only to log the model at the end
+        # The command sends rank 0's records, samples the system and logs the model rank 0
+        # hands it (tracking/relay.py): this process then imports no MLflow
         relayed = self.handle is not None and self.handle.relay_path is not None
         self.sends = self.logs_metrics and self.online and not relayed
         self.hands_off = self.logs_metrics and relayed
