@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
 import pickle
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from trainforge.log import verbosity, warn
@@ -104,6 +107,34 @@ def no_package_scan() -> Iterator[None]:
         requirements_utils._MODULES_TO_PACKAGES = None
 
 
+LIGHTNING = ("pytorch_lightning", "lightning")
+
+
+def import_for_logging(name: str) -> ModuleType:
+    """A module the model's logging needs, imported ahead (``tracking/relay.py``); MLflow's
+    pytorch flavour without Lightning (``pytorch_flavour``)."""
+    return pytorch_flavour() if name == "mlflow.pytorch" else importlib.import_module(name)
+
+
+def pytorch_flavour() -> ModuleType:
+    """``mlflow.pytorch``, imported without PyTorch Lightning. At its import MLflow 3.17's
+    pytorch flavour imports ``pytorch_lightning`` wherever it is installed, for a checkpoint
+    callback of its Lightning autologging, which trainforge does not use. On a GPU host that has
+    Lightning that import took ~10 s of the command that logs the model, most of it on its way
+    to the run's end (bench/results, issue 12). So, unless something imported Lightning before,
+    its names are refused while the flavour is imported (a ``None`` entry in ``sys.modules``
+    makes ``import`` raise ImportError, which MLflow catches), then allowed again."""
+    refused = [name for name in LIGHTNING if name not in sys.modules]
+    for name in refused:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module("mlflow.pytorch")
+    finally:
+        for name in refused:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
 def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
     import mlflow
 
@@ -129,7 +160,7 @@ def _log_pytorch_model(handle: RunHandle, cpu_model: Any, example: Any) -> None:
         shutil.copytree(
             Path(trainforge.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
         )
-        mlflow.pytorch.log_model(
+        pytorch_flavour().log_model(
             cpu_model,
             name="model",
             input_example=example,

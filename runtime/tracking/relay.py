@@ -20,7 +20,6 @@ next command of the run sends the rest, or spools it where it does not relay.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import shutil
 import threading
@@ -171,7 +170,7 @@ def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
 def _import_all(modules: tuple[str, ...]) -> None:
     for name in modules:
         with contextlib.suppress(Exception):  # the model's logging meets any problem itself
-            importlib.import_module(name)
+            model_logging.import_for_logging(name)
 
 
 def _sent_bytes(path: Path) -> int:

@@ -5,6 +5,7 @@ of every installed package (a real SQLite MLflow run)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -108,3 +109,40 @@ def test_rank_0_logs_its_model_without_mlflows_scan_of_every_installed_package(
     loaded = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
     example = torch.randn(3, 1, 8, 8)
     torch.testing.assert_close(loaded(example), model(example))
+
+
+LIGHTNING_STANDIN = "from pathlib import Path\nimport os\nPath(os.environ['MARK']).touch()\n"
+
+
+@pytest.mark.parametrize("how", ["pytorch_flavour", "plain import"])
+def test_mlflows_pytorch_flavour_is_imported_without_lightning(tmp_path: Path, how: str) -> None:
+    """MLflow's pytorch flavour imports Lightning at its own import where it is installed (~10 s
+    on a GPU host, for a callback trainforge never uses); ``pytorch_flavour`` refuses it during
+    that import, and a later ``import pytorch_lightning`` works. A stand-in package marks its
+    import; a plain import of the flavour does import it (so the test can tell)."""
+    import subprocess
+
+    (tmp_path / "pytorch_lightning").mkdir()
+    (tmp_path / "pytorch_lightning" / "__init__.py").write_text(LIGHTNING_STANDIN)
+    mark = tmp_path / "lightning-imported"
+    imported = (
+        "from trainforge.tracking import model_logging; flavour = model_logging.pytorch_flavour()"
+        if how == "pytorch_flavour"
+        else "import mlflow.pytorch as flavour"
+    )
+    script = (
+        f"{imported}\n"
+        "import os, sys\n"
+        "assert callable(flavour.log_model)\n"
+        "print('during', os.path.exists(os.environ['MARK']), 'pytorch_lightning' in sys.modules)\n"
+        "import pytorch_lightning\n"
+        "print('after', os.path.exists(os.environ['MARK']))\n"
+    )
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    env = {**os.environ, "MARK": str(mark), "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    if how == "pytorch_flavour":
+        assert done.stdout.splitlines() == ["during False False", "after True"]
+    else:  # MLflow's own import reaches the stand-in (which lacks what MLflow wants from it)
+        assert done.stdout.splitlines()[0].startswith("during True")
