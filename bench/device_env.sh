@@ -44,3 +44,14 @@ start_one_gpu() {  # start_one_gpu STEP DEFAULT_LIMIT_S (LIMIT and REPEATS overr
     --modes cold,warm --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 1 \
     --timeout-s 150 --out "$OUT/$1.json" train.max_steps=40 > "$OUT/$1.log" 2>&1
 }
+
+# bench/startup.py on GPU 0: cold commands (MODES, e.g. baseline_cold,cold) of the synthetic
+# ResNet-18 recipe, STEPS graphed steps (default 40), REPEATS rounds (default 2), the baseline
+# package from $BASELINE (an absolute path; default .base28 here); $OUT/STEP.{json,log}
+startup_cold() {  # startup_cold STEP DEFAULT_LIMIT_S MODES OVERRIDE... (LIMIT overrides)
+  local step=$1 limit=$2 modes=$3; shift 3
+  CUDA_VISIBLE_DEVICES=0 timeout "${LIMIT:-$limit}" python3 bench/startup.py \
+    --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" \
+    --baseline "${BASELINE:-$PWD/.base28}" --modes "$modes" --timeout-s 150 \
+    --out "$OUT/$step.json" train.max_steps="${STEPS:-40}" "$@" > "$OUT/$step.log" 2>&1
+}
