@@ -43,7 +43,7 @@ def log_handed(handle: RunHandle, handed: bytes) -> None:
     try:
         model, example, custom = pickle.loads(handed)
     except Exception as exc:
-        warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
+        _failed(exc)
         return
     with _quiet():
         log(handle, model, example, custom)
@@ -80,7 +80,11 @@ def log(
             else:
                 _log_pytorch_model(handle, model, example)
     except Exception as exc:
-        warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
+        _failed(exc)
+
+
+def _failed(exc: Exception) -> None:
+    warn(f"logging the MLflow model failed ({exc}); the state dict is logged")
 
 
 @contextlib.contextmanager
