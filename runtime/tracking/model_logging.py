@@ -123,11 +123,12 @@ def import_for_logging(name: str) -> ModuleType:
 def pytorch_flavour() -> ModuleType:
     """``mlflow.pytorch``, imported without PyTorch Lightning. At its import MLflow 3.17's
     pytorch flavour imports ``pytorch_lightning`` wherever it is installed, for a checkpoint
-    callback of its Lightning autologging, which trainforge does not use. On a GPU host that has
-    Lightning that import took ~10 s of the command that logs the model, most of it on its way
-    to the run's end (bench/results, issue 12). So, unless something imported Lightning before,
-    its names are refused while the flavour is imported (a ``None`` entry in ``sys.modules``
-    makes ``import`` raise ImportError, which MLflow catches), then allowed again."""
+    callback of its Lightning autologging, which trainforge does not use. On GPU hosts that have
+    Lightning the flavour's import took 11-13 s, 4.6-5.1 s without it, much of it on the
+    command's way to the run's end (bench/results, issue 12). So, unless something imported
+    Lightning before, its names are refused while the flavour is imported (a ``None`` entry in
+    ``sys.modules`` makes ``import`` raise ImportError, which MLflow catches), then allowed
+    again."""
     refused = [name for name in LIGHTNING if name not in sys.modules]
     for name in refused:
         sys.modules[name] = None  # type: ignore[assignment]
