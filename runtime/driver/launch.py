@@ -181,15 +181,23 @@ def run_workers(
         warm = None if why_not_warm or own else stack.enter_context(
             warm_pool.WarmRun(cfg, payload, worker_output, ahead, warm_slots)
         )  # fmt: skip
-        track = warm.track if warm else own.track if own else _track_here
+        track = warm.track if warm else _track_here
         interrupted = [False]
+        making = None
         try:
-            if cfg.tracking.enabled:
+            if cfg.tracking.enabled and own is not None:
+                making = start_run_in_the_making(cfg, root, recipe, recipe_yaml)
+                payload["mlflow"] = making.for_workers.for_workers()
+            elif cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
-                relay = start_relay(cfg, handle, own)
+                spool_relay_rest(handle)
                 payload["mlflow"] = handle.for_workers()
             if own is not None:
-                finished = own.run()
+                try:
+                    finished = own.run()
+                finally:  # the run's handle, for what follows, whatever the workers' end
+                    if making is not None:
+                        handle, relay = making.made()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
                 if relay is not None and finished.model is not None:
                     relay.log_model(finished.model)
@@ -226,8 +234,8 @@ def run_workers(
             log.error(f"re-run with run.name={cfg.run.name} to resume")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
         finally:
-            if relay is not None:  # rank 0's last records, before the run's closing facts
-                relay.stop()
+            if making is not None:  # rank 0's last records, before the run's closing facts
+                making.stop()
             if handle is not None:
                 track("finish_run", handle, status, checkpoint_path, reason)
 
@@ -268,21 +276,38 @@ def start_tracking(
     return handle
 
 
-def start_relay(cfg: Recipe, handle: Any, own: own_workers.OwnRun | None) -> Any:
-    """Rank 0's records sent from this process (``tracking/relay.py``), with the system
-    metrics, where this command made the run's MLflow calls itself beside its own workers;
-    else None, and what an earlier command of the run left unsent is spooled."""
+def start_run_in_the_making(
+    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str
+) -> Any:
+    """The MLflow run of the command's own workers, made on a thread while they start: rank 0
+    writes its records to the run folder for this process to send (``tracking/relay.py``)."""
     from trainforge.tracking import relay
+    from trainforge.tracking.client import RunHandle, resolve_uri
     from trainforge.workloads import spec_for
 
-    run_dir = Path(handle.spool_path).parent
-    if own is None or not own.tracks_here() or handle.run_id is None:
-        relay.spool_rest(relay.relay_path(run_dir), Path(handle.spool_path))
-        return None
     section = cfg.tracking
+    spool = spool_file(cfg, root)
+    relay_file = str(relay.relay_path(spool.parent))
+    uri = resolve_uri(section.tracking_uri)
+    for_workers = RunHandle(
+        uri, section.experiment, cfg.run.name, None, False, str(spool), relay_file
+    )
     interval = section.system_metrics_interval_s if section.system_metrics else None
     imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
-    return relay.start(handle, run_dir, interval, imports)
+    making = relay.RunInTheMaking(
+        lambda: start_tracking(cfg, root, recipe, recipe_yaml), for_workers, interval, imports
+    )
+    making.start()
+    return making
+
+
+def spool_relay_rest(handle: Any) -> None:
+    """What an earlier command of the run left in its relay file, spooled: this one's rank 0
+    sends its own records."""
+    from trainforge.tracking import relay
+
+    run_dir = Path(handle.spool_path).parent
+    relay.spool_rest(relay.relay_path(run_dir), Path(handle.spool_path))
 
 
 def _track_here(call: str, *args: Any) -> Any:

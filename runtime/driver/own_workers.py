@@ -6,8 +6,8 @@ Why: with no Ray running, a command waited for the lasting cluster's start (`ray
 this project's 2-core CPU, 7.7 s on a 16-core H100 host) and then for its warm workers' start
 (their imports; 13 s on that host) before the first step: 15.8 s on the CPU, 25.3 s on one H100
 (bench/results, issue 12). Training on one machine needs no cluster: the command starts its
-workers itself and they import while it makes the data (and creates the MLflow run, where a
-core is spare: ``OwnRun.track``).
+workers itself and they import while it makes the data; it makes the MLflow run beside them
+and sends what rank 0 writes (``tracking/relay.py``: the workers' run never waits for MLflow).
 
 A worker is the warm pool's worker class (``worker/warm.py``) in a plain process: the same loop,
 process group (gloo; NCCL on its GPU) over a TCP store on loopback, checkpoints in the run folder,
@@ -102,7 +102,7 @@ def visible_gpus() -> list[str]:
 class OwnRun:
     """One command's own worker processes, from their start (``__init__``: they import while
     the command makes the data) to their end (``close``); ``run`` runs the loop in them, with
-    restarts; ``track`` makes the command's MLflow calls."""
+    restarts."""
 
     def __init__(self, cfg: Recipe) -> None:
         self.cfg = cfg
@@ -147,35 +147,6 @@ class OwnRun:
         payload["gpus"] = self.gpus
         payload["workers_started"] = self.cfg.scaling.num_workers  # "N started"
         self._stop_relay = console.relay_file(Path(payload["console_file"]), output)
-
-    def track(self, call: str, *args: Any) -> Any:
-        """``tracking.driver.<call>(*args)``: in rank 0's process where this machine has no
-        core to spare for the command beside its workers, else here.
-
-        Both the command and rank 0 would import MLflow (~4 CPU-seconds for the command, which
-        also loads its SQL store; ~2 for rank 0, which logs the run's metrics). Beside the
-        workers' imports on a spare core, the command's import costs no time. With every core
-        taken by a worker it slowed their imports as much (bench/results, issue 12), so there
-        rank 0, which imports MLflow anyway, creates and ends the run. Where rank 0's process
-        is gone (a failed or stopped run), the call is made here."""
-        from trainforge.tracking import driver as tracking
-
-        if not self.tracks_here():
-            env, lines = local_cluster.worker_env(), self.payload["console_file"]
-            try:
-                self.connections[0].send(("track", call, args, env, lines))
-                kind, value = self.connections[0].recv()
-            except (EOFError, OSError):
-                kind, value = "gone", None
-            if kind == "ok":
-                return value
-            if kind == "failed":
-                raise value
-        return getattr(tracking, call)(*args)
-
-    def tracks_here(self) -> bool:
-        """Are the run's MLflow calls made in this process (``track``)?"""
-        return not self.connections or spare_core(self.cfg.scaling.num_workers)
 
     def run(self) -> warm_pool.Finished:
         """The loop in the workers until it ends, restarts within ``run.max_failures``; raises
@@ -250,11 +221,6 @@ class OwnRun:
             self._stop_relay()
             self._stop_relay = None
         self._held.close()
-
-
-def spare_core(workers: int) -> bool:
-    """Does this machine have a CPU core beside one per worker (the command's own)?"""
-    return len(os.sched_getaffinity(0)) > workers
 
 
 def start_cluster_in_background(cfg: Recipe) -> None:

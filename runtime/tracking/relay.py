@@ -23,6 +23,7 @@ import contextlib
 import json
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from trainforge.atomic import replacing
@@ -198,3 +199,53 @@ def start(
     relay = Relay(handle, system_metrics_s, model_imports)
     relay.start()
     return relay
+
+
+class RunInTheMaking(threading.Thread):
+    """The MLflow run of a command whose own workers' rank 0 writes to the relay file: made on
+    this thread (``make``, the run's start) while the workers start and train, and relayed once
+    it exists. Rank 0 needs no run to write its records, so the workers' run never waits for
+    MLflow: on this project's 2-core CPU, where both cores take a worker, the run's making (its
+    import, its store) came between the workers' imports and their first step, with one core
+    idle. ``for_workers``: the handle rank 0 is given (no run id; the relay file)."""
+
+    WAIT_S = 60.0  # at the end: how long the run's making may still take (MLflow's timeouts)
+
+    def __init__(
+        self,
+        make: Callable[[], RunHandle],
+        for_workers: RunHandle,
+        system_metrics_s: float | None,
+        model_imports: tuple[str, ...],
+    ) -> None:
+        super().__init__(name="trainforge-mlflow-run", daemon=True)
+        self.make, self.for_workers = make, for_workers
+        self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
+        self.handle: RunHandle | None = None
+        self.relay: Relay | None = None
+
+    def run(self) -> None:
+        try:
+            handle = self.make()
+        except Exception as exc:  # the run's start spools by itself; anything else is said
+            warn(f"the MLflow run could not be started ({first_line(exc)}); its records are "
+                 f"kept in {self.for_workers.spool_path}")  # fmt: skip
+            return
+        self.handle = handle
+        if handle.run_id is not None:
+            run_dir = Path(str(self.for_workers.relay_path)).parent
+            self.relay = start(handle, run_dir, self.system_metrics_s, self.model_imports)
+
+    def made(self) -> tuple[RunHandle | None, Relay | None]:
+        """After the workers' run: the run's handle (None: it could not be started) and its
+        relay (None: MLflow was unreachable at the start; stopped with ``stop``)."""
+        self.join(self.WAIT_S)
+        return self.handle, self.relay
+
+    def stop(self) -> None:
+        """Rank 0's last records sent, or spooled where the run was never made."""
+        if self.relay is not None:
+            self.relay.stop()
+        else:
+            relay = Path(str(self.for_workers.relay_path))
+            spool_rest(relay, Path(self.for_workers.spool_path))

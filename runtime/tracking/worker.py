@@ -270,7 +270,8 @@ class WorkerTracker:
             path = Path(folder) / "state_dict.pt"
             torch.save(model.state_dict(), path)
             self.log_artifacts([path], "model_state")
-        if not (self.online and self.section.log_model):
+        # a relayed run may not exist yet: the command logs the model if it does
+        if not (self.section.log_model and (self.online or self.hands_off)):
             return
         logged: nn.Module | None = None
         if custom is None:

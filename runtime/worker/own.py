@@ -5,15 +5,11 @@ process that the command started, for one run.
 It talks with the command over a connection (a socket pair; the command passes its end's file
 descriptor as the argument). The first message is (Python path, the command's pid, its GPU or
 None): it imports torch and the loop, and makes its CUDA context, at once. Then it answers
-requests until the connection closes (the command needs the process no more):
-- ("run", payload, rank, world size, store port), sent once the command has made the data:
-  one run of the loop;
-- ("track", call, arguments, settings, console file), to rank 0: one of the command's MLflow
-  calls (``tracking.driver``: the run's start and its end) made here, where MLflow is imported
-  for the run's metrics anyway (``own_workers.OwnRun.track``).
-Each answer is ("ok", the result: for a run, what rank 0 reported last) or ("failed",
-exception). The process ends with its command (``WarmWorker`` checks that it lives), so a
-killed command leaves no loop running.
+requests until the connection closes (the command needs the process no more): ("run", payload,
+rank, world size, store port), sent once the command has made the data, is one run of the loop.
+Each answer is ("ok", what rank 0 reported last) or ("failed", exception). The process ends
+with its command (``WarmWorker`` checks that it lives), so a killed command leaves no loop
+running.
 
     python -m trainforge.worker.own FD
 """
@@ -40,12 +36,9 @@ def main(fd: int) -> int:
             return 0
         answer: tuple[str, Any]
         try:
-            if kind == "run":
-                payload, rank, world_size, port = request
-                answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
-            else:
-                call, args, env, console_file = request
-                answer = ("ok", worker.track(call, args, env, console_file))
+            assert kind == "run", f"a worker of a command's own runs the loop, not {kind!r}"
+            payload, rank, world_size, port = request
+            answer = ("ok", worker.run(payload, rank, world_size, port, driver_pid))
         except BaseException as exc:  # every failure goes back to the command
             answer = ("failed", portable(exc))
         connection.send(answer)

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RECIPES
-from trainforge.driver import own_workers
 
 pytestmark = pytest.mark.ray
 
@@ -336,9 +335,9 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
 ) -> None:
     """No cluster runs (the step before stopped it): the command trains on processes of its
     own, restarts them after a failure, and starts the cluster and its warm workers in the
-    background as it ends; the next command finds both. Where no core is spare beside the two
-    workers (this project's 2-core machines), rank 0 makes the command's MLflow calls and the
-    command imports no MLflow (its imports are listed: -X importtime)."""
+    background as it ends; the next command finds both. The command makes the MLflow run
+    beside its workers, which never wait for it, and sends what rank 0 writes (its imports are
+    listed: -X importtime)."""
     out = run(home, "train", str(DIGITS), "run.name=own", *SHORT, "run.max_failures=1",
               cwd=tmp_path, TRAINFORGE_FAIL_AFTER_EPOCH="1",
               PYTHONPROFILEIMPORTTIME="1")  # fmt: skip
@@ -348,8 +347,8 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     stderr = "\n".join(line for line in out.stderr.splitlines() if line not in imports)
     console = out.stdout + stderr
     command_imported_mlflow = any(line.split("|")[-1].strip() == "mlflow" for line in imports)
-    assert command_imported_mlflow == own_workers.spare_core(2), "\n".join(imports[-5:])
-    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # created, then ended, by rank 0
+    assert command_imported_mlflow, "\n".join(imports[-5:])
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # created, then ended, by the command
         (status,) = db.execute("SELECT status FROM runs WHERE name = 'own'").fetchone()
     assert status == "FINISHED"
     lines = [line for line in console.splitlines() if line.strip()]

@@ -93,15 +93,6 @@ def test_the_gpus_a_new_process_would_see(monkeypatch: pytest.MonkeyPatch) -> No
     assert resources["CPU"] == len(os.sched_getaffinity(0))
 
 
-def test_a_spare_core_is_one_beside_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where there is none, rank 0 makes the command's MLflow calls (``OwnRun.track``)."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert own_workers.spare_core(1)
-    assert not own_workers.spare_core(2)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert own_workers.spare_core(4) and not own_workers.spare_core(16)
-
-
 def test_a_worker_exception_crosses_back_as_itself_or_as_text() -> None:
     verdict = portable(NonFiniteLoss("loss is nan at step 12"))
     assert isinstance(pickle.loads(pickle.dumps(verdict)), NonFiniteLoss)  # the run's own stop

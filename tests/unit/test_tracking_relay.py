@@ -10,6 +10,8 @@ import os
 import pickle
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -20,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.integration.mlflow_server import free_port
 from trainforge import config
-from trainforge.driver.launch import start_relay
+from trainforge.driver.launch import spool_relay_rest
 from trainforge.tracking import driver, relay
 from trainforge.tracking.client import RunHandle, configure_client_env
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
@@ -72,27 +74,55 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[config.Recipe, RunHandle]:
     return cfg, handle
 
 
+def _for_workers(
+    tmp_path: Path, *overrides: str
+) -> tuple[config.Recipe, RunHandle, Callable[[], RunHandle]]:
+    """A run as the command starts one beside its own workers: the handle rank 0 is given (no
+    run yet; the relay file), and the run's start, for ``RunInTheMaking``."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = config.load(DIGITS, [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
+                               *overrides])  # fmt: skip
+    spool = tmp_path / "runs" / "r" / SPOOL_FILE
+    relay_file = str(relay.relay_path(spool.parent))
+    for_workers = RunHandle(uri, "trainforge", "r", None, False, str(spool), relay_file)
+    return cfg, for_workers, lambda: driver.start_run(cfg.tracking, "r", {}, "", str(spool))
+
+
 def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg, handle = _run(tmp_path, "tracking.system_metrics_interval_s=0.2")
+    """Rank 0 writes before the run exists (the command makes it on a thread: here once rank 0
+    has written its first record); all of it arrives."""
+    cfg, for_workers, start_run = _for_workers(tmp_path, "tracking.system_metrics_interval_s=0.2")
     run_dir = tmp_path / "runs" / "r"
-    # before rank 0, as a run does
-    sending = relay.start(handle, run_dir, 0.2, ("torch", "mlflow.pytorch"))
-    assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
+    written = Path(str(for_workers.relay_path))
 
-    arguments = json.dumps([handle.for_workers(), config.to_container(cfg), str(tmp_path)])
+    def make_once_rank_0_wrote() -> RunHandle:
+        deadline = time.monotonic() + 100
+        while not written.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return start_run()
+
+    making = relay.RunInTheMaking(
+        make_once_rank_0_wrote, for_workers, 0.2, ("torch", "mlflow.pytorch")
+    )
+    making.start()  # before rank 0, as a run does
+
+    arguments = json.dumps([for_workers.for_workers(), config.to_container(cfg), str(tmp_path)])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rank_0 = subprocess.run([sys.executable, "-c", RANK_0, arguments], capture_output=True,
                             text=True, timeout=120, env=env)  # fmt: skip
     assert rank_0.returncode == 0, rank_0.stderr
     # no MLflow import, no prewarm thread, no system-metrics monitor in rank 0
     assert json.loads(rank_0.stdout) == {"mlflow": False, "monitor": True, "warming": True}
+    handle, sending = making.made()
+    assert handle is not None and handle.run_id is not None and sending is not None
+    assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
     handed = (tmp_path / "handed.pkl").read_bytes()
     sending.log_model(handed)
     model, example, custom = pickle.loads(handed)
     assert custom is None
-    sending.stop()
+    making.stop()
 
     client = MlflowClient(handle.tracking_uri)
     run = client.get_run(handle.run_id)
@@ -144,7 +174,7 @@ def test_records_mlflow_did_not_take_are_spooled_for_tracking_sync(
 
 
 def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Path) -> None:
-    cfg, handle = _run(tmp_path)
+    _, handle = _run(tmp_path)
     run_dir = tmp_path / "runs" / "r"
     path = relay.relay_path(run_dir)
     records = Spool(path, handle.identity())
@@ -154,7 +184,7 @@ def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Pat
     relay.offset_path(path).write_text(str(first))  # the killed command had sent epoch 1 only
 
     # a command that does not relay (no own workers) spools the rest …
-    assert start_relay(cfg, handle, own=None) is None
+    spool_relay_rest(handle)
     spooled = [json.loads(line) for line in (run_dir / SPOOL_FILE).read_text().splitlines()]
     assert [r["metrics"][0][1] for r in spooled] == [2.0, 3.0]
     assert not path.exists() and not relay.offset_path(path).exists()
@@ -227,3 +257,31 @@ def test_an_sbi_posterior_is_handed_over_and_logged_by_the_command(
     x = np.zeros((1, 2), dtype=np.float32)
     assert loaded.predict(x, params={"num_samples": 5}).shape == (5, 3)
     assert sorted(p.name for p in run_dir.iterdir()) == []  # its files went with the relay's
+
+
+@pytest.mark.parametrize("start", ["unreachable", "failed"])
+def test_a_run_never_made_leaves_rank_0s_records_in_the_spool(tmp_path: Path, start: str) -> None:
+    """MLflow unreachable when the command started the run (the run's start spools, and says
+    so), or the start failed: what rank 0 wrote goes to the spool for ``trainforge
+    tracking-sync``, which sends it into the run of that name."""
+    _, for_workers, start_run = _for_workers(tmp_path)
+    Spool(str(for_workers.relay_path), for_workers.identity()).write(
+        "metrics", metrics=[["epoch", 1.0, 1000, 1]]
+    )
+    offline = RunHandle(**{**for_workers.for_workers(), "relay_path": None})
+
+    def make() -> RunHandle:
+        if start == "failed":
+            raise RuntimeError("no store")
+        return offline
+
+    making = relay.RunInTheMaking(make, for_workers, None, ())
+    making.start()
+    handle, sending = making.made()
+    assert sending is None and handle == (offline if start == "unreachable" else None)
+    making.stop()
+
+    run_dir = tmp_path / "runs" / "r"
+    assert not (run_dir / relay.RELAY_FILE).exists()
+    start_run()  # the server is back
+    assert replay(run_dir / SPOOL_FILE, tracking_uri=for_workers.tracking_uri) == {"metrics": 1}
