@@ -1,15 +1,18 @@
 """Rank 0's tracking records, sent to MLflow by the command: rank 0 then imports no MLflow.
 
-Where a run's workers are the command's own processes and the command has a core beside them
-(``driver/own_workers.py``), the command has imported MLflow and opened its store already: it
-created the run. Rank 0 then writes what it would send (metric rows at each commit, its tags,
-the dataset input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's
-format (``tracking/spool.py``), and a thread of the command sends each record as it comes. The
-command samples the system metrics too, and logs the final model, which rank 0 hands it with
-its last result (the module, or a workload's own flavour's logging function and its files).
-Why: MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import and
-store before the setup could end, then its system-metrics monitor (bench/results,
-twenty-eighth session) — and its import at the end made the run's end as much longer.
+Where a run's workers are the command's own processes (``driver/own_workers.py``), the command
+makes the MLflow run on a thread while they start (``RunInTheMaking``): their run does not wait
+for it. Rank 0 writes what it would send (metric rows at each commit, its tags, the dataset
+input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's format
+(``tracking/spool.py``), and once the run exists a thread of the command sends each record as it
+comes. The command samples the system metrics too, and logs the final model, which rank 0 hands
+it with its last result (the module, or a workload's own flavour's logging function and its
+files). Why: MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import
+and store before the setup could end, then its system-metrics monitor (bench/results,
+twenty-eighth session) — and its import at the end made the run's end as much longer. Where the
+workers take every core (two on this project's 2-core CPU), rank 0 made the run before the
+first step while the other worker's core stood idle; beside the workers the first step came
+2.0 s sooner and the whole command 1.0 s (bench/results, thirtieth session).
 
 A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
 counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
