@@ -223,6 +223,7 @@ class RunInTheMaking(threading.Thread):
     ) -> None:
         super().__init__(name="trainforge-mlflow-run", daemon=True)
         self.make, self.for_workers = make, for_workers
+        self.path = Path(str(for_workers.relay_path))
         self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
         self.handle: RunHandle | None = None
         self.relay: Relay | None = None
@@ -236,8 +237,7 @@ class RunInTheMaking(threading.Thread):
             return
         self.handle = handle
         if handle.run_id is not None:
-            run_dir = Path(str(self.for_workers.relay_path)).parent
-            self.relay = start(handle, run_dir, self.system_metrics_s, self.model_imports)
+            self.relay = start(handle, self.path.parent, self.system_metrics_s, self.model_imports)
 
     def made(self) -> tuple[RunHandle | None, Relay | None]:
         """After the workers' run: the run's handle (None: it could not be started) and its
@@ -250,5 +250,4 @@ class RunInTheMaking(threading.Thread):
         if self.relay is not None:
             self.relay.stop()
         else:
-            relay = Path(str(self.for_workers.relay_path))
-            spool_rest(relay, Path(self.for_workers.spool_path))
+            spool_rest(self.path, Path(self.for_workers.spool_path))
