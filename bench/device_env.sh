@@ -55,3 +55,11 @@ startup_cold() {  # startup_cold STEP DEFAULT_LIMIT_S MODES OVERRIDE... (LIMIT o
     --baseline "${BASELINE:-$PWD/.base28}" --modes "$modes" --timeout-s 150 \
     --out "$OUT/$step.json" train.max_steps="${STEPS:-40}" "$@" > "$OUT/$step.log" 2>&1
 }
+
+# after a cold command in TRAINFORGE_HOME=HOME: wait for the lasting cluster it starts in the
+# background, then stop it, so that the next command is cold too
+stop_background_cluster() {  # stop_background_cluster HOME
+  TRAINFORGE_HOME="$1" python3 -c \
+    "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"
+  TRAINFORGE_HOME="$1" python3 -m trainforge cluster stop
+}

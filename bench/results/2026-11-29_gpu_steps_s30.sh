@@ -38,9 +38,7 @@ spy() {
       --subprocesses --idle --rate 50 --format speedscope -o "$OUT/spy$n.speedscope.json" -- \
       python3 -m trainforge train "$OLDPWD/recipes/cnn/synthetic_resnet18_bench.yaml" \
       run.name="spy$n" train.max_steps=40 2>&1 | stamped)
-    TRAINFORGE_HOME="$home" python3 -c \
-      "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"
-    TRAINFORGE_HOME="$home" python3 -m trainforge cluster stop
+    stop_background_cluster "$home"
   done
 }
 sbicheck() {
@@ -75,8 +73,7 @@ samples = loaded.predict(np.zeros((1, 2), dtype=np.float32), params={"num_sample
 print("posterior samples", getattr(samples, "shape", None))
 print("relay left", [p.name for p in (work / "runs" / "sbi").iterdir() if p.name.startswith("tracking-")])
 PY
-  TRAINFORGE_HOME="$home" python3 -c "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"
-  TRAINFORGE_HOME="$home" python3 -m trainforge cluster stop
+  stop_background_cluster "$home"
 }
 for step in "$@"; do
   t0=$(date +%s)
