@@ -4,7 +4,9 @@ stops improving, for runs whose length early stopping decides)."""
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +34,7 @@ def build_optimizer(
     if capturable:
         rate = torch.tensor(rate, device=params[0].device)
     if train.optimizer == "sgd":
-        return torch.optim.SGD(
+        return SGD(
             params,
             lr=rate,
             momentum=train.momentum,
@@ -43,10 +45,61 @@ def build_optimizer(
     if capturable:
         fused["capturable"] = True
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=rate, weight_decay=train.weight_decay, **fused)
+        return AdamW(params, lr=rate, weight_decay=train.weight_decay, **fused)
     if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=rate, weight_decay=train.weight_decay, **fused)
+        return Adam(params, lr=rate, weight_decay=train.weight_decay, **fused)
     raise AssertionError(f"unvalidated optimizer {train.optimizer}")
+
+
+def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
+    return inspect.unwrap(method)
+
+
+class WithoutDynamo:
+    """torch's own optimizer methods, called without their TorchDynamo decorators.
+
+    Every torch optimizer imports ``torch._dynamo`` the first time it adds a parameter group or
+    steps (``torch._disable_dynamo`` and ``_use_grad_for_differentiable``), only to tell
+    ``torch.compile`` not to trace into it. That import is 0.9 s of this project's CPU and
+    3.5-5.3 s of a cold GPU worker (``bench/worker_start_phases.py``: sympy alone is ~1.9 s),
+    as long as torch's own import, and a one-worker run needs it nowhere else (DDP's
+    constructor imports it too, so runs of several workers pay it whatever the optimizer).
+    The loop never calls the optimizer from compiled code (``precision.compile`` compiles the
+    model), so the decorators change nothing here. The methods are torch's (``inspect.unwrap``
+    of the decorated ones): same kernels, same state and ``state_dict`` as the torch class,
+    so checkpoints load either way."""
+
+    # the torch optimizer class whose step this one runs (set by each subclass)
+    torch_class: type[torch.optim.Optimizer]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _undecorated(torch.optim.Optimizer.state_dict)(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+
+    def step(self, closure: Any = None) -> Any:  # torch's overloads: None, or a closure's float
+        # what _use_grad_for_differentiable does besides the import: no autograd in the update
+        with torch.no_grad():
+            return _undecorated(self.torch_class.step)(self, closure)
+
+
+class SGD(WithoutDynamo, torch.optim.SGD):
+    torch_class = torch.optim.SGD
+
+
+class Adam(WithoutDynamo, torch.optim.Adam):
+    torch_class = torch.optim.Adam
+
+
+class AdamW(WithoutDynamo, torch.optim.AdamW):
+    torch_class = torch.optim.AdamW
 
 
 def lr_factor(step: int, total_steps: int, train: Any) -> float:

@@ -132,10 +132,17 @@ class OwnRun:
                     start_new_session=True,  # a Ctrl-C is the command's: it stops them
                 )  # fmt: skip
             connection = Connection(ours.detach())
-            connection.send((sys.path, os.getpid(), self.gpus[index] if self.gpus else None))
+            gpu = self.gpus[index] if self.gpus else None
+            connection.send((sys.path, os.getpid(), gpu, self._needs_dynamo()))
             self.processes.append(process)
             self.connections.append(connection)
             self.outputs.append(output)
+
+    def _needs_dynamo(self) -> bool:
+        """Whether the run imports ``torch._dynamo`` (DDP's constructor, ``torch.compile``):
+        then the workers import it while the command makes the data; a lone rank that does
+        not compile never imports it (``optim.WithoutDynamo``)."""
+        return self.cfg.scaling.num_workers > 1 or self.cfg.precision.compile
 
     def attach(self, payload: dict[str, Any], output: Any) -> None:
         """The run's payload: the workers' lines go to its console file, which this command

@@ -44,7 +44,11 @@ class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
 
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float,
-                 gpu: str | None) -> None:  # fmt: skip
+                 gpu: str | None, dynamo: bool = True) -> None:  # fmt: skip
+        """``dynamo``: import ``torch._dynamo`` now, for the runs that will need it (DDP's
+        constructor and ``torch.compile`` import it; a warm worker may serve any run). A
+        worker that will only run one lone rank without compiling never needs it
+        (``optim.WithoutDynamo``)."""
         if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu
             os.environ.update(settings.gpu_worker_env(os.environ))
@@ -59,8 +63,8 @@ class WarmWorker:
 
         import trainforge.worker.trainer  # noqa: F401 - the loop's imports, once per process
 
-        # The first optimizer of a process imports torch._dynamo (~1 s): paid here, not in a run.
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        if dynamo:  # 0.9 s of this CPU, 3.5-5.3 s of a GPU host: paid here, not in a run
+            import torch._dynamo
         if gpu is not None:
             torch.zeros(1, device="cuda")  # the CUDA context (a second or more), made once
         self.loaded = _module_files()

@@ -1,8 +1,11 @@
-"""Optimizer and LR schedule (``trainforge.optim``): warmup, cosine, linear, constant."""
+"""Optimizer and LR schedule (``trainforge.optim``): warmup, cosine, linear, constant; the
+optimizers torch's own, without importing ``torch._dynamo``."""
 
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +16,6 @@ from trainforge import config, optim
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
-
-
-@pytest.fixture(scope="module")
-def optimizer_imports() -> None:
-    """torch imports torch._dynamo lazily (~1 s) when the first optimizer is built: pay it once
-    here, in setup, rather than inside whichever test happens to build one first."""
-    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
 
 
 def train_section(*overrides: str):
@@ -60,7 +56,6 @@ def test_constant_stays_one() -> None:
     assert {optim.lr_factor(step, 50, train) for step in range(60)} == {1.0}
 
 
-@pytest.mark.usefixtures("optimizer_imports")
 def test_schedule_drives_the_optimizer() -> None:
     train = train_section("train.schedule=linear", "train.lr=0.1", "train.optimizer=sgd")
     model = nn.Linear(2, 1)
@@ -74,7 +69,6 @@ def test_schedule_drives_the_optimizer() -> None:
     assert lrs == pytest.approx([0.1 * (1 - s / 10) for s in range(10)])
 
 
-@pytest.mark.usefixtures("optimizer_imports")
 @pytest.mark.parametrize("capturable", [False, True])
 def test_plateau_lowers_the_lr_after_patience_evaluations_without_a_new_best(
     capturable: bool,
@@ -115,7 +109,6 @@ def test_plateau_lowers_the_lr_after_patience_evaluations_without_a_new_best(
     assert (fresh.scale, fresh.best, fresh.since_best) == (0.25, 1.0, scheduler.since_best)
 
 
-@pytest.mark.usefixtures("optimizer_imports")
 @pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
 def test_the_cpu_takes_the_fused_optimizers_and_they_step_as_the_loop_does(name: str) -> None:
     """Fused on the CPU as on CUDA (2.3-4x faster steps on one thread: bench/optimizer_step_cpu.py);
@@ -142,9 +135,79 @@ def test_the_cpu_takes_the_fused_optimizers_and_they_step_as_the_loop_does(name:
         assert not torch.equal(after_fused, before)  # it stepped
 
 
-@pytest.mark.usefixtures("optimizer_imports")
 def test_a_capturable_optimizer_on_the_cpu_is_not_fused() -> None:
     """CUDA graphs are CUDA's: only a test builds a capturable optimizer on the CPU."""
     optimizer = optim.build_optimizer(nn.Linear(2, 1), train_section("train.optimizer=adam"),
                                       capturable=True)  # fmt: skip
     assert not optimizer.defaults["fused"] and optimizer.defaults["capturable"]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_the_optimizers_step_and_save_as_torchs_own(name: str) -> None:
+    """``optim.WithoutDynamo`` calls torch's methods without their decorators: the same steps,
+    bit for bit, under a schedule, and state dicts that either class loads."""
+    train = train_section(
+        f"train.optimizer={name}", "train.lr=0.05", "train.weight_decay=1e-3",
+        "train.momentum=0.9", "train.schedule=cosine", "train.warmup_steps=2",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ours_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    torch_model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    torch_model.load_state_dict(ours_model.state_dict())
+    ours = optim.build_optimizer(ours_model, train)
+    assert isinstance(ours, optim.WithoutDynamo) and type(ours).torch_class is not type(ours)
+    settings = {k: v for k, v in ours.defaults.items() if k != "decoupled_weight_decay"}
+    theirs = type(ours).torch_class(torch_model.parameters(), **settings)
+    schedules = [optim.build_schedule(o, train, total_steps=6) for o in (ours, theirs)]
+    batch = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(6):
+        for model, optimizer, schedule in zip((ours_model, torch_model), (ours, theirs),
+                                              schedules, strict=True):  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(batch[0]), batch[1]).backward()
+            optimizer.step()
+            schedule.step()
+    for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert all(p.grad is not None for p in ours_model.parameters())
+    ours.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in ours_model.parameters())
+
+    saved_ours, saved_theirs = ours.state_dict(), theirs.state_dict()
+    assert saved_ours["param_groups"] == saved_theirs["param_groups"]
+    assert saved_ours["state"].keys() == saved_theirs["state"].keys()
+    for index, state in saved_ours["state"].items():
+        other = saved_theirs["state"][index]
+        assert state.keys() == other.keys()
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(other[key]))
+    fresh = optim.build_optimizer(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)),
+                                  train)  # fmt: skip
+    fresh.load_state_dict(saved_theirs)  # a checkpoint of torch's class loads into ours
+    assert fresh.state_dict()["param_groups"] == saved_theirs["param_groups"]
+
+
+def test_building_stepping_and_saving_an_optimizer_imports_no_torch_dynamo() -> None:
+    """torch's own optimizers import ``torch._dynamo`` (sympy and all: 0.9 s here, 3.5-5.3 s
+    of a cold GPU worker) on their first ``add_param_group``; these never do. A new process,
+    since this one may have imported it for another test."""
+    code = """
+import sys
+import torch
+from torch import nn
+from trainforge import config, optim
+for name in ("sgd", "adam", "adamw"):
+    train = config.load(sys.argv[1], [f"train.optimizer={name}"]).train
+    model = nn.Linear(3, 1)
+    optimizer = optim.build_optimizer(model, train)
+    schedule = optim.build_schedule(optimizer, train, total_steps=4)
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad()
+    optimizer.load_state_dict(optimizer.state_dict())
+print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
+"""
+    done = subprocess.run([sys.executable, "-c", code, str(DIGITS)], capture_output=True,
+                          text=True, timeout=120, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"

@@ -10,6 +10,8 @@ run ends, with augmentation on so that the RNG streams matter.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +273,37 @@ def test_the_recipe_decides_cudnn_autotuning(autotune: bool) -> None:
         assert torch.backends.cudnn.benchmark is autotune
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def test_a_lone_rank_trains_checkpoints_and_resumes_without_importing_torch_dynamo(
+    tmp_path: Path,
+) -> None:
+    """One rank needs no DDP, and the optimizers skip torch's TorchDynamo decorators
+    (``optim.WithoutDynamo``): a cold one-GPU worker starts without that import (3.5-5.3 s of a
+    GPU host). A new process, as this one may have imported it for another test; a second run
+    resumes from the first one's checkpoint, so loading state is covered too."""
+    code = """
+import sys
+from pathlib import Path
+import torch
+from trainforge import config
+from trainforge.checkpoint import FolderReporter
+from trainforge.distributed import WorkerContext
+from trainforge.worker.trainer import run
+ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
+run_dir = Path(sys.argv[2])
+for epochs in (1, 2):
+    cfg = config.load(sys.argv[1], ["scaling.num_workers=1", "tracking.enabled=false",
+                                    f"train.epochs={epochs}", "workload.augment=true"])
+    run({"recipe": config.to_container(cfg), "run_dir": str(run_dir)}, ctx, FolderReporter(run_dir))
+print(len(list(run_dir.glob("checkpoint_*"))))
+print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(DIGITS), str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoints, imported = done.stdout.strip().splitlines()[-2:]
+    assert int(checkpoints) >= 2 and "resuming" in done.stdout + done.stderr
+    assert imported == "[]"
