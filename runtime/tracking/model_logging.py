@@ -74,7 +74,7 @@ def log(
     flavour, or the model as ``custom`` logs it. A failure is said, not raised: the state
     dict is logged already."""
     try:
-        with no_package_scan():
+        with no_package_scan(), refused(IPYTHON):
             if custom is not None:
                 _log_custom_model(handle, custom)
             else:
@@ -112,6 +112,28 @@ def no_package_scan() -> Iterator[None]:
 
 
 LIGHTNING = ("pytorch_lightning", "lightning")
+IPYTHON = ("IPython",)
+"""While a model is logged: MLflow asks whether it runs in a notebook (the logged model's tags,
+``jupyter_notebook_context``; Databricks' ``dbutils``) by importing IPython and calling
+``get_ipython()``: 0.15 s of this project's CPU wherever IPython is installed (after MLflow and
+torch), on the command's way to the run's end. A process that has not imported IPython is no
+notebook, and the answer without it (ImportError: not in one) is the same."""
+
+
+@contextlib.contextmanager
+def refused(names: tuple[str, ...]) -> Iterator[None]:
+    """Imports of ``names`` fail (ImportError, which MLflow catches where it tries them) inside
+    the block, unless something imported them before; allowed again after it. A ``None`` entry
+    in ``sys.modules`` is Python's way to make ``import`` raise."""
+    missing = [name for name in names if name not in sys.modules]
+    for name in missing:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in missing:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 def import_for_logging(name: str) -> ModuleType:
@@ -129,15 +151,8 @@ def pytorch_flavour() -> ModuleType:
     Lightning before, its names are refused while the flavour is imported (a ``None`` entry in
     ``sys.modules`` makes ``import`` raise ImportError, which MLflow catches), then allowed
     again."""
-    refused = [name for name in LIGHTNING if name not in sys.modules]
-    for name in refused:
-        sys.modules[name] = None  # type: ignore[assignment]
-    try:
+    with refused(LIGHTNING):
         return importlib.import_module("mlflow.pytorch")
-    finally:
-        for name in refused:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
 
 
 def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:

@@ -146,3 +146,57 @@ def test_mlflows_pytorch_flavour_is_imported_without_lightning(tmp_path: Path, h
         assert done.stdout.splitlines() == ["during False False", "after True"]
     else:  # MLflow's own import reaches the stand-in (which lacks what MLflow wants from it)
         assert done.stdout.splitlines()[0].startswith("during True")
+
+
+IPYTHON_STANDIN = "from pathlib import Path\nimport os\nPath(os.environ['MARK']).touch()\n"
+
+
+@pytest.mark.parametrize("how", ["model_logging.log", "MLflow's own"])
+def test_a_model_is_logged_without_importing_ipython(tmp_path: Path, how: str) -> None:
+    """MLflow asks whether it runs in a notebook by importing IPython while it logs a model
+    (0.15 s here wherever IPython is installed); a process that has not imported it is none, so
+    ``model_logging.log`` refuses that import during the logging, and a later ``import
+    IPython`` works. A stand-in package marks its import; MLflow's own call does reach it (so
+    the test can tell), and the model is logged either way."""
+    import subprocess
+
+    (tmp_path / "IPython").mkdir()
+    (tmp_path / "IPython" / "__init__.py").write_text(IPYTHON_STANDIN)
+    logged = (
+        "model_logging.log(handle, *model_logging.for_mlflow(model, example))"
+        if how == "model_logging.log"
+        else "mlflow.set_tracking_uri(uri)\n"
+        "with mlflow.start_run(run_id=run.info.run_id):\n"
+        "    model_logging.pytorch_flavour().log_model(model, name='model',\n"
+        "        input_example=example.numpy(), serialization_format='pickle')"
+    )
+    script = (
+        "import os, sys\n"
+        "import mlflow, torch\n"
+        "from mlflow.tracking import MlflowClient\n"
+        "from trainforge.tracking import model_logging\n"
+        "from trainforge.tracking.client import RunHandle\n"
+        f"uri = 'sqlite:///{tmp_path / 'mlflow.db'}'\n"
+        "client = MlflowClient(uri)\n"
+        "experiment = client.create_experiment('e')\n"
+        "run = client.create_run(experiment)\n"
+        f"handle = RunHandle(uri, 'e', 'r', run.info.run_id, False, '{tmp_path / 'spool'}')\n"
+        "model, example = torch.nn.Linear(2, 1), torch.randn(1, 2)\n"
+        f"{logged}\n"
+        "print('during', os.path.exists(os.environ['MARK']), 'IPython' in sys.modules)\n"
+        "import IPython\n"
+        "print('after', os.path.exists(os.environ['MARK']))\n"
+        "print('models', len(client.search_logged_models([experiment])))\n"
+    )
+    mark = tmp_path / "ipython-imported"
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    env = {**os.environ, "MARK": str(mark), "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.split()[0] in
+             ("during", "after", "models")]  # fmt: skip
+    if how == "model_logging.log":
+        assert lines == ["during False False", "after True", "models 1"]
+    else:
+        assert lines[0].startswith("during True") and lines[-1] == "models 1"
