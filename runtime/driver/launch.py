@@ -35,6 +35,8 @@ from trainforge.tracking import driver as tracking
 from trainforge.tracking.client import redact
 from trainforge.worker import faults, settings
 
+INTERRUPTED = "interrupted; the run resumes from its last checkpoint when re-run"
+
 
 def spool_file(cfg: Recipe, storage_path: str) -> Path:
     """Where tracking records wait when MLflow is unreachable: beside the checkpoints when the
@@ -183,7 +185,7 @@ def run_workers(
         )  # fmt: skip
         track = warm.track if warm else _track_here
         interrupted = [False]
-        making = None
+        making, told = None, False
         try:
             if cfg.tracking.enabled and own is not None:
                 making = start_run_in_the_making(cfg, root, recipe, recipe_yaml)
@@ -195,6 +197,13 @@ def run_workers(
             if own is not None:
                 try:
                     finished = own.run()
+                except KeyboardInterrupt:
+                    # said at once: the MLflow run may take seconds more to be made and closed
+                    if making is not None:
+                        making.quiet.set()
+                    log.say(INTERRUPTED)
+                    told = True
+                    raise
                 finally:  # the run's handle, for what follows, whatever the workers' end
                     if making is not None:
                         handle, relay = making.made()
@@ -210,7 +219,8 @@ def run_workers(
         except caught as exc:
             if interrupted[0] or isinstance(exc, KeyboardInterrupt):
                 status = "KILLED"
-                log.say("interrupted; the run resumes from its last checkpoint when re-run")
+                if not told:
+                    log.say(INTERRUPTED)
                 return Outcome(130, mlflow_run_id=handle.run_id if handle else None)
             if isinstance(exc, SystemExit):
                 raise
@@ -261,15 +271,20 @@ def run_workers(
 
 
 def start_tracking(
-    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, track: Any = None
+    cfg: Recipe,
+    root: str,
+    recipe: dict[str, Any],
+    recipe_yaml: str,
+    track: Any = None,
+    quiet: Any = None,
 ) -> Any:
     """Create or reopen the MLflow run (through ``track``: here by default, or in a warm
-    worker)."""
+    worker); its phase line unless ``quiet`` (a ``threading.Event``) is set by then."""
     started = time.time()
     track = track or _track_here
     handle = track("start_run", cfg.tracking, cfg.run.name, recipe, recipe_yaml,
                    str(spool_file(cfg, root)), tracking.driver_tags())  # fmt: skip
-    if handle.run_id is not None:
+    if handle.run_id is not None and not (quiet is not None and quiet.is_set()):
         state = "reopened" if handle.resumed else "created"
         uri = redact(handle.tracking_uri)
         log.phase("mlflow", f"run {handle.run_id} {state} at {uri}", started)
@@ -295,8 +310,9 @@ def start_run_in_the_making(
     interval = section.system_metrics_interval_s if section.system_metrics else None
     imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
     making = relay.RunInTheMaking(
-        lambda: start_tracking(cfg, root, recipe, recipe_yaml), for_workers, interval, imports
-    )
+        lambda: start_tracking(cfg, root, recipe, recipe_yaml, quiet=making.quiet),
+        for_workers, interval, imports,
+    )  # fmt: skip
     making.start()
     return making
 

@@ -227,6 +227,9 @@ class RunInTheMaking(threading.Thread):
         self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
         self.handle: RunHandle | None = None
         self.relay: Relay | None = None
+        # set when the command was interrupted and said so: the run, made after that, is made
+        # without its phase line (the interruption's line stays the console's last)
+        self.quiet = threading.Event()
 
     def run(self) -> None:
         try:
