@@ -21,6 +21,11 @@ Each repeat runs, in one invocation on one machine and in this order:
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
 
+With --warmup, one cold command of this checkout runs first, in the invocation's own
+TRAINFORGE_HOME, and is recorded apart (``runs["warmup"]``): on GPU hosts the first cold
+command of every invocation waited 5-7 s more at its first step, whatever ran before it on the
+host (bench/results, thirty-first session), and this keeps that out of the modes' medians.
+
 Every line a command prints is timestamped on arrival; the phases come from trainforge's own
 phase lines (ray, mlflow, workers), the first step from `train.log_every_steps=1`, the loop time
 from the worker's `finished at step N in X s` line. Worker lines reach the driver through Ray's
@@ -215,6 +220,10 @@ def main() -> None:
     parser.add_argument(
         "--timeout-s", type=float, help="end a command still running after this long (SIGINT)"
     )
+    parser.add_argument(
+        "--warmup", action="store_true",
+        help="first one cold command of this checkout, recorded apart as 'warmup'",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", default=["train.epochs=2"])
     args = parser.parse_args()
     global TIMEOUT_S
@@ -233,6 +242,11 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     if args.torchrun:
         runs["torchrun"] = []
+    if args.warmup:  # untimed for the modes: an invocation's first command waits longer
+        stop_cluster(env)
+        runs["warmup"] = [trainforge_run(args.recipe, "warmup", list(args.overrides), env, work)]
+        settle(env)
+        print("warmup", json.dumps(runs["warmup"][0]), flush=True)
     previous_name = "first"  # what a resume mode re-runs
     for repeat in range(args.repeats):
         for position, mode in enumerate(modes):
