@@ -51,8 +51,11 @@ def build_optimizer(
     raise AssertionError(f"unvalidated optimizer {train.optimizer}")
 
 
-def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
-    return inspect.unwrap(method)
+# torch's methods without their decorators, looked up once (not at every step)
+_ADD_PARAM_GROUP = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+_ZERO_GRAD = inspect.unwrap(torch.optim.Optimizer.zero_grad)
+_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.state_dict)
+_LOAD_STATE_DICT = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
 
 
 class WithoutDynamo:
@@ -69,37 +72,42 @@ class WithoutDynamo:
     of the decorated ones): same kernels, same state and ``state_dict`` as the torch class,
     so checkpoints load either way."""
 
-    # the torch optimizer class whose step this one runs (set by each subclass)
+    # the torch optimizer class whose step this one runs, and that step undecorated (each
+    # subclass sets both)
     torch_class: type[torch.optim.Optimizer]
+    torch_step: Callable[..., Any]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        _undecorated(torch.optim.Optimizer.add_param_group)(self, param_group)
+        _ADD_PARAM_GROUP(self, param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        _undecorated(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+        _ZERO_GRAD(self, set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return _undecorated(torch.optim.Optimizer.state_dict)(self)
+        return _STATE_DICT(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        _undecorated(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+        _LOAD_STATE_DICT(self, state_dict)
 
     def step(self, closure: Any = None) -> Any:  # torch's overloads: None, or a closure's float
         # what _use_grad_for_differentiable does besides the import: no autograd in the update
         with torch.no_grad():
-            return _undecorated(self.torch_class.step)(self, closure)
+            return type(self).torch_step(self, closure)
 
 
 class SGD(WithoutDynamo, torch.optim.SGD):
     torch_class = torch.optim.SGD
+    torch_step = staticmethod(inspect.unwrap(torch.optim.SGD.step))
 
 
 class Adam(WithoutDynamo, torch.optim.Adam):
     torch_class = torch.optim.Adam
+    torch_step = staticmethod(inspect.unwrap(torch.optim.Adam.step))
 
 
 class AdamW(WithoutDynamo, torch.optim.AdamW):
     torch_class = torch.optim.AdamW
+    torch_step = staticmethod(inspect.unwrap(torch.optim.AdamW.step))
 
 
 def lr_factor(step: int, total_steps: int, train: Any) -> float:

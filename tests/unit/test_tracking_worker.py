@@ -111,7 +111,7 @@ def test_rank_0_logs_its_model_without_mlflows_scan_of_every_installed_package(
     torch.testing.assert_close(loaded(example), model(example))
 
 
-LIGHTNING_STANDIN = "from pathlib import Path\nimport os\nPath(os.environ['MARK']).touch()\n"
+STANDIN_MARKS_ITS_IMPORT = "from pathlib import Path\nimport os\nPath(os.environ['MARK']).touch()\n"
 
 
 @pytest.mark.parametrize("how", ["pytorch_flavour", "plain import"])
@@ -123,7 +123,7 @@ def test_mlflows_pytorch_flavour_is_imported_without_lightning(tmp_path: Path, h
     import subprocess
 
     (tmp_path / "pytorch_lightning").mkdir()
-    (tmp_path / "pytorch_lightning" / "__init__.py").write_text(LIGHTNING_STANDIN)
+    (tmp_path / "pytorch_lightning" / "__init__.py").write_text(STANDIN_MARKS_ITS_IMPORT)
     mark = tmp_path / "lightning-imported"
     imported = (
         "from trainforge.tracking import model_logging; flavour = model_logging.pytorch_flavour()"
@@ -148,9 +148,6 @@ def test_mlflows_pytorch_flavour_is_imported_without_lightning(tmp_path: Path, h
         assert done.stdout.splitlines()[0].startswith("during True")
 
 
-IPYTHON_STANDIN = "from pathlib import Path\nimport os\nPath(os.environ['MARK']).touch()\n"
-
-
 @pytest.mark.parametrize("how", ["model_logging.log", "MLflow's own"])
 def test_a_model_is_logged_without_importing_ipython(tmp_path: Path, how: str) -> None:
     """MLflow asks whether it runs in a notebook by importing IPython while it logs a model
@@ -161,7 +158,7 @@ def test_a_model_is_logged_without_importing_ipython(tmp_path: Path, how: str) -
     import subprocess
 
     (tmp_path / "IPython").mkdir()
-    (tmp_path / "IPython" / "__init__.py").write_text(IPYTHON_STANDIN)
+    (tmp_path / "IPython" / "__init__.py").write_text(STANDIN_MARKS_ITS_IMPORT)
     logged = (
         "model_logging.log(handle, *model_logging.for_mlflow(model, example))"
         if how == "model_logging.log"
