@@ -255,18 +255,18 @@ def worker_env() -> dict[str, str]:
 def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
     """Run `ray start --head --block` and stop it when idle or asked to (SIGTERM)."""
     home = folder()
-    ports = {name: free_port() for name in ("gcs", "dashboard", "client", "agent", "agent_grpc",
-                                             "runtime_env", "metrics")}  # fmt: skip
+    ports = {name: free_port() for name in ("gcs", "dashboard", "client")}
     temp_dir = Path(f"/tmp/trainforge-{os.getuid()}-{ports['gcs']}")
     command = [
         sys.executable, "-m", "trainforge.driver.ray_cli", "start", "--head", "--block",
         f"--port={ports['gcs']}", "--node-ip-address=127.0.0.1",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
         f"--ray-client-server-port={ports['client']}",
-        f"--dashboard-agent-listen-port={ports['agent']}",
-        f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
-        f"--runtime-env-agent-port={ports['runtime_env']}",
-        f"--metrics-export-port={ports['metrics']}",
+        # Port 0: each agent binds a free port and publishes it. A port picked free here may be
+        # taken before the agent binds it, and a dashboard agent that cannot bind stays alive
+        # without registering (no job agent, no metrics).
+        "--dashboard-agent-listen-port=0", "--dashboard-agent-grpc-port=0",
+        "--runtime-env-agent-port=0", "--metrics-export-port=0",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]  # fmt: skip
     num_cpus = num_cpus if num_cpus is not None else usable_cpus()

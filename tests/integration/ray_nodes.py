@@ -62,7 +62,10 @@ class RayNodes:
             )  # fmt: skip
             try:
                 self._wait(lambda: self._status_ok(), "the Ray head")
-                self._wait(self._job_agent_ready, "the head's job agent")
+                try:
+                    self._wait(self._job_agent_ready, "the head's job agent")
+                except TimeoutError as timeout:
+                    raise TimeoutError(f"{timeout}; {self._agent_errors()}") from None
                 return self
             except RuntimeError:
                 self.stop()
@@ -83,12 +86,13 @@ class RayNodes:
 
     @staticmethod
     def _agent_ports() -> list[str]:
-        # Each raylet's agents default to fixed ports (52365 …): a second Ray on this machine
-        # (the test session's own) would hold them, and the job agent never comes up.
-        return [f"--dashboard-agent-listen-port={free_port()}",
-                f"--dashboard-agent-grpc-port={free_port()}",
-                f"--runtime-env-agent-port={free_port()}",
-                f"--metrics-export-port={free_port()}"]  # fmt: skip
+        # Each raylet's agents default to fixed ports (52365 …), which a second Ray on this
+        # machine (the test session's own) holds. Port 0 lets each agent bind a free one and
+        # publish it; a port picked free here may be taken before the agent binds it, and an
+        # agent whose HTTP server cannot bind stays alive without registering: the job agent
+        # never came up (a CI run: "did not come up within 120 s").
+        return ["--dashboard-agent-listen-port=0", "--dashboard-agent-grpc-port=0",
+                "--runtime-env-agent-port=0", "--metrics-export-port=0"]  # fmt: skip
 
     def add_node(self, *args: str, attempts: int = 3) -> None:
         """A worker node. Its raylet has the same fixed 30 s to register as the head's (seen
@@ -164,6 +168,14 @@ class RayNodes:
         if "No available agent" in probe.stdout + probe.stderr:
             return False
         raise RuntimeError(f"probe job failed: {probe.stdout}{probe.stderr}")
+
+    def _agent_errors(self) -> str:
+        """The dashboard agent's logged errors, for a failure message: the session folder goes
+        with the cluster."""
+        log = self.temp_dir / "session_latest" / "logs" / "dashboard_agent.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        errors = [line for line in text.splitlines() if "ERROR" in line or "Failed" in line]
+        return "its agent's errors: " + (" | ".join(errors[-5:]) or "none logged")
 
     def job_status(self, submission_id: str) -> str:
         """Asked from a fresh process: Ray reads RAY_AUTH_MODE once per process."""
