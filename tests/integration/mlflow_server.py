@@ -19,18 +19,34 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = port or free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 90) -> MlflowServer:
+    def start(self, timeout_s: float = 90, attempts: int = 3) -> MlflowServer:
+        """The server, answering /health. Its port was free when picked, but another process
+        of the suite may bind it first (Ray's agents and workers take ports all the time): the
+        server then exits with "address already in use" and starts again on a new port."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start(timeout_s)
+            except RuntimeError as exc:
+                if attempt == attempts or "already in use" not in str(exc).lower():
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout_s: float) -> MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
         mlflow_cli = shutil.which("mlflow") or os.path.join(
             os.path.dirname(sys.executable), "mlflow"
         )
-        self.log = (self.root / "server.log").open("ab")
+        log_path = self.root / "server.log"
+        log_start = log_path.stat().st_size if log_path.is_file() else 0
+        self.log = log_path.open("ab")
         self.process = subprocess.Popen(
             [mlflow_cli, "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
@@ -42,9 +58,10 @@ class MlflowServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited: {(self.root / 'server.log').read_text()}"
-                )
+                with log_path.open("rb") as log:  # this start's lines only
+                    log.seek(log_start)
+                    said = log.read().decode(errors="replace")
+                raise RuntimeError(f"mlflow server exited: {said}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
                     if reply.status == 200:
