@@ -234,6 +234,6 @@ def log_learning_curve(client: Any, run_id: str) -> None:
     if not any(history.values()):
         return
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "learning_curve.png"
+        path = Path(folder) / "learning_curve.svg"
         learning_curve(history, path)
         client.log_artifact(run_id, str(path), "plots")

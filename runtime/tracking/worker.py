@@ -9,11 +9,11 @@ retrying; what is still unsent at the end goes to the spool (``tracking/spool.py
 
 Where the command sends rank 0's records (``tracking/relay.py``), rank 0 imports no MLflow: its
 records go to a file in the run folder and its final model to the command. Else the run's end
-imports what it needs (matplotlib, MLflow's pytorch flavour) itself, after the loop. A thread
-importing them while the loop ran saved the end as much as it cost the loop: the loop's thread
-waits for Python's lock each time it gives it up (every wait for the GPU), and on a GPU the
-thread held back the CUDA-graph capture, the first step ~3 s later on one H200 (bench/results,
-twenty-eighth session).
+imports what it needs (MLflow's pytorch flavour; matplotlib for SBI's figures) after the loop.
+A thread importing them while the loop ran saved the end as much as it cost the loop: the
+loop's thread waits for Python's lock each time it gives it up (every wait for the GPU), and on a
+GPU the thread held back the CUDA-graph capture, the first step ~3 s later on one H200
+(bench/results, twenty-eighth session).
 """
 
 from __future__ import annotations

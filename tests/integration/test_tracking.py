@@ -106,7 +106,7 @@ def test_run_is_complete_in_the_mlflow_server(
             out |= files(item.path) if item.is_dir else {item.path}
         return out
 
-    assert {"recipe.yaml", "plots/learning_curve.png", "plots/confusion_matrix.png",
+    assert {"recipe.yaml", "plots/learning_curve.svg", "plots/confusion_matrix.svg",
             "model_state/state_dict.pt", "profiler/trace_rank0.json"} <= files()  # fmt: skip
     recipe = OmegaConf.load(client.download_artifacts(run_id, "recipe.yaml", str(tmp_path)))
     assert recipe.run.name == "served" and recipe.train.epochs == 4
@@ -132,7 +132,8 @@ def test_run_is_complete_in_the_mlflow_server(
 def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_path: Path) -> None:
     """The run page's "About this run" as MLflow 3.17 renders it: Source is the recipe with the
     commit's short hash beside it (the whole hash in its popover), Created by the user, and
-    Datasets the training data's name and digest, each value in its label's row."""
+    Datasets the training data's name and digest, each value in its label's row; and the run's
+    SVG figures drawn as images in its artifact view."""
     from playwright.sync_api import sync_playwright
 
     _, run, commit = served_run
@@ -158,6 +159,8 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_pa
             shown_commit = commit_tag.inner_text().strip()
             commit_tag.hover()
             page.get_by_text(commit).first.wait_for(timeout=10_000)  # the popover: all of it
+            figures = {name: _shown_image_width(browser, f"{url}/artifacts/plots/{name}")
+                       for name in ("learning_curve.svg", "confusion_matrix.svg")}  # fmt: skip
         finally:
             browser.close()
     assert (tmp_path / "mlflow_run.png").stat().st_size > 10_000
@@ -168,6 +171,7 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_pa
     ]
     assert tags["mlflow.source.name"] == DIGITS.name and shown_commit == commit[:7]
     assert rows["Created by"] == ["Created by", tags["mlflow.user"]]
+    assert figures == {"learning_curve.svg": 720, "confusion_matrix.svg": 480}  # drawn as images
     assert tags["mlflow.user"] == getpass.getuser()
     assert [line.strip() for line in datasets if line.strip()] == [
         "Datasets",
@@ -349,3 +353,20 @@ def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote(
         assert secret not in console
         assert not [k for k, v in recorded.items() if secret in v], secret
         assert not [p for p in written if secret.encode() in p.read_bytes()], secret
+
+
+def _shown_image_width(browser, url: str) -> int:
+    """The width of the image MLflow's artifact view draws for the file at ``url`` (it loads
+    the file into a blob: URL), on a page of its own: 0 if the browser could not draw it."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        shown = (
+            "() => Array.from(document.images).some(i => i.src.startsWith('blob:') && i.complete)"
+        )
+        page.wait_for_function(shown, timeout=60_000)
+        return page.evaluate(
+            "() => Array.from(document.images).find(i => i.src.startsWith('blob:')).naturalWidth"
+        )
+    finally:
+        page.close()

@@ -120,9 +120,9 @@ class CNNWorkload(Workload):
     def write_figures(self, sums: dict[str, torch.Tensor], folder: Path) -> list[Path]:
         if "confusion" not in sums:
             return []
-        from trainforge.plots import confusion_matrix  # matplotlib: only at the end, on rank 0
+        from trainforge.plots import confusion_matrix
 
-        path = folder / "confusion_matrix.png"
+        path = folder / "confusion_matrix.svg"
         confusion_matrix(sums["confusion"].numpy(), path)
         return [path]
 
