@@ -55,6 +55,26 @@ VARIANTS = {
         "train.epochs=350",
         "train.early_stopping_patience=0",
     ],
+    # shorter cosines (thirty-second session): the fit comes at a schedule's end
+    **{
+        f"b{batch}_lr{lr}_cos{epochs}": [
+            f"train.batch_size={batch}",
+            f"train.lr={lr}",
+            "train.schedule=cosine",
+            f"train.epochs={epochs}",
+            "train.early_stopping_patience=0",
+        ]
+        for batch, lr, epochs in [
+            (1024, "5e-3", 250),
+            (1024, "5e-3", 200),
+            (1024, "1e-2", 250),
+            (2048, "1e-2", 300),
+            (512, "3e-3", 200),
+            (1024, "1e-2", 200),
+            (1024, "2e-2", 200),
+            (1024, "2e-2", 250),
+        ]
+    },
 }
 EPOCH_DONE = re.compile(r"\[trainforge\] epoch (\d+)(?:/\d+)? done: .*val/loss (-?[\d.]+)")
 
