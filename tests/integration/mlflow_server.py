@@ -46,15 +46,15 @@ class MlflowServer:
         )
         log_path = self.root / "server.log"
         log_start = log_path.stat().st_size if log_path.is_file() else 0
-        self.log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [mlflow_cli, "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--serve-artifacts", "--artifacts-destination", str(self.root / "artifacts"),
-             "--workers", "1"],
-            stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-        )  # fmt: skip
+        with log_path.open("ab") as log:  # the server writes to its own copy of the file
+            self.process = subprocess.Popen(
+                [mlflow_cli, "server", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+                 "--serve-artifacts", "--artifacts-destination", str(self.root / "artifacts"),
+                 "--workers", "1"],
+                stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+            )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
