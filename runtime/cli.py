@@ -8,6 +8,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from trainforge import __version__, log
@@ -184,6 +185,26 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _stop_again_if_dropped(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a Ctrl-C or SIGTERM whose exception Python had to drop is sent
+    again. A signal's handler runs in whatever Python code the main thread is in; when that is
+    a hook Python calls from C and cannot raise through (``os.register_at_fork``'s, run while
+    Ray starts its processes; a ``__del__``), the interrupt was printed as "Exception ignored"
+    and the command went on as if never stopped. The signal is sent again from another thread
+    a moment later, so its handler runs once the main thread is back in ordinary code."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def handle_stops() -> None:
+    """SIGTERM stops the command like a Ctrl-C, and neither is ever dropped."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.unraisablehook = _stop_again_if_dropped
+
+
 def run() -> None:
     """The `trainforge` script and `python -m trainforge`: main, then a prompt exit.
 
@@ -191,7 +212,7 @@ def run() -> None:
     output flushed); what remains is the interpreter tearing down torch, Ray's threads and
     MLflow's clients, ~1.5 s on a 2-core machine that every command paid. Ray is left first
     (so the driver's job ends cleanly on the cluster), then the process exits directly."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    handle_stops()
     try:
         code = main()
         sys.stdout.flush()  # a listing's print()s, buffered in a pipe

@@ -411,3 +411,53 @@ def test_a_reader_gone_ends_the_output_without_a_traceback(
     _, err = process.communicate(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert process.returncode == code  # `cluster status` still says there is none: exit 1
+
+
+# --- stops that Python would drop ----------------------------------------------------------
+
+DROPPED_STOP = """
+import os, signal, sys, threading, time
+from trainforge import cli
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # the xdist worker ignores SIGINT
+cli.handle_stops()
+# Ray starts its processes with a preexec_fn: Python then runs the at-fork hooks, where a
+# signal's exception cannot propagate. This hook holds the main thread there while it arrives.
+os.register_at_fork(after_in_parent=lambda: time.sleep(1.0))
+threading.Timer(0.3, os.kill, (os.getpid(), getattr(signal, sys.argv[1]))).start()
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(20)
+    print("went on")
+except cli.Terminated:
+    print("terminated")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+@pytest.mark.parametrize(("stop", "said"), [("SIGINT", "interrupted"), ("SIGTERM", "terminated")])
+def test_a_stop_that_lands_in_an_at_fork_hook_still_stops_the_command(stop: str, said: str) -> None:
+    """Seen in CI: a Ctrl-C while Ray forked was printed as "Exception ignored in:
+    <function _releaseLock>" and the run trained on to exit 0."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", DROPPED_STOP, stop], capture_output=True,
+                          text=True, env=_subprocess_env(), timeout=60)  # fmt: skip
+    assert done.stdout.strip() == said, done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert time.monotonic() - started < 15  # stopped after the hook, not after the 20 s sleep
+
+
+def test_other_dropped_exceptions_are_still_printed() -> None:
+    script = (
+        "import gc\nfrom trainforge import cli\ncli.handle_stops()\n"
+        "class Leaky:\n    def __del__(self):\n        raise ValueError('in __del__')\n"
+        "Leaky()\ngc.collect()\nprint('went on')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_subprocess_env(), timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "went on"
+    assert "Exception ignored" in done.stderr and "ValueError: in __del__" in done.stderr
