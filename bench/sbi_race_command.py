@@ -12,7 +12,10 @@ both (one cache entry made by `trainforge simulate`), validated on the same rows
   lasting local cluster up and its warm workers from an earlier command (`warm`), and as the
   first command after the cluster stopped (`cold`).
 
-    python bench/sbi_race_command.py --out race.json [--simulations 10000]
+    python bench/sbi_race_command.py --out race.json [--simulations 10000] [--repeats 3]
+
+With ``--repeats N`` each variant's cold and warm commands run N times (medians in the JSON's
+``medians``); ``--epochs E`` ends each command after E epochs, so more repeats fit a device call.
 
 On a GPU machine (``--device cuda``), sbi trains on the GPU and trainforge's step is a CUDA graph
 (the GPU race of issue 12: 20,000 simulations, as in ``bench/sbi_speed.py``).
@@ -26,10 +29,12 @@ given that split), and both best validation losses are recorded.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,9 +114,31 @@ def race(name: str, overrides: list[str], target: float, env: dict[str, str],
         "epochs": len(losses),
         "best_val_loss": min(losses) if losses else None,
         "first_lines": [f"{at:7.2f} {line}" for at, line in lines[:6]],
+        # when each epoch's line arrived: a cold command's extra seconds, at its start or spread
+        "epoch_done_at_s": [round(at, 2) for at, line in lines if EPOCH_DONE.search(line)],
     }
     print(f"[bench] {json.dumps(result)}", flush=True)
     return result
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per variant and mode (``b512_lr1e-3_cold``): the median time to the target and fraction
+    of sbi's wall over the repeats, and how many repeats reached the target."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        by_name.setdefault(re.sub(r"_r\d+$", "", result["name"]), []).append(result)
+    summary = {}
+    for name, runs in by_name.items():
+        reached = [r for r in runs if r["time_to_target_s"] is not None]
+        summary[name] = {
+            "repeats": len(runs),
+            "reached": len(reached),
+            "time_to_target_s": statistics.median(r["time_to_target_s"] for r in reached)
+            if reached else None,
+            "fraction_of_sbi_wall": statistics.median(r["fraction_of_sbi_wall"] for r in reached)
+            if reached and reached[0]["fraction_of_sbi_wall"] else None,
+        }  # fmt: skip
+    return summary
 
 
 def converged_per_seed(seeds: int, theta: Any, x: Any, path: str, sims: list[str],
@@ -143,6 +170,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=0, help="the convergence check instead")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--repeats", type=int, default=1, help="cold and warm commands, each")
+    parser.add_argument("--epochs", type=int,
+                        help="end each command after this many epochs (it must still reach "
+                        "the target): shorter commands, so more repeats fit")  # fmt: skip
     parser.add_argument("--target", type=float,
                         help="race to this validation loss (from an earlier sbi run) instead of "
                         "training sbi here: a probe, not a same-invocation comparison")  # fmt: skip
@@ -205,19 +236,23 @@ def main() -> None:
 
     located = [*sims, f"workload.simulation.path={path}"]
     warmup = ["train", RECIPE, "run.name=warmup", *QUIET, *located, "train.epochs=1"]
-    for variant in args.variants:
-        overrides = [*located, *VARIANTS[variant], *graphs]
+    capped = [f"train.epochs={args.epochs}"] if args.epochs else []
+    for variant, repeat in itertools.product(args.variants, range(args.repeats)):
+        overrides = [*located, *VARIANTS[variant], *graphs, *capped]
         stop_cluster(env)
-        cold = race(f"{variant}_cold", overrides, target, env, work)
+        run = f"_r{repeat}" if repeat else ""  # a new run: the same name would resume and end
+        cold = race(f"{variant}_cold{run}", overrides, target, env, work)
         settle(env)  # the cold command's background start of the cluster and its workers
         command(warmup, env, work)  # workers warm, sbi imported (a second time: resumes, ends)
         settle(env)  # the warm command comes later, as a user's next command does
-        warm = race(f"{variant}_warm", overrides, target, env, work)
+        warm = race(f"{variant}_warm{run}", overrides, target, env, work)
         for result in (cold, warm):
             reached = result["time_to_target_s"]
             fraction = reached / sbi["wall_s"] if reached and sbi["wall_s"] else None
             result["fraction_of_sbi_wall"] = round(fraction, 3) if fraction else None
+            result["repeat"] = repeat
             report["trainforge"].append(result)
+        report["medians"] = medians(report["trainforge"])
         save()
     stop_cluster(env)
     print(json.dumps(report, indent=1))
