@@ -1,6 +1,7 @@
 """deploy/docker/Dockerfile, checked without a Docker engine: it starts from a CUDA PyTorch image
-whose torch satisfies pyproject.toml, copies the project and installs it from pyproject.toml, runs
-as a non-root user, keeps data and caches out of the build context, and passes hadolint.
+whose torch satisfies pyproject.toml, copies the project and installs it from pyproject.toml,
+compiles the installed modules to bytecode, runs as a non-root user, keeps data and caches out of
+the build context, and passes hadolint.
 Each check is also shown to fail on a broken copy."""
 
 from __future__ import annotations
@@ -113,6 +114,13 @@ def dockerfile_problems(text: str) -> list[str]:
                 if ray.specifier != _requirement("ray").specifier:
                     problems.append(f"{arg} does not match pyproject's ray version range")
 
+    runs = [args for keyword, args in steps if keyword == "RUN"]
+    if not any("python -m compileall" in args and "purelib" in args for args in runs):
+        problems.append(
+            "installed modules are not compiled to bytecode (python -m compileall over "
+            "site-packages): under PYTHONDONTWRITEBYTECODE every process compiles torch's source"
+        )
+
     users = [args for keyword, args in steps if keyword == "USER"]
     user = users[-1].split(":")[0] if users else "root"
     if user in ("root", "0"):
@@ -168,6 +176,11 @@ BROKEN = [
         "deploy/runtime_env.yaml is not copied",
     ),
     ("ray range", ('"ray[default]>=2.60,<2.61"', '"ray[default]>=2.50"'), "ray version range"),
+    (
+        "no bytecode",
+        ('(python -m compileall -q -q -j 0 "${site}" || true)', "true"),
+        "not compiled to bytecode",
+    ),
 ]
 
 
