@@ -244,8 +244,11 @@ def run_workers(
             log.error(f"re-run with run.name={cfg.run.name} to resume")
             return Outcome(1, mlflow_run_id=handle.run_id if handle else None)
         finally:
-            if making is not None:  # rank 0's last records, before the run's closing facts
-                making.stop()
+            if making is not None:
+                if handle is None:  # stopped before the workers' run began: the run still ends
+                    making.quiet.set()
+                    handle, relay = making.made()
+                making.stop()  # rank 0's last records, before the run's closing facts
             if handle is not None:
                 track("finish_run", handle, status, checkpoint_path, reason)
 

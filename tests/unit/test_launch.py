@@ -42,3 +42,38 @@ def test_a_run_whose_checkpoints_all_fail_verification_is_refused(tmp_path: Path
     with pytest.raises(NoValidCheckpoint, match=r"checkpoint_000000: no manifest\.json"):
         launch.check_existing_run(cfg, str(tmp_path))
     assert (folder / checkpoint.STATE_FILE).exists()
+
+
+def test_a_ctrl_c_before_the_workers_run_begins_still_ends_the_mlflow_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command makes the MLflow run on a thread; a Ctrl-C between that thread's start and
+    the workers' run (here: as the workers' handle is taken, the step after it) ends the run
+    KILLED, not left RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = config.load(DIGITS, [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
+                               "tracking.system_metrics=false", "run.name=stopped"])  # fmt: skip
+    root = str(tmp_path)
+    making_run = launch.start_run_in_the_making
+
+    def interrupted_after_the_thread_starts(*args: object) -> object:
+        making = making_run(*args)
+
+        def ctrl_c() -> None:
+            raise KeyboardInterrupt
+
+        making.for_workers.for_workers = ctrl_c  # what run_workers calls next
+        return making
+
+    monkeypatch.setattr(launch, "start_run_in_the_making", interrupted_after_the_thread_starts)
+    payload = launch.worker_payload(cfg, root)
+    never_started = object()  # the workers' run is never reached
+    outcome = launch.run_workers(cfg, payload, root, None, {}, (), None, own=never_started)  # type: ignore[arg-type]
+    assert outcome.exit_code == 130
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert [(r.info.run_name, r.info.status) for r in runs] == [("stopped", "KILLED")]
