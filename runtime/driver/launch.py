@@ -188,7 +188,8 @@ def run_workers(
         making, told = None, False
         try:
             if cfg.tracking.enabled and own is not None:
-                making = start_run_in_the_making(cfg, root, recipe, recipe_yaml)
+                making = run_in_the_making(cfg, root, recipe, recipe_yaml)
+                making.start()  # once named here: a Ctrl-C from now on still ends the run
                 payload["mlflow"] = making.for_workers.for_workers()
             elif cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
@@ -294,11 +295,10 @@ def start_tracking(
     return handle
 
 
-def start_run_in_the_making(
-    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str
-) -> Any:
-    """The MLflow run of the command's own workers, made on a thread while they start: rank 0
-    writes its records to the run folder for this process to send (``tracking/relay.py``)."""
+def run_in_the_making(cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str) -> Any:
+    """The MLflow run of the command's own workers, to be made on a thread (not started yet)
+    while they start: rank 0 writes its records to the run folder for this process to send
+    (``tracking/relay.py``)."""
     from trainforge.tracking import relay
     from trainforge.tracking.client import RunHandle, resolve_uri
     from trainforge.workloads import spec_for
@@ -316,7 +316,6 @@ def start_run_in_the_making(
         lambda: start_tracking(cfg, root, recipe, recipe_yaml, quiet=making.quiet),
         for_workers, interval, imports,
     )  # fmt: skip
-    making.start()
     return making
 
 

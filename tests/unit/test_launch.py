@@ -56,7 +56,7 @@ def test_a_ctrl_c_before_the_workers_run_begins_still_ends_the_mlflow_run(
     cfg = config.load(DIGITS, [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
                                "tracking.system_metrics=false", "run.name=stopped"])  # fmt: skip
     root = str(tmp_path)
-    making_run = launch.start_run_in_the_making
+    making_run = launch.run_in_the_making
 
     def interrupted_after_the_thread_starts(*args: object) -> object:
         making = making_run(*args)
@@ -67,7 +67,7 @@ def test_a_ctrl_c_before_the_workers_run_begins_still_ends_the_mlflow_run(
         making.for_workers.for_workers = ctrl_c  # what run_workers calls next
         return making
 
-    monkeypatch.setattr(launch, "start_run_in_the_making", interrupted_after_the_thread_starts)
+    monkeypatch.setattr(launch, "run_in_the_making", interrupted_after_the_thread_starts)
     payload = launch.worker_payload(cfg, root)
     never_started = object()  # the workers' run is never reached
     outcome = launch.run_workers(cfg, payload, root, None, {}, (), None, own=never_started)  # type: ignore[arg-type]
