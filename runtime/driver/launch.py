@@ -18,6 +18,7 @@ from trainforge import config, log, ray_compat, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver import (
+    bytecode,
     collective_timeout,
     console,
     disk_full,
@@ -104,6 +105,8 @@ def train(cfg: Recipe) -> Outcome:
     why_not_warm = warm_pool.unavailable(cfg, root, on_lasting_cluster())
     # new warm workers' imports overlap the data stage instead of following it
     ahead = warm_pool.prestart(cfg) if why_not_warm is None else {}
+    if ahead or why_not_warm:  # new worker processes import torch now
+        bytecode.warn_if_workers_compile_torch()
     cfg = config.resolve_data(cfg, root)
     recipe_change.check(cfg, root, resumed_from)  # another recipe: refused, or said
 
@@ -127,6 +130,7 @@ def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> 
     data stage so that their imports overlap it; the lasting cluster starts in the background
     afterwards, for later commands."""
     cfg = config.resolve_workers(cfg, own_workers.resources())
+    bytecode.warn_if_workers_compile_torch()
     team = own_workers.OwnRun(cfg)
     try:
         cfg = config.resolve_data(cfg, root)
