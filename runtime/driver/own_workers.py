@@ -133,7 +133,7 @@ class OwnRun:
                 )  # fmt: skip
             connection = Connection(ours.detach())
             gpu = self.gpus[index] if self.gpus else None
-            connection.send((sys.path, os.getpid(), gpu, self._needs_dynamo()))
+            connection.send((sys.path, os.getpid(), gpu, self._needs_dynamo(), self._imports()))
             self.processes.append(process)
             self.connections.append(connection)
             self.outputs.append(output)
@@ -143,6 +143,14 @@ class OwnRun:
         then the workers import it while the command makes the data; a lone rank that does
         not compile never imports it (``optim.WithoutDynamo``)."""
         return self.cfg.scaling.num_workers > 1 or self.cfg.precision.compile
+
+    def _imports(self) -> tuple[str, ...]:
+        """What the run's workload imports for its first step: the workers import it now, while
+        the command makes the data (neutral when the data is ready first: the imports come
+        before the first step either way)."""
+        from trainforge.workloads import spec_for
+
+        return spec_for(self.cfg.workload.kind).worker_imports
 
     def attach(self, payload: dict[str, Any], output: Any) -> None:
         """The run's payload: the workers' lines go to its console file, which this command

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import os
 import shutil
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,11 +46,13 @@ class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
 
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float,
-                 gpu: str | None, dynamo: bool = True) -> None:  # fmt: skip
+                 gpu: str | None, dynamo: bool = True,
+                 imports: Sequence[str] = ()) -> None:  # fmt: skip
         """``dynamo``: import ``torch._dynamo`` now, for the runs that will need it (DDP's
         constructor and ``torch.compile`` import it; a warm worker may serve any run). A
         worker that will only run one lone rank without compiling never needs it
-        (``optim.WithoutDynamo``)."""
+        (``optim.WithoutDynamo``). ``imports``: modules the coming run's workload imports for
+        its first step (``WorkloadSpec.worker_imports``), imported now too."""
         if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu
             os.environ.update(settings.gpu_worker_env(os.environ))
@@ -65,6 +69,8 @@ class WarmWorker:
 
         if dynamo:  # 0.9 s of this CPU, 3.5-5.3 s of a GPU host: paid here, not in a run
             import torch._dynamo
+        for module in imports:
+            importlib.import_module(module)
         if gpu is not None:
             torch.zeros(1, device="cuda")  # the CUDA context (a second or more), made once
         self.loaded = _module_files()

@@ -58,6 +58,10 @@ class WorkloadSpec(Generic[W]):
     prepare_data: Callable[[W, int, str], W] | None = None
     """(section, seed, storage root) → the section with its data made and located, run by
     ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""
+    worker_imports: tuple[str, ...] = ()
+    """What a worker imports for its first step beyond torch and the loop (the model's library,
+    what its first forward pass imports): a cold command's own workers import it at their start,
+    while the command makes the data, instead of after it."""
     model_imports: tuple[str, ...] = ("torch", "mlflow.pytorch")
     """What logging the final model imports: the command imports it while the workers train
     where it logs the model that rank 0 hands it (``tracking/relay.py``)."""

@@ -171,3 +171,37 @@ def test_a_warm_worker_busy_with_a_rehearsal_is_waited_for_and_a_hung_one_replac
     assert warm_pool._ask(ray, worker.serve.remote()) == "it did not answer in 1 s"
     assert "rehearsal" not in capsys.readouterr().out
     ray.kill(worker)
+
+
+def test_a_worker_imports_what_the_workload_names_at_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real worker process (``worker/own.py``) given its first message imports the workload's
+    ``worker_imports`` at once, before any run is sent: while the command makes the data. Here
+    the module says so by writing a file; closing the connection then ends the process."""
+    import socket
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection
+
+    from trainforge.workloads import spec_for
+
+    assert "sbi.neural_nets" in spec_for("sbi").worker_imports
+    assert spec_for("cnn").worker_imports == ()
+    said = tmp_path / "imported"
+    (tmp_path / "tf_probe_worker_import.py").write_text(f"open({str(said)!r}, 'w').close()\n")
+    ours, theirs = socket.socketpair()
+    with theirs:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainforge.worker.own", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+    connection = Connection(ours.detach())
+    path = [str(tmp_path), *sys.path]
+    connection.send((path, os.getpid(), None, False, ("tf_probe_worker_import",)))
+    deadline = time.monotonic() + 120
+    while not said.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert said.exists(), f"not imported; the worker ended with {process.poll()}"
+    connection.close()
+    assert process.wait(timeout=60) == 0

@@ -60,3 +60,40 @@ def test_embedding_shape_must_match_x() -> None:
         estimators.embedding_net(estimators.BuildRecord.from_config(cfg, 2, 10))
     with pytest.raises(RecipeError, match="embedding_input_shape: CNN output size is zero"):
         estimators.embedding_net(estimators.BuildRecord.from_config(cfg, 2, 64))
+
+
+WHAT_A_FIRST_STEP_IMPORTS = """
+import importlib, json, sys
+import torch
+from trainforge.workloads import spec_for
+from trainforge.workloads.sbi import estimator as estimators
+from trainforge.workloads.sbi.config import EstimatorSection
+for module in spec_for("sbi").worker_imports:  # as a cold command's own worker does at start
+    importlib.import_module(module)
+before = set(sys.modules)
+theta, x = torch.randn(200, 2), torch.randn(200, 2)
+for model in ("maf", "nsf", "mdn", "zuko_maf", "zuko_nsf"):
+    record = estimators.BuildRecord.from_config(EstimatorSection(model=model), 2, 2)
+    loss = estimators.NPELoss(estimators.build(record, theta, x))(theta[:64], x[:64]).mean()
+    loss.backward()
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_worker_that_imported_the_specs_modules_imports_nothing_heavy_at_its_first_step() -> None:
+    """``WorkloadSpec.worker_imports`` (a cold command's own workers import it while the command
+    makes the data) covers what building each estimator and its first step import: sbi's
+    package (scipy, sklearn, matplotlib through sbi.utils) and sympy (``torch.broadcast_shapes``
+    imports it at its first call)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", WHAT_A_FIRST_STEP_IMPORTS], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    new = json.loads(done.stdout.strip().splitlines()[-1])
+    heavy = ("sbi", "scipy", "sklearn", "matplotlib", "sympy", "tensorboard", "pandas")
+    assert [m for m in new if m.split(".")[0] in heavy] == []

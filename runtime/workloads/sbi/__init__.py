@@ -38,6 +38,9 @@ SPEC = WorkloadSpec(
     train_samples=train_samples,
     start_data=start_data,
     prepare_data=prepare_data,
+    # sbi's estimators (sbi.utils brings scipy.stats, sklearn, matplotlib), and what their
+    # first forward pass imports: torch.broadcast_shapes imports symbolic_shapes (sympy)
+    worker_imports=("sbi.neural_nets", "torch.fx.experimental.symbolic_shapes"),
     model_imports=("trainforge.workloads.sbi.pyfunc", "sbi"),  # the posterior's pyfunc
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored
     rehearsal={"evaluation": {"c2st": False, "sbc_runs": 0, "num_samples": 100}},
