@@ -3,9 +3,9 @@
 Python reads a module's bytecode from its ``__pycache__`` and writes it there after compiling
 the source, unless told not to (``PYTHONDONTWRITEBYTECODE``, set in many container images) or
 unable to (a read-only site-packages). pip writes bytecode when it installs; uv does not unless
-asked. Without it every process that imports torch compiles ~2,000 modules first: on an H200
-host ``import torch`` took 3.5 s so and 1.9 s with bytecode, and a worker pays that at each
-start. Nothing in a run's output would say why its workers are slow to start; this says it once.
+asked. Without it every process that imports torch compiles its ~770 modules first: on an H200
+host ``import torch`` took 3.5 s without bytecode, 1.9 s with it. A worker pays that at each start,
+and nothing in a run's output would say why its workers are slow to start; this says it once.
 """
 
 from __future__ import annotations
