@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from trainforge import log
@@ -21,7 +22,10 @@ from trainforge import log
 def compiled_at_each_start(module: str = "torch", writes: bool | None = None) -> str | None:
     """The reason ``module`` (a package) is compiled from source by every new process, or None
     when it has bytecode or the first process can write it. Found without importing it."""
-    spec = importlib.util.find_spec(module)
+    return _reason(importlib.util.find_spec(module), writes)
+
+
+def _reason(spec: ModuleSpec | None, writes: bool | None) -> str | None:
     if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
         return None  # not installed, or not plain source (a frozen or zipped install)
     if Path(importlib.util.cache_from_source(spec.origin)).is_file():
@@ -39,11 +43,11 @@ def compiled_at_each_start(module: str = "torch", writes: bool | None = None) ->
 def warn_if_workers_compile_torch(module: str = "torch", writes: bool | None = None) -> None:
     """One warning when this command's new worker processes will each compile torch's source
     (``module``, ``writes``: as for ``compiled_at_each_start``, for tests)."""
-    reason = compiled_at_each_start(module, writes)
+    spec = importlib.util.find_spec(module)
+    reason = _reason(spec, writes)
     if reason is None:
         return
-    spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None
+    assert spec is not None and spec.origin is not None  # what a reason implies
     site = Path(spec.origin).parent.parent
     log.warn(
         f"{module} has no Python bytecode here and none can be written ({reason}): each worker "

@@ -252,7 +252,7 @@ def run_workers(
             if making is not None:
                 if handle is None:  # stopped before the workers' run began: the run still ends
                     making.quiet.set()
-                    handle, relay = making.made()
+                    handle, _ = making.made()
                 making.stop()  # rank 0's last records, before the run's closing facts
             if handle is not None:
                 track("finish_run", handle, status, checkpoint_path, reason)

@@ -121,6 +121,7 @@ class OwnRun:
         log.say(f"workers: starting {count}{where}, processes of this command")
 
     def _start(self) -> None:
+        imports = self._imports()
         for index in range(self.cfg.scaling.num_workers):
             ours, theirs = socket.socketpair()
             output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in _stop
@@ -133,24 +134,22 @@ class OwnRun:
                 )  # fmt: skip
             connection = Connection(ours.detach())
             gpu = self.gpus[index] if self.gpus else None
-            connection.send((sys.path, os.getpid(), gpu, self._needs_dynamo(), self._imports()))
+            connection.send((sys.path, os.getpid(), gpu, imports))
             self.processes.append(process)
             self.connections.append(connection)
             self.outputs.append(output)
 
-    def _needs_dynamo(self) -> bool:
-        """Whether the run imports ``torch._dynamo`` (DDP's constructor, ``torch.compile``):
-        then the workers import it while the command makes the data; a lone rank that does
-        not compile never imports it (``optim.WithoutDynamo``)."""
-        return self.cfg.scaling.num_workers > 1 or self.cfg.precision.compile
-
     def _imports(self) -> tuple[str, ...]:
-        """What the run's workload imports for its first step: the workers import it now, while
-        the command makes the data (neutral when the data is ready first: the imports come
-        before the first step either way)."""
+        """What the run imports beyond torch and the loop, for the workers to import at their
+        start, while the command makes the data (neutral when the data is ready first: the
+        imports come before the first step either way): ``torch._dynamo`` where the run needs
+        it (DDP's constructor, ``torch.compile``; a lone rank that does not compile never
+        imports it: ``optim.WithoutDynamo``), and what the workload's first step imports."""
         from trainforge.workloads import spec_for
 
-        return spec_for(self.cfg.workload.kind).worker_imports
+        needs_dynamo = self.cfg.scaling.num_workers > 1 or self.cfg.precision.compile
+        dynamo = ("torch._dynamo",) if needs_dynamo else ()
+        return dynamo + spec_for(self.cfg.workload.kind).worker_imports
 
     def attach(self, payload: dict[str, Any], output: Any) -> None:
         """The run's payload: the workers' lines go to its console file, which this command

@@ -4,13 +4,12 @@ process that the command started, for one run.
 
 It talks with the command over a connection (a socket pair; the command passes its end's file
 descriptor as the argument). The first message is (Python path, the command's pid, its GPU or
-None, whether the run needs ``torch._dynamo``, what else the workload imports for its first
-step): it imports torch, the loop and those, and makes its CUDA context, at once. Then it
-answers requests until the connection closes (the command needs the process no more): ("run",
-payload, rank, world size, store port), sent once the command has made the data, is one run of
-the loop. Each answer is ("ok", what rank 0 reported last) or ("failed", exception). The
-process ends with its command (``WarmWorker`` checks that it lives), so a killed command leaves
-no loop running.
+None, what the run imports beyond torch and the loop): it imports torch, the loop and those,
+and makes its CUDA context, at once. Then it answers requests until the connection closes (the
+command needs the process no more): ("run", payload, rank, world size, store port), sent once
+the command has made the data, is one run of the loop. Each answer is ("ok", what rank 0
+reported last) or ("failed", exception). The process ends with its command (``WarmWorker``
+checks that it lives), so a killed command leaves no loop running.
 
     python -m trainforge.worker.own FD
 """
@@ -26,10 +25,10 @@ from typing import Any
 
 def main(fd: int) -> int:
     connection = Connection(fd)
-    sys_path, driver_pid, gpu, dynamo, imports = connection.recv()
+    sys_path, driver_pid, gpu, imports = connection.recv()
     from trainforge.worker.warm import WarmWorker
 
-    worker = WarmWorker(sys_path, driver_pid, float("inf"), gpu, dynamo, imports)
+    worker = WarmWorker(sys_path, driver_pid, float("inf"), gpu, imports)
     while True:
         try:
             kind, *request = connection.recv()

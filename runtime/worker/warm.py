@@ -46,13 +46,14 @@ class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
 
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float,
-                 gpu: str | None, dynamo: bool = True,
-                 imports: Sequence[str] = ()) -> None:  # fmt: skip
-        """``dynamo``: import ``torch._dynamo`` now, for the runs that will need it (DDP's
-        constructor and ``torch.compile`` import it; a warm worker may serve any run). A
-        worker that will only run one lone rank without compiling never needs it
-        (``optim.WithoutDynamo``). ``imports``: modules the coming run's workload imports for
-        its first step (``WorkloadSpec.worker_imports``), imported now too."""
+                 gpu: str | None,
+                 imports: Sequence[str] = ("torch._dynamo",)) -> None:  # fmt: skip
+        """``imports``: what the runs will import beyond torch and the loop, imported now, not
+        in a run. By default ``torch._dynamo`` (0.9 s of this CPU, 3.5-5.3 s of a GPU host),
+        which DDP's constructor and ``torch.compile`` import: a warm worker may serve any run.
+        A cold command's own worker is told what its one run needs instead: a lone rank that
+        does not compile never imports dynamo (``optim.WithoutDynamo``), and the workload adds
+        what its first step imports (``WorkloadSpec.worker_imports``)."""
         if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu
             os.environ.update(settings.gpu_worker_env(os.environ))
@@ -67,8 +68,6 @@ class WarmWorker:
 
         import trainforge.worker.trainer  # noqa: F401 - the loop's imports, once per process
 
-        if dynamo:  # 0.9 s of this CPU, 3.5-5.3 s of a GPU host: paid here, not in a run
-            import torch._dynamo
         for module in imports:
             importlib.import_module(module)
         if gpu is not None:

@@ -198,7 +198,7 @@ def test_a_worker_imports_what_the_workload_names_at_its_start(
         )  # fmt: skip
     connection = Connection(ours.detach())
     path = [str(tmp_path), *sys.path]
-    connection.send((path, os.getpid(), None, False, ("tf_probe_worker_import",)))
+    connection.send((path, os.getpid(), None, ("tf_probe_worker_import",)))
     deadline = time.monotonic() + 120
     while not said.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.05)
