@@ -73,14 +73,14 @@ def step_times(world: int, rank: int, graphed: bool, bucket_view: bool) -> dict[
         return theta[index], x[index]  # (θ, x): sbi's input and condition
 
     graph = None
-    if graphed:
-        graph = GraphedStep(train_model, workload, optimizer, 5.0, batch(), precision.autocast)
-        assert graph.captured, graph.error
+    if graphed:  # its first steps eager, then the capture: all within the 20 untimed steps
+        graph = GraphedStep(train_model, workload, optimizer, 5.0, precision.autocast)
 
     def one_step() -> None:
         pair = batch()
         if graph is not None:
-            graph(pair)
+            if graph(pair) is None:
+                raise RuntimeError(graph.error)
         else:
             optimizer_step(train_model, [pair], workload, precision, optimizer, 5.0)
 

@@ -22,20 +22,33 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainforge import config
 from trainforge.config import Recipe
+from trainforge.config.schema import cuda_graph_blocker
 from trainforge.workloads import spec_for
 
 STEPS = 2
-"""Optimizer steps of a rehearsal: the first captures a CUDA graph, the second replays it."""
+"""Optimizer steps of a rehearsal: the first pays what every first step pays, the second
+runs as later ones do."""
+GRAPH_WARMUP_STEPS = (3, 11)
+"""Where the steps may be CUDA graphs: the eager steps before the capture (one GPU, DDP), as
+``worker.step`` takes them, added so that the rehearsal captures the graph and replays it.
+(This module does not import torch, which ``worker.step`` does.)"""
+
+
+def steps(cfg: Recipe) -> int:
+    """A rehearsal's optimizer steps for the resolved recipe ``cfg``."""
+    if cuda_graph_blocker(cfg) is not None or cfg.precision.cuda_graphs == "false":
+        return STEPS
+    return STEPS + GRAPH_WARMUP_STEPS[cfg.scaling.num_workers > 1]
 
 
 def recipe(cfg: Recipe, folder: Path) -> Recipe:
     """The command's resolved recipe (workers, device, data as it ran), cut to a rehearsal:
-    ``STEPS`` steps each logged, its run and MLflow store in ``folder``, the workload's final
+    ``steps(cfg)`` steps each logged, its run and MLflow store in ``folder``, the workload's final
     evaluation at its cheapest (``WorkloadSpec.rehearsal``)."""
     cut = {
         "run": {"name": "rehearsal", "storage_path": str(folder), "max_failures": 0},
         "checkpoint": {"resume": False},
-        "train": {"max_steps": STEPS, "log_every_steps": 1},
+        "train": {"max_steps": steps(cfg), "log_every_steps": 1},
         "tracking": {"tracking_uri": f"sqlite:///{folder}/mlflow.db", "profile_steps": 0},
         "workload": spec_for(cfg.workload.kind).rehearsal,
     }

@@ -1,8 +1,8 @@
 """The optimizer step: eager (``optimizer_step``: micro-batches with DDP's ``no_sync`` on all
 but the last, unscale, clip, step), or the whole step — forward, backward, gradient clipping,
 optimizer update — captured once as a CUDA graph and replayed for every batch (``GraphedStep``).
-``Stepper`` is what the loop calls: it chooses between the two, capturing at its first call
-(capture needs a real batch) and going on with eager steps when capture fails.
+``Stepper`` is what the loop calls: it chooses between the two, and goes on with eager steps
+when capture fails.
 
 Why: the SBI estimators (tens of thousands of parameters, dozens of small layers) are bound by
 kernel launches and Python, not arithmetic: an eager step of sbi's MAF costs ~9 ms on an H200
@@ -11,10 +11,12 @@ whatever the batch. Replaying a graph is one launch per step.
 How (PyTorch's "whole-network capture"): every tensor of the batch is copied into a static
 tensor of its own; the optimizer is capturable with its learning rate in a device tensor (so the
 LR schedule still applies, through ``fill_``); gradients are created inside the graph (set to
-None before capture), so each replay writes fresh gradients instead of accumulating. Warm-up
-steps on a side stream must run before capture; they would change the weights, so the model and
-optimizer state are put back afterwards and training starts exactly where it would have without
-graphs.
+None before capture), so each replay writes fresh gradients instead of accumulating. Capture
+needs eager steps on a side stream before it (3; 11 with DDP): these are the run's first
+steps, on its first batches, and they train like any other, so a graphed run's first step is
+done as soon as an eager run's (not after all of them and the capture, thrown away). The
+capture, on the batch after them, runs no kernel and so changes no weight; the device's random
+stream is put back after it, so a graphed run crops and flips exactly as the eager run would.
 
 With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
 in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
@@ -27,8 +29,7 @@ Every optimizer: Adam and AdamW capturable (step counter and LR on the device), 
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
 GPU-side augmentation run inside the graph: the running statistics are buffers updated in
 place; the augmentation's random numbers come from the device generator, which a replay
-advances by what the captured step draws, as an eager step would. The warm-up's draws are
-undone too (``Snapshot``), so a graphed run crops and flips exactly as the eager run would.
+advances by what the captured step draws, as an eager step would.
 
 Limits: GPU workers, no gradient accumulation (one fixed step per graph), no fp16 (its
 GradScaler decides on the host whether to step), no ``precision.compile``, and every training
@@ -57,91 +58,88 @@ DDP_WARMUP_STEPS = 11
 
 
 class GraphedStep:
+    """The whole optimizer step as one CUDA graph: ``graphed(batch) -> (loss, norm)``, both
+    fresh tensors, or None where the capture failed (``error`` says why; that batch's step is
+    then the caller's to take, eager, as every later one).
+
+    The first ``WARMUP_STEPS`` calls (``DDP_WARMUP_STEPS`` under DDP) are eager steps on a side
+    stream, the step's own code, as capture asks before it; the next call captures the step on
+    its batch and replays it; every later call replays it."""
+
     def __init__(
         self,
         model: nn.Module,
         workload: Any,
         optimizer: torch.optim.Optimizer,
         clip_grad_norm: float | None,
-        example: Batch,
         autocast: Any,
     ) -> None:
-        # the graph reads its batch from these tensors' addresses: __call__ copies into them
-        self.batch = tuple(t.detach().clone() for t in example)
+        self.model, self.workload, self.optimizer, self.autocast = (
+            model, workload, optimizer, autocast,
+        )  # fmt: skip
         self.params = [p for p in model.parameters() if p.requires_grad]
-        max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
-
-        def body() -> tuple[torch.Tensor, torch.Tensor]:
-            with autocast():
-                loss = workload.loss(model, workload.prepare_batch(self.batch, True))
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
-            optimizer.step()
-            return loss.detach().float(), norm
-
-        snapshot = Snapshot(model, optimizer)
+        self.max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(DDP_WARMUP_STEPS if ddp else WARMUP_STEPS):
-                optimizer.zero_grad(set_to_none=True)
-                body()
-        torch.cuda.current_stream().wait_stream(side)
-
-        self.graph: torch.cuda.CUDAGraph | None = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
-        try:
-            with torch.cuda.graph(self.graph):
-                self.loss, self.norm = body()
-        except RuntimeError as exc:
-            # Data-dependent control flow (e.g. nflows' spline domain checks) cannot be
-            # captured: the caller goes on with eager steps.
-            self.graph, self.error = None, " ".join(str(exc).split())[:200]
-            optimizer.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            _end_generator_capture(snapshot.device)
-        snapshot.restore()  # in place: the graph holds these tensors' addresses
+        self.eager_steps_left = DDP_WARMUP_STEPS if ddp else WARMUP_STEPS
+        self.side = torch.cuda.Stream()
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.batch: tuple[torch.Tensor, ...] = ()  # the graph reads its batch from these
+        self.error = ""
 
     @property
     def captured(self) -> bool:
         return self.graph is not None
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step on this batch: (loss, pre-clip gradient norm), both fresh tensors."""
-        assert self.graph is not None, "replaying a step whose capture failed"
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One optimizer step on this batch: (loss, pre-clip gradient norm), or None where the
+        capture failed."""
+        if self.eager_steps_left:
+            self.eager_steps_left -= 1
+            return self._eager(batch)
+        if self.graph is None and not self._capture(batch):
+            return None
+        assert self.graph is not None
         for static, tensor in zip(self.batch, batch, strict=True):
             static.copy_(tensor)
         self.graph.replay()
         return self.loss.clone(), self.norm.clone()
 
+    def _body(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            loss = self.workload.loss(self.model, self.workload.prepare_batch(batch, True))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm, foreach=True)
+        self.optimizer.step()
+        return loss.detach().float(), norm
 
-class Snapshot:
-    """What the warm-up steps before capture change, to put back after it: the model's weights
-    and buffers (BatchNorm's running statistics and batch counts), the optimizer's state and
-    the random stream of the parameters' device (augmentation draws from it).
+    def _eager(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step before capture: on the side stream, ordered after the work that made the
+        batch and before whatever reads its results."""
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss, norm = self._body(batch)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return loss, norm
 
-    Put back in place, since the graph holds these tensors' addresses. Optimizer state that the
-    warm-up created is zeroed: what a first step starts from — Adam's step 0 and zero moments;
-    SGD's momentum buffer, which its first step sets to the gradient and a later step to
-    ``momentum × 0 + gradient`` (no dampening: ``build_optimizer`` never sets one)."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.state = _clone_state(optimizer)
-        self.device = next(model.parameters()).device
-        self.rng = _rng_state(self.device)
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for key, value in self.model.state_dict().items():
-                value.copy_(self.weights[key])
-            _restore_state(self.optimizer, self.state)
-        if self.device.type == "cuda":
-            torch.cuda.set_rng_state(self.rng, self.device)
-        else:
-            torch.set_rng_state(self.rng)
+    def _capture(self, example: Batch) -> bool:
+        device = self.params[0].device
+        random_stream = torch.cuda.get_rng_state(device)
+        self.batch = tuple(t.detach().clone() for t in example)
+        self.graph = torch.cuda.CUDAGraph()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(self.graph):
+                self.loss, self.norm = self._body(self.batch)
+        except RuntimeError as exc:
+            # Data-dependent control flow (e.g. nflows' spline domain checks) cannot be
+            # captured: the caller goes on with eager steps.
+            self.graph, self.error = None, " ".join(str(exc).split())[:200]
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            _end_generator_capture(device)
+        torch.cuda.set_rng_state(random_stream, device)
+        return self.graph is not None
 
 
 def _end_generator_capture(device: torch.device) -> None:
@@ -153,32 +151,6 @@ def _end_generator_capture(device: torch.device) -> None:
     with torch.cuda.graph(torch.cuda.CUDAGraph()):
         scratch.add_(1)
     torch.cuda.synchronize(device)
-
-
-def _rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
-
-
-def _clone_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
-    return {
-        id(p): {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in state.items()}
-        for p, state in optimizer.state.items()
-    }
-
-
-def _restore_state(optimizer: torch.optim.Optimizer, saved: dict[int, dict[str, Any]]) -> None:
-    """Back to the saved optimizer state; state the warm-up created is reset to zeros."""
-    for param, state in optimizer.state.items():
-        before = saved.get(id(param), {})
-        for key, value in state.items():
-            if not torch.is_tensor(value):
-                continue
-            if key in before:
-                value.copy_(before[key])
-            else:
-                value.zero_()
 
 
 def optimizer_step(
@@ -231,11 +203,11 @@ def cuda_graph_choice(recipe: Recipe, device: torch.device, streamed: bool) -> t
 class Stepper:
     """One optimizer step over a window of micro-batches: ``stepper(window) -> (loss, norm)``.
 
-    With ``cuda_graphs`` the first call captures the step as a CUDA graph on the window's first
-    batch and every call replays it (one batch per window: graphs refuse accumulation); when
-    capture fails, ``note`` says why and the steps stay eager. The loss is a device tensor (no
-    host sync here); the gradient norm is one too, or None for an eager step that neither clips
-    nor was asked to ``measure_norm``.
+    With ``cuda_graphs`` every step goes to the ``GraphedStep`` (one batch per window: graphs
+    refuse accumulation): its first few eager, then a capture on a window's batch and replays;
+    when the capture fails, ``note`` says why and that step and every later one are eager. The
+    loss is a device tensor (no host sync here); the gradient norm is one too, or None for an
+    eager step that neither clips nor was asked to ``measure_norm``.
     """
 
     def __init__(
@@ -253,29 +225,23 @@ class Stepper:
         self.precision = precision
         self.optimizer = optimizer
         self.clip_grad_norm = clip_grad_norm
-        self.capture_pending = cuda_graphs
         self.note = note
-        self.graphed: GraphedStep | None = None
+        self.graphed = (
+            GraphedStep(model, workload, optimizer, clip_grad_norm, precision.autocast)
+            if cuda_graphs
+            else None
+        )
 
     def __call__(
         self, window: list[Batch], measure_norm: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.capture_pending:
-            self.capture_pending = False
-            self.graphed = self._capture(window[0])
         if self.graphed is not None:
-            return self.graphed(window[0])
+            stepped = self.graphed(window[0])
+            if stepped is not None:
+                return stepped
+            self.note(f"CUDA graph capture failed, eager steps: {self.graphed.error}")
+            self.graphed = None
         return optimizer_step(
             self.model, window, self.workload, self.precision, self.optimizer,
             self.clip_grad_norm, measure_norm,
         )  # fmt: skip
-
-    def _capture(self, example: Batch) -> GraphedStep | None:
-        graphed = GraphedStep(
-            self.model, self.workload, self.optimizer, self.clip_grad_norm, example,
-            self.precision.autocast,
-        )  # fmt: skip
-        if graphed.captured:
-            return graphed
-        self.note(f"CUDA graph capture failed, eager steps: {graphed.error}")
-        return None

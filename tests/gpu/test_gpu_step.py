@@ -7,9 +7,11 @@ under DDP on two (the all-reduce and BatchNorm's buffer broadcast captured too).
 
 Step by step: before each step the eager model and optimizer take the graphed run's state, the
 two take the same step from it, and their losses, weight updates, BatchNorm running-statistics
-updates and random draws must agree. Comparing whole trajectories instead would compare float
-rounding amplified by training (the eager step reads a float LR, the graph a float32 tensor;
-AdamW's first updates are gradient signs). fp32, deterministic cuDNN, no TF32.
+updates and random draws must agree. That holds for the graphed step's first steps too, the
+eager ones it takes before capture (3; 11 under DDP): they train, as any step. Comparing whole
+trajectories instead would compare float rounding amplified by training (the eager step reads
+a float LR, the graph a float32 tensor; AdamW's first updates are gradient signs). fp32,
+deterministic cuDNN, no TF32.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from trainforge.workloads.cnn.workload import CNNWorkload
 pytestmark = [pytest.mark.gpu]
 
 CIFAR = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "cifar10_resnet18.yaml"
-STEPS, BATCH = 8, 64
+STEPS, BATCH = 16, 64  # 16: DDP's 11 eager steps, the capture's step, 4 replays
 OPTIMIZERS = [("sgd", 0.05), ("adamw", 1e-3)]  # (train.optimizer, peak LR)
 
 
@@ -50,7 +52,7 @@ def deterministic() -> Iterator[None]:
 
 
 def cifar_like(device: torch.device, seed: int) -> tuple[CNNWorkload, list[Batch]]:
-    """The CIFAR recipe's workload (augmentation on) over synthetic images: 8 batches of 64."""
+    """The CIFAR recipe's workload (augmentation on) over synthetic images: 16 batches of 64."""
     section = CNNWorkloadConfig(
         model="resnet18_cifar", dataset="synthetic", synthetic_train_size=STEPS * BATCH,
         synthetic_val_size=BATCH, augment=True,
@@ -67,8 +69,8 @@ def cifar_like(device: torch.device, seed: int) -> tuple[CNNWorkload, list[Batch
 def train_graphed(
     device: torch.device, optimizer: str, lr: float, ctx: WorkerContext, seed: int = 0
 ) -> nn.Module:
-    """Eight graphed steps, each checked against the eager step from the same state; returns
-    the graphed model."""
+    """Sixteen steps of the graphed run, each checked against the eager step from the same
+    state; returns the graphed model."""
     workload, batches = cifar_like(device, seed)
     train = config.load(
         CIFAR, [f"train.optimizer={optimizer}", f"train.lr={lr}", "train.warmup_steps=3"]
@@ -79,7 +81,7 @@ def train_graphed(
         torch.manual_seed(0)
         model = workload.build_model().to(device, memory_format=torch.channels_last)
         opt = build_optimizer(model, train, capturable=graphs)
-        notes: list[str] = []  # the Stepper captures at its first call, or says why not
+        notes: list[str] = []  # a failed capture would say why here
         wrapped = distributed.wrap(model, ctx, cuda_graphs=graphs)
         if ctx.world_size > 1:  # a graphed step's DDP all-reduces in smaller buckets
             mb = distributed.bucket_cap_mb(graphs, device)
@@ -102,12 +104,14 @@ def train_graphed(
         drawn = torch.cuda.get_rng_state(device)
         torch.cuda.set_rng_state(rng, device)
         eager_loss = eager_step([batch])[0].item()
-        assert not notes and step.graphed is not None, notes
+        assert not notes and step.graphed is not None, notes  # still the graphed step's
         assert torch.equal(torch.cuda.get_rng_state(device), drawn), i  # the same draws
         assert losses[-1] == pytest.approx(eager_loss, rel=1e-5), i
         assert_same_update(before, eager_model, model, i)
         schedule.step()
     assert len(set(lrs)) == STEPS - 1 and len(set(losses)) == STEPS  # the LR moved; it trained
+    graphed = step.graphed  # replaying at the end, its eager steps taken
+    assert graphed is not None and graphed.captured and not graphed.eager_steps_left
     return model
 
 

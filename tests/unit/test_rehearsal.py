@@ -37,3 +37,23 @@ def test_an_sbi_rehearsal_samples_its_posterior_without_scoring_it(tmp_path: Pat
     assert (evaluation.c2st, evaluation.sbc_runs, evaluation.num_samples) == (False, 0, 100)
     assert evaluation.observations == [1, 2] and evaluation.pair_plot is True  # as it was
     assert cfg.workload.evaluation.sbc_runs != 0  # type: ignore[attr-defined]
+
+
+def test_a_rehearsal_that_may_graph_its_steps_captures_and_replays(tmp_path: Path) -> None:
+    """The graphed step's eager steps before capture are real steps now: a rehearsal of a
+    GPU recipe takes them too, then the capture and a replay (``worker.step``'s counts)."""
+    from trainforge.worker.step import DDP_WARMUP_STEPS, WARMUP_STEPS
+
+    assert rehearsal.GRAPH_WARMUP_STEPS == (WARMUP_STEPS, DDP_WARMUP_STEPS)
+    resnet = RECIPES / "cnn" / "synthetic_resnet18_bench.yaml"
+
+    def steps(*overrides: str) -> int:
+        cfg = config.load(resnet, ["scaling.use_gpu=true", *overrides])
+        return rehearsal.recipe(cfg, tmp_path).train.max_steps  # type: ignore[return-value]
+
+    assert steps("scaling.num_workers=1") == 2 + WARMUP_STEPS
+    assert steps("scaling.num_workers=4") == 2 + DDP_WARMUP_STEPS
+    assert steps("scaling.num_workers=4", "precision.cuda_graphs=false") == 2
+    assert steps("scaling.num_workers=1", "train.grad_accum_steps=2") == 2  # eager: no capture
+    cpu = config.load(RECIPES / "cnn" / "digits_simple_cnn.yaml", ["scaling.use_gpu=false"])
+    assert rehearsal.recipe(cpu, tmp_path).train.max_steps == rehearsal.STEPS

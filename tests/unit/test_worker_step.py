@@ -1,6 +1,6 @@
 """The optimizer step (``trainforge.worker.step``): the eager step over an accumulation window,
-the ``Stepper`` that chooses between it and a CUDA-graph replay, the ``Snapshot`` that undoes
-capture's warm-up, and the choice ``precision.cuda_graphs`` makes (capture itself needs a GPU:
+the ``Stepper`` that sends every step to the graphed step when asked (and goes on eagerly from
+a failed capture), and the choice ``precision.cuda_graphs`` makes (capture itself needs a GPU:
 tests/gpu/test_gpu_step.py, tests/gpu/test_sbi_gpu.py)."""
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from torch import nn
 
 from trainforge import config
 from trainforge.data.types import Batch
-from trainforge.optim import build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.worker import step as step_module
-from trainforge.worker.step import Snapshot, Stepper, cuda_graph_choice, optimizer_step
-from trainforge.workloads.cnn.datasets import augment_batch
+from trainforge.worker.step import Stepper, cuda_graph_choice, optimizer_step
 
 CPU = torch.device("cpu")
 CIFAR = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "cifar10_resnet18.yaml"
@@ -107,19 +105,27 @@ def test_the_norm_is_measured_only_when_asked_or_clipping() -> None:
 
 
 class FakeGraph:
-    """Stands in for GraphedStep (capture needs a GPU)."""
+    """Stands in for GraphedStep (capture needs a GPU): its first ``EAGER_STEPS`` calls are
+    real eager steps, as GraphedStep's are; the next one captures (or fails to: None) and
+    replays, which here trains nothing."""
 
+    EAGER_STEPS = 2
     made: ClassVar[list[FakeGraph]] = []
     capture_works: ClassVar[bool] = True
 
-    def __init__(self, *args: Any) -> None:  # GraphedStep's arguments
-        self.captured = self.capture_works
+    def __init__(self, model: nn.Module, workload: Any, optimizer: Any, *args: Any) -> None:
+        self.model, self.optimizer = model, optimizer
         self.error = "operation not permitted when stream is capturing"
-        self.replayed: list[Batch] = []
+        self.calls: list[Batch] = []
         FakeGraph.made.append(self)
 
-    def __call__(self, batch: Batch) -> tuple[torch.Tensor, ...]:
-        self.replayed.append(batch)
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        self.calls.append(batch)
+        if len(self.calls) <= self.EAGER_STEPS:
+            loss, _ = eager(self.model, self.optimizer, [batch])
+            return loss, torch.tensor(2.0)
+        if not self.capture_works:
+            return None
         return torch.tensor(1.0), torch.tensor(2.0)
 
 
@@ -130,116 +136,49 @@ def fake_graph(monkeypatch: pytest.MonkeyPatch) -> type[FakeGraph]:
     return FakeGraph
 
 
-def test_graphs_are_captured_once_at_the_first_step(fake_graph: type[FakeGraph]) -> None:
+def batches(count: int) -> list[list[Batch]]:
+    generator = torch.Generator().manual_seed(3)
+    return [[(torch.randn(8, 4, generator=generator), torch.randn(8, generator=generator))]
+            for _ in range(count)]  # fmt: skip
+
+
+def test_with_graphs_every_step_is_the_graphed_steps(fake_graph: type[FakeGraph]) -> None:
+    """Its eager steps before capture included: they are the run's first steps."""
     model, optimizer = model_and_optimizer()
-    before = [p.detach().clone() for p in model.parameters()]
+    reference, reference_optimizer = model_and_optimizer()
     notes: list[str] = []
     step = stepper(model, optimizer, cuda_graphs=True, note=notes.append)
-    batches = [window(1) for _ in range(3)]
-    for batch in batches:
-        loss, norm = step(batch)
-        assert norm is not None and (loss.item(), norm.item()) == (1.0, 2.0)
+    windows = batches(5)
+    results = [step(w) for w in windows]
     assert len(fake_graph.made) == 1 and not notes
-    assert [id(b) for b in fake_graph.made[0].replayed] == [id(w[0]) for w in batches]
-    for p, q in zip(before, model.parameters(), strict=True):
-        assert torch.equal(p, q)  # every step was the graph's, none eager
+    assert [id(b) for b in fake_graph.made[0].calls] == [id(w[0]) for w in windows]
+    for w in windows[: FakeGraph.EAGER_STEPS]:  # the steps that trained; replays here do not
+        eager(reference, reference_optimizer, w)
+    for p, q in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert [r[1].item() for r in results] == [2.0] * 5  # type: ignore[union-attr]
 
 
-def test_a_failed_capture_goes_on_with_eager_steps(
+def test_a_failed_capture_goes_on_with_eager_steps_from_that_batch(
     fake_graph: type[FakeGraph], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No batch is lost: the one the capture failed on is stepped eagerly, as every later one;
+    the run is then the eager run, bitwise."""
     monkeypatch.setattr(FakeGraph, "capture_works", False)
     model, optimizer = model_and_optimizer()
     reference, reference_optimizer = model_and_optimizer()
     notes: list[str] = []
     step = stepper(model, optimizer, cuda_graphs=True, note=notes.append)
-    for _ in range(3):
-        step(window(1))
-        eager(reference, reference_optimizer, window(1))
-    assert len(fake_graph.made) == 1  # not retried
+    windows = batches(5)
+    losses = [step(w)[0] for w in windows]
+    expected = [eager(reference, reference_optimizer, w)[0] for w in windows]
+    assert len(fake_graph.made) == 1 and len(fake_graph.made[0].calls) == 3  # not retried
     assert notes == [
         "CUDA graph capture failed, eager steps: operation not permitted when stream is capturing"
     ]
+    assert [x.item() for x in losses] == [x.item() for x in expected]
     for p, q in zip(reference.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)
-
-
-class AugmentedBatchNormNet(nn.Module):
-    """BatchNorm (running statistics: buffers the warm-up changes) after a random crop and
-    flip (draws from the device's random stream, as the CNN workload's augmentation does)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.norm = nn.BatchNorm2d(4)
-        self.head = nn.Linear(4, 1)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        features = self.norm(self.conv(augment_batch(images))).relu()
-        return self.head(features.mean(dim=(2, 3)))
-
-
-def sgd_training(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """The CIFAR recipe's optimizer (SGD, Nesterov momentum, weight decay, cosine schedule with
-    warm-up), built as the graphed step builds it: the LR in a tensor."""
-    torch.manual_seed(seed)
-    model = AugmentedBatchNormNet()
-    train = config.load(CIFAR, ["train.warmup_steps=2"]).train
-    optimizer = build_optimizer(model, train, lr=0.1, capturable=True)
-    return model, optimizer, build_schedule(optimizer, train, total_steps=8)
-
-
-def image_steps(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    return [
-        (torch.randn(6, 3, 8, 8, generator=generator), torch.randn(6, generator=generator))
-        for _ in range(count)
-    ]
-
-
-def sgd_steps(
-    model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any, count: int
-) -> list[float]:
-    losses = []
-    for images, values in image_steps(count):
-        loss = (model(images).squeeze(1) - values).pow(2).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        losses.append(loss.item())
-    return losses
-
-
-def test_undoing_the_warm_up_starts_training_where_it_would_have_started() -> None:
-    """What capture needs before it — steps that create SGD's momentum buffers, move
-    BatchNorm's running statistics and draw augmentation — undone by the snapshot: the run
-    then goes on bitwise as a run without them (zeroed momentum is what a first step starts
-    from), and the schedule still drives the LR tensor the graph reads."""
-    model, optimizer, schedule = sgd_training()
-    lr = optimizer.param_groups[0]["lr"]
-    assert isinstance(lr, torch.Tensor)
-    torch.manual_seed(7)
-    snapshot = Snapshot(model, optimizer)
-    for images, values in image_steps(3):  # the warm-up: no schedule step, as in capture
-        (model(images).squeeze(1) - values).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    assert model.norm.num_batches_tracked.item() == 3
-    assert all("momentum_buffer" in state for state in optimizer.state.values())
-    snapshot.restore()
-    assert model.norm.num_batches_tracked.item() == 0
-    warmed = sgd_steps(model, optimizer, schedule, 6)
-    assert optimizer.param_groups[0]["lr"] is lr  # updated in place, never replaced
-
-    reference, reference_optimizer, reference_schedule = sgd_training()
-    torch.manual_seed(7)
-    assert warmed == sgd_steps(reference, reference_optimizer, reference_schedule, 6)
-    for got, expected in zip(
-        model.state_dict().values(), reference.state_dict().values(), strict=True
-    ):
-        assert torch.equal(got, expected)
-    assert len(set(warmed)) == len(warmed)  # it did train: every step's loss differs
 
 
 def test_cuda_graph_choice() -> None:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Thirty-fourth session's device steps (run from the repo root on the lent machine):
+#   bash bench/results/2026-11-30_gpu_steps_s34.sh STEP...
+#   race     (s33's script, `race`, was run as is for call 1; call 2 with BYTECODE=1)
+#   gpustep  the GPU tests of the optimizer step, now that the graphed step's eager steps
+#            before capture are real steps: tests/gpu/test_gpu_step.py (graphed = eager, step
+#            by step, SGD and AdamW with a schedule; DDP on two GPUs) and tests/gpu/test_sbi_gpu.py
+#   ab2      bench/startup.py on GPUs 0 and 1: cold commands of the synthetic ResNet-18 recipe
+#            (use_all_gpus: 2 workers, DDP, 40 graphed steps), BASELINE (an absolute path:
+#            c0fc201's package, whose first 11 steps were thrown away) against this checkout,
+#            and the hand-written torchrun script on 2 GPUs; REPEATS rounds (default 2), after
+#            one untimed command
+set -u
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    gpustep) timeout "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
+               -W always tests/gpu/test_gpu_step.py tests/gpu/test_sbi_gpu.py \
+               > "$OUT/$step${CALL:-}.log" 2>&1 ;;
+    ab2) CUDA_VISIBLE_DEVICES=0,1 timeout "${LIMIT:-400}" python3 bench/startup.py \
+           --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" \
+           --baseline "$BASELINE" --modes baseline_cold,cold --warmup \
+           --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 2 --timeout-s 150 \
+           --out "$OUT/ab2.json" train.max_steps=40 \
+           > "$OUT/ab2.log" 2>&1 ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  step_done "$step${CALL:-}" $? "$t0"
+done
