@@ -4,7 +4,9 @@
 #   race     (s33's script, `race`, was run as is for call 1; call 2 with BYTECODE=1)
 #   gpustep  the GPU tests of the optimizer step, now that the graphed step's eager steps
 #            before capture are real steps: tests/gpu/test_gpu_step.py (graphed = eager, step
-#            by step, SGD and AdamW with a schedule; DDP on two GPUs) and tests/gpu/test_sbi_gpu.py
+#            by step, SGD and AdamW with a schedule; DDP on two GPUs), the SBI graphed step
+#            against eager (one GPU, DDP), nflows' NSF falling back to eager, the SBI recipe
+#            graphed, and warm GPU workers serving two runs
 #   ab2      bench/startup.py on GPUs 0 and 1: cold commands of the synthetic ResNet-18 recipe
 #            (use_all_gpus: 2 workers, DDP, 40 graphed steps), BASELINE (an absolute path:
 #            c0fc201's package, whose first 11 steps were thrown away) against this checkout,
@@ -17,7 +19,12 @@ for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
     gpustep) timeout "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
-               -W always tests/gpu/test_gpu_step.py tests/gpu/test_sbi_gpu.py \
+               -W always tests/gpu/test_gpu_step.py \
+               tests/gpu/test_sbi_gpu.py::test_graphed_step_matches_the_eager_step \
+               tests/gpu/test_sbi_gpu.py::test_graphed_ddp_step_matches_the_eager_ddp_step \
+               tests/gpu/test_sbi_gpu.py::test_a_step_that_cannot_be_captured_falls_back_to_eager \
+               tests/gpu/test_sbi_gpu.py::test_sbi_recipe_on_one_gpu_with_cuda_graphs \
+               tests/gpu/test_warm_gpu.py::test_warm_workers_serve_one_gpu_run_after_another_over_nccl \
                > "$OUT/$step${CALL:-}.log" 2>&1 ;;
     ab2) CUDA_VISIBLE_DEVICES=0,1 timeout "${LIMIT:-400}" python3 bench/startup.py \
            --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-2}" \

@@ -186,9 +186,9 @@ def test_sbi_recipe_on_two_gpus_over_nccl(ray_cluster, in_tmp: Path, cuda_graphs
 def test_a_step_that_cannot_be_captured_falls_back_to_eager(ray_cluster, in_tmp: Path) -> None:
     """nflows' NSF asks ``torch.any`` of a device tensor in every spline (its inside-the-
     interval mask), which needs the host: capture fails. The loop says so in one line and goes
-    on with eager steps from the weights, optimizer state and random stream the capture's
-    warm-up found, so the run is the eager run: the same steps, the same losses (3 warm-up
-    steps left in the weights would show as a few % of val/loss)."""
+    on with eager steps, from the batch the capture failed on, after the graphed step's own 3
+    eager steps: the run is the eager run, the same steps and the same losses (a step lost or
+    taken twice would show as a few % of val/loss)."""
     common = [
         "scaling.num_workers=1", "scaling.use_gpu=true", "workload.estimator.model=nsf",
         "workload.simulation.device=cuda", "tracking.enabled=false", "train.max_steps=60",
