@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Thirty-fourth session's device steps (run from the repo root on the lent machine):
 #   bash bench/results/2026-11-30_gpu_steps_s34.sh STEP...
-#   race     (s33's script, `race`, was run as is for call 1; call 2 with BYTECODE=1)
+#   race     (s33's script, `race`, was run as is for calls 1 and 2; call 2 with BYTECODE=1)
+#   call 3 (nvidia-h200-x2): LIMIT=230 gpustep, then LIMIT=320 ab2; both ran into their limits
 #   gpustep  the GPU tests of the optimizer step, now that the graphed step's eager steps
 #            before capture are real steps: tests/gpu/test_gpu_step.py (graphed = eager, step
 #            by step, SGD and AdamW with a schedule; DDP on two GPUs), the SBI graphed step
@@ -18,7 +19,8 @@ source bench/device_env.sh
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    gpustep) timeout "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
+    # SIGINT at the limit: pytest then prints its report of what ran (call 3's SIGTERM lost it)
+    gpustep) timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
                -W always tests/gpu/test_gpu_step.py \
                tests/gpu/test_sbi_gpu.py::test_graphed_step_matches_the_eager_step \
                tests/gpu/test_sbi_gpu.py::test_graphed_ddp_step_matches_the_eager_ddp_step \
