@@ -255,7 +255,8 @@ class TrackingSection(Section):
     profile_steps: int = 0
     """Profile this many optimizer steps on rank 0 with torch.profiler and log the Chrome trace."""
     profile_start_step: int = 5
-    """First optimizer step of the profiling window (after warm-up)."""
+    """First optimizer step of the profiling window (after warm-up). With CUDA graphs the first
+    3 steps (11 under DDP) are eager and the next one captures: start after them for replays."""
 
     def check(self) -> None:
         uri = self.tracking_uri
