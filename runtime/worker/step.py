@@ -81,7 +81,7 @@ class GraphedStep:
         self.max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         self.eager_steps_left = DDP_WARMUP_STEPS if ddp else WARMUP_STEPS
-        self.side = torch.cuda.Stream()
+        self.side = torch.cuda.Stream(self.params[0].device)  # the eager steps'
         self.graph: torch.cuda.CUDAGraph | None = None
         self.batch: tuple[torch.Tensor, ...] = ()  # the graph reads its batch from these
         self.error = ""
