@@ -13,9 +13,18 @@
 #            c0fc201's package, whose first 11 steps were thrown away) against this checkout,
 #            and the hand-written torchrun script on 2 GPUs; REPEATS rounds (default 2), after
 #            one untimed command
+#   warmgpu  (not run this session: no device time left) tests/gpu/test_warm_gpu.py's two-GPU
+#            test alone, with this checkout, then with BASELINE's package first on the Python
+#            path (where given): which of the two fails, and why (its report kept: SIGINT)
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
+warm_test() {  # warm_test PACKAGE_FOLDER ("": this checkout)
+  echo "== package: ${1:-this checkout}"
+  PYTHONPATH="${1:+$1:}$PYTHONPATH" timeout -s INT "${LIMIT:-200}" python3 -m pytest \
+    -p no:cacheprovider -q -rA --tb=short \
+    tests/gpu/test_warm_gpu.py::test_warm_workers_serve_one_gpu_run_after_another_over_nccl
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -34,6 +43,8 @@ for step in "$@"; do
            --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 2 --timeout-s 150 \
            --out "$OUT/ab2.json" train.max_steps=40 \
            > "$OUT/ab2.log" 2>&1 ;;
+    warmgpu) { warm_test ""; [ -z "${BASELINE:-}" ] || warm_test "$BASELINE"; } \
+               > "$OUT/warmgpu.log" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step${CALL:-}" $? "$t0"
