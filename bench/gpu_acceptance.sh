@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU measurements issues 12 and 13 accept on, for a host of 2, 4 or more GPUs, one step per
+# device call (each fits a call's 600 s; LIMIT overrides a step's limit). Run from the repo root
+# on the lent machine, after `source .device/setup.sh`:
+#   bash bench/gpu_acceptance.sh STEP...
+#   tests  every GPU test (tests/gpu), stopped with SIGINT at its limit so that pytest prints
+#          its report of what ran (a SIGTERM'd pytest prints none)
+#   start  issue 12: from the shell to the first optimizer step on all GPUs, synthetic ResNet-18
+#          (40 graphed steps): cold and warm commands against the hand-written torchrun script
+#          on the same GPUs, REPEATS (default 3) interleaved rounds; target ≤ torchrun + 3 s
+#   cnn    issue 13: bench/cnn_throughput.py — torchrun script, trainforge eager and graphed, SGD
+#          and AdamW, batch 256 and 1024, 1 GPU and all, REPEATS (default 3) interleaved, and the
+#          classic tutorial loop; targets: graphed ≥ 1.3× torchrun, eager ≥ 1.0× in each repeat
+#   ship   issue 13: weak scaling as shipped — whole `trainforge train` commands of the synthetic
+#          ResNet-18 recipe (graphed SGD, batch 256 per GPU, 600 steps), 1 GPU and all, REPEATS
+#          (default 3) interleaved; samples/s of the last 300 steps; target ≥ 0.95
+# Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
+# ($OUT/host.txt, written by bench/device_env.sh).
+set -u
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+gpus=$(nvidia-smi -L | wc -l)
+recipe="$PWD/recipes/cnn/synthetic_resnet18_bench.yaml"
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    tests) timeout -s INT "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -q -rA \
+             --tb=short -W always tests/gpu > "$OUT/tests.log" 2>&1 ;;
+    start) timeout -s INT "${LIMIT:-560}" python3 bench/startup.py \
+             --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" --modes cold,warm \
+             --torchrun bench/startup_torchrun_resnet.py --torchrun-procs "$gpus" \
+             --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
+    cnn) timeout -s INT "${LIMIT:-570}" python3 bench/cnn_throughput.py \
+           --repeats "${REPEATS:-3}" --gpus 1 "$gpus" --out "$OUT/cnn.json" > "$OUT/cnn.log" 2>&1 ;;
+    ship) mkdir -p "$OUT/ship" /tmp/ship && export TRAINFORGE_HOME=/tmp/ship/home
+          for repeat in $(seq "${REPEATS:-3}"); do
+            for n in 1 "$gpus"; do
+              log="$OUT/ship/gpus$n-r$repeat.log"
+              (cd /tmp/ship && timeout -s INT 150 python3 -m trainforge train "$recipe" \
+                 "run.name=gpus$n-r$repeat" scaling.use_all_gpus=false "scaling.num_workers=$n" \
+                 train.max_steps=600 train.log_every_steps=300 \
+                 "workload.synthetic_train_size=$((256 * n * 600))") > "$log" 2>&1
+              echo "gpus$n r$repeat rc=$? $(grep -h "perf/samples_per_s" "$log")" \
+                >> "$OUT/ship/ship.log"
+            done
+          done
+          python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1 ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  step_done "$step" $? "$t0"
+done
