@@ -164,13 +164,15 @@ class OwnRun:
 
     def run(self) -> warm_pool.Finished:
         """The loop in the workers until it ends, restarts within ``run.max_failures``; raises
-        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
+        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers and showing their last
+        lines: what the command says next (interrupted, failed) comes after them."""
         try:
             return warm_pool.with_restarts(
                 self.cfg.run.max_failures, self._run_once, self._stop, self._start, self.payload
             )
         except BaseException:
             self._stop()
+            self._end_relay()
             raise
 
     def _run_once(self) -> warm_pool.Finished | dict[int, BaseException]:
@@ -231,10 +233,14 @@ class OwnRun:
         """Stop the workers, show their last lines and give back their slots (again: nothing
         happens)."""
         self._stop()
+        self._end_relay()
+        self._held.close()
+
+    def _end_relay(self) -> None:
+        """Show what the workers wrote that is not shown yet, and relay no more."""
         if self._stop_relay is not None:
             self._stop_relay()
             self._stop_relay = None
-        self._held.close()
 
 
 def start_cluster_in_background(cfg: Recipe) -> None:

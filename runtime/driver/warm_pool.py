@@ -102,13 +102,15 @@ class WarmRun:
         self.members: list[Any] = []
         self.gpus: list[str] | None = None
         self._held = contextlib.ExitStack()
+        self._end_relay: Callable[[], None] = lambda: None  # shows the workers' last lines
 
     def __enter__(self) -> WarmRun:
         from trainforge.driver import console
 
         for left in Path(self.payload["run_dir"]).glob(".worker-lines-*"):  # a killed command's
             left.unlink(missing_ok=True)  # (one command per run at a time: run_lock.py)
-        self._held.callback(console.relay_file(Path(self.payload["console_file"]), self.output))
+        self._end_relay = console.relay_file(Path(self.payload["console_file"]), self.output)
+        self._held.callback(self._end_relay)
         try:
             self.slots = self.given_slots or self._held.enter_context(
                 claimed_slots(self.cfg.scaling.num_workers, living_slots(), gpu_count(self.cfg))
@@ -142,7 +144,8 @@ class WarmRun:
 
     def fit(self) -> Finished:
         """Run the loop until it ends; restarts within ``run.max_failures``. Raises
-        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers."""
+        ``WorkersFailed``, or KeyboardInterrupt after stopping the workers and showing their last
+        lines: what the command says next (interrupted, failed) comes after them."""
         import ray
 
         def stop() -> None:
@@ -152,10 +155,14 @@ class WarmRun:
         def start() -> None:
             self.members, self.payload["workers_started"] = _members(self.slots, self.gpus, {})
 
-        return with_restarts(
-            self.cfg.run.max_failures, lambda: _run_once(ray, self.members, self.payload),
-            stop, start, self.payload,
-        )  # fmt: skip
+        try:
+            return with_restarts(
+                self.cfg.run.max_failures, lambda: _run_once(ray, self.members, self.payload),
+                stop, start, self.payload,
+            )  # fmt: skip
+        except BaseException:
+            self._end_relay()  # (at the exit too, where nothing is left to show)
+            raise
 
 
 def with_restarts(
