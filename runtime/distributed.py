@@ -116,12 +116,26 @@ def wrap(
 
     if not (cuda_graphs and ctx.device.type == "cuda"):
         return ddp()
-    side = torch.cuda.Stream(ctx.device)
+    side = step_stream(ctx.device)
     side.wait_stream(torch.cuda.current_stream(ctx.device))
     with torch.cuda.stream(side):
         wrapped = ddp()
     torch.cuda.current_stream(ctx.device).wait_stream(side)
     return wrapped
+
+
+_step_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def step_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of a graphed step on ``device``: DDP is built on it (``wrap``), and the
+    step's eager steps and its capture run on it (``worker.step.GraphedStep``). One stream for
+    all three: DDP keeps the gradient accumulators it makes at construction, and a backward
+    pass on another stream than theirs syncs the two streams for every parameter (torch 2.11
+    warns so, once per process: "The AccumulateGrad node's stream does not match")."""
+    if device not in _step_streams:
+        _step_streams[device] = torch.cuda.Stream(device)
+    return _step_streams[device]
 
 
 def bucket_cap_mb(cuda_graphs: bool, device: torch.device) -> float:

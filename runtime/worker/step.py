@@ -21,7 +21,9 @@ stream is put back after it, so a graphed run crops and flips exactly as the eag
 With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
 in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
 (``distributed.wrap``) and runs at least 11 eager iterations before capture (DDP finishes
-setting up its buckets and logging in the first ten). The notes also ask for NCCL's
+setting up its buckets and logging in the first ten); the eager steps and the capture run on
+that same stream (``distributed.step_stream``), the stream of the gradient accumulators DDP
+keeps. The notes also ask for NCCL's
 asynchronous error handling off; capture and replay work with Ray Train's default
 (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
 
@@ -81,7 +83,8 @@ class GraphedStep:
         self.max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         self.eager_steps_left = DDP_WARMUP_STEPS if ddp else WARMUP_STEPS
-        self.side = torch.cuda.Stream(self.params[0].device)  # the eager steps'
+        # eager steps and capture on the stream DDP was built on (``distributed.step_stream``)
+        self.side = distributed.step_stream(self.params[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.batch: tuple[torch.Tensor, ...] = ()  # the graph reads its batch from these
         self.error = ""
@@ -129,7 +132,7 @@ class GraphedStep:
         self.graph = torch.cuda.CUDAGraph()
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph, stream=self.side):
                 self.loss, self.norm = self._body(self.batch)
         except RuntimeError as exc:
             # Data-dependent control flow (e.g. nflows' spline domain checks) cannot be
