@@ -3,8 +3,12 @@
 # device call (each fits a call's 600 s; LIMIT overrides a step's limit). Run from the repo root
 # on the lent machine, after `source .device/setup.sh`:
 #   bash bench/gpu_acceptance.sh STEP...
-#   tests  every GPU test (tests/gpu), stopped with SIGINT at its limit so that pytest prints
-#          its report of what ran (a SIGTERM'd pytest prints none)
+#   tests  the GPU tests of the CNN loop, tracking and warm workers; `tests_sbi` those of SBI:
+#          all of tests/gpu in two steps (together they ran past one call's 560 s on 2×H200).
+#          Each failure is written to $OUT/failures.log as it fails, and the limit's SIGINT
+#          comes after SIGUSR1 has dumped every thread's stack to $OUT/stacks.log
+#          (bench/pytest_report_now.py): a test that the limit cuts into fails too (its
+#          `trainforge` subprocess gets the signal), and pytest then prints no report
 #   start  issue 12: from the shell to the first optimizer step on all GPUs, synthetic ResNet-18
 #          (40 graphed steps): cold and warm commands against the hand-written torchrun script
 #          on the same GPUs, REPEATS (default 3) interleaved rounds; target ≤ torchrun + 3 s
@@ -20,12 +24,22 @@ set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
 gpus=$(nvidia-smi -L | wc -l)
+gpu_tests() {  # gpu_tests TEST...: stacks at LIMIT (default 540 s), SIGINT 10 s later
+  (sleep "${LIMIT:-540}"; pkill -USR1 -f "^python3 -m pytest") &
+  local watchdog=$!
+  timeout -s INT "$((${LIMIT:-540} + 10))" python3 -m pytest -p no:cacheprovider \
+    -p bench.pytest_report_now -q -rA --tb=short -W always "$@"
+  local rc=$?
+  kill "$watchdog" 2>/dev/null
+  return "$rc"
+}
 recipe="$PWD/recipes/cnn/synthetic_resnet18_bench.yaml"
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    tests) timeout -s INT "${LIMIT:-560}" python3 -m pytest -p no:cacheprovider -q -rA \
-             --tb=short -W always tests/gpu > "$OUT/tests.log" 2>&1 ;;
+    tests) gpu_tests tests/gpu/test_gpu_step.py tests/gpu/test_gpu_tracking.py \
+             tests/gpu/test_gpu_training.py tests/gpu/test_warm_gpu.py > "$OUT/tests.log" 2>&1 ;;
+    tests_sbi) gpu_tests tests/gpu/test_sbi_gpu.py > "$OUT/tests_sbi.log" 2>&1 ;;
     start) timeout -s INT "${LIMIT:-560}" python3 bench/startup.py \
              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" --modes cold,warm \
              --torchrun bench/startup_torchrun_resnet.py --torchrun-procs "$gpus" \
