@@ -42,7 +42,8 @@ one line (``cuda_graph_choice``), also when the training data streams through a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -115,15 +116,21 @@ class GraphedStep:
         self.optimizer.step()
         return loss.detach().float(), norm
 
-    def _eager(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step before capture: on the side stream, ordered after the work that made the
-        batch and before whatever reads its results."""
+    @contextlib.contextmanager
+    def on_side(self) -> Iterator[None]:
+        """Work on the side stream, ordered after the work that made its inputs and before
+        whatever reads its results: the eager steps before capture, and every step after a
+        failed one (``Stepper``: under DDP the gradient accumulators are this stream's)."""
         self.side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.side):
-            self.optimizer.zero_grad(set_to_none=True)
-            loss, norm = self._body(batch)
+            yield
         torch.cuda.current_stream().wait_stream(self.side)
-        return loss, norm
+
+    def _eager(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step before capture, on the side stream."""
+        with self.on_side():
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._body(batch)
 
     def _capture(self, example: Batch) -> bool:
         device = self.params[0].device
@@ -208,7 +215,9 @@ class Stepper:
 
     With ``cuda_graphs`` every step goes to the ``GraphedStep`` (one batch per window: graphs
     refuse accumulation): its first few eager, then a capture on a window's batch and replays;
-    when the capture fails, ``note`` says why and that step and every later one are eager. The
+    when the capture fails, ``note`` says why and that step and every later one are eager, on
+    the graphed step's stream (under DDP its gradient accumulators' stream: on another, torch
+    syncs the two for each of them and warns so). The
     loss is a device tensor (no host sync here); the gradient norm is one too, or None for an
     eager step that neither clips nor was asked to ``measure_norm``.
     """
@@ -234,6 +243,7 @@ class Stepper:
             if cuda_graphs
             else None
         )
+        self.stream: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
     def __call__(
         self, window: list[Batch], measure_norm: bool = False
@@ -243,8 +253,10 @@ class Stepper:
             if stepped is not None:
                 return stepped
             self.note(f"CUDA graph capture failed, eager steps: {self.graphed.error}")
-            self.graphed = None
-        return optimizer_step(
-            self.model, window, self.workload, self.precision, self.optimizer,
-            self.clip_grad_norm, measure_norm,
-        )  # fmt: skip
+            # on the graphed step's stream still, the stream DDP was built on
+            self.stream, self.graphed = self.graphed.on_side, None
+        with self.stream():
+            return optimizer_step(
+                self.model, window, self.workload, self.precision, self.optimizer,
+                self.clip_grad_norm, measure_norm,
+            )  # fmt: skip

@@ -5,6 +5,8 @@ tests/gpu/test_gpu_step.py, tests/gpu/test_sbi_gpu.py)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -117,7 +119,13 @@ class FakeGraph:
         self.model, self.optimizer = model, optimizer
         self.error = "operation not permitted when stream is capturing"
         self.calls: list[Batch] = []
+        self.on_side_steps = 0  # steps taken on its stream by the caller
         FakeGraph.made.append(self)
+
+    @contextlib.contextmanager
+    def on_side(self) -> Iterator[None]:
+        self.on_side_steps += 1
+        yield
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
         self.calls.append(batch)
@@ -162,8 +170,8 @@ def test_with_graphs_every_step_is_the_graphed_steps(fake_graph: type[FakeGraph]
 def test_a_failed_capture_goes_on_with_eager_steps_from_that_batch(
     fake_graph: type[FakeGraph], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No batch is lost: the one the capture failed on is stepped eagerly, as every later one;
-    the run is then the eager run, bitwise."""
+    """No batch is lost: the one the capture failed on is stepped eagerly, as every later one,
+    on the graphed step's stream; the run is then the eager run, bitwise."""
     monkeypatch.setattr(FakeGraph, "capture_works", False)
     model, optimizer = model_and_optimizer()
     reference, reference_optimizer = model_and_optimizer()
@@ -173,6 +181,8 @@ def test_a_failed_capture_goes_on_with_eager_steps_from_that_batch(
     losses = [step(w)[0] for w in windows]
     expected = [eager(reference, reference_optimizer, w)[0] for w in windows]
     assert len(fake_graph.made) == 1 and len(fake_graph.made[0].calls) == 3  # not retried
+    # the failed batch's step and the later ones on the graphed step's stream, DDP's
+    assert fake_graph.made[0].on_side_steps == 3
     assert notes == [
         "CUDA graph capture failed, eager steps: operation not permitted when stream is capturing"
     ]
