@@ -6,7 +6,7 @@
 #   tests  the GPU tests of the CNN loop, tracking and warm workers; `tests_sbi` those of SBI:
 #          all of tests/gpu in two steps (together they ran past one call's 560 s on 2×H200).
 #          Each failure is written to $OUT/failures.log as it fails, and the limit's SIGINT
-#          comes after SIGUSR1 has dumped every thread's stack to $OUT/stacks.log
+#          comes after every thread's stack has been written to $OUT/stacks.log
 #          (bench/pytest_report_now.py): a test that the limit cuts into fails too (its
 #          `trainforge` subprocess gets the signal), and pytest then prints no report
 #   start  issue 12: from the shell to the first optimizer step on all GPUs, synthetic ResNet-18
@@ -25,13 +25,8 @@ set -u
 source bench/device_env.sh
 gpus=$(nvidia-smi -L | wc -l)
 gpu_tests() {  # gpu_tests TEST...: stacks at LIMIT (default 540 s), SIGINT 10 s later
-  (sleep "${LIMIT:-540}"; pkill -USR1 -f "^python3 -m pytest") &
-  local watchdog=$!
-  timeout -s INT "$((${LIMIT:-540} + 10))" python3 -m pytest -p no:cacheprovider \
-    -p bench.pytest_report_now -q -rA --tb=short -W always "$@"
-  local rc=$?
-  kill "$watchdog" 2>/dev/null
-  return "$rc"
+  STACKS_AFTER_S="${LIMIT:-540}" timeout -s INT "$((${LIMIT:-540} + 10))" python3 -m pytest \
+    -p no:cacheprovider -p bench.pytest_report_now -q -rA --tb=short -W always "$@"
 }
 recipe="$PWD/recipes/cnn/synthetic_resnet18_bench.yaml"
 for step in "$@"; do
