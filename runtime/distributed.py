@@ -131,8 +131,9 @@ def step_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream of a graphed step on ``device``: DDP is built on it (``wrap``), and the
     step's eager steps and its capture run on it (``worker.step.GraphedStep``). One stream for
     all three: DDP keeps the gradient accumulators it makes at construction, and a backward
-    pass on another stream than theirs syncs the two streams for every parameter (torch 2.11
-    warns so, once per process: "The AccumulateGrad node's stream does not match")."""
+    pass on another stream than theirs may sync the two streams (torch 2.11 warns so, once per
+    process: "The AccumulateGrad node's stream does not match … may incur unnecessary
+    synchronization")."""
     if device not in _step_streams:
         _step_streams[device] = torch.cuda.Stream(device)
     return _step_streams[device]

@@ -23,9 +23,9 @@ in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
 (``distributed.wrap``) and runs at least 11 eager iterations before capture (DDP finishes
 setting up its buckets and logging in the first ten); the eager steps and the capture run on
 that same stream (``distributed.step_stream``), the stream of the gradient accumulators DDP
-keeps. The notes also ask for NCCL's
-asynchronous error handling off; capture and replay work with Ray Train's default
-(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
+keeps. The notes also ask for NCCL's asynchronous error handling off; capture and replay work
+with Ray Train's default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing
+sets it.
 
 Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
@@ -216,10 +216,9 @@ class Stepper:
     With ``cuda_graphs`` every step goes to the ``GraphedStep`` (one batch per window: graphs
     refuse accumulation): its first few eager, then a capture on a window's batch and replays;
     when the capture fails, ``note`` says why and that step and every later one are eager, on
-    the graphed step's stream (under DDP its gradient accumulators' stream: on another, torch
-    syncs the two for each of them and warns so). The
-    loss is a device tensor (no host sync here); the gradient norm is one too, or None for an
-    eager step that neither clips nor was asked to ``measure_norm``.
+    the graphed step's stream (under DDP the stream of its gradient accumulators). The loss is
+    a device tensor (no host sync here); the gradient norm is one too, or None for an eager
+    step that neither clips nor was asked to ``measure_norm``.
     """
 
     def __init__(
