@@ -59,13 +59,27 @@ def build_runtime_env(
             raise RecipeError(f"--runtime-env: {runtime_env_file} must be a mapping")
     if project is not None:
         env.setdefault("working_dir", str(project))
-        env["excludes"] = sorted(set(env.get("excludes", [])) | set(EXCLUDES))
+        excludes = set(env.get("excludes", [])) | set(EXCLUDES) | set(environments_in(project))
+        env["excludes"] = sorted(excludes)
     env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
     if commit:
         env_vars[GIT_COMMIT_ENV] = commit
     env_vars.setdefault(USER_ENV, submitter())  # the MLflow run's user: who submitted it
     env["env_vars"] = env_vars
     return env
+
+
+def environments_in(project: Path) -> list[str]:
+    """The project's top-level folders that are Python environments, whatever their names (a
+    venv's ``pyvenv.cfg``, a conda environment's ``conda-meta``), as excludes anchored at the
+    project's root. The cluster has an environment of its own, and a venv in the upload makes
+    it gigabytes: Ray zips it all, then refuses it (over 100 MiB, after a minute of zipping)."""
+    return [
+        f"/{entry.name}"
+        for entry in sorted(project.iterdir())
+        if entry.is_dir() and not entry.is_symlink()
+        and ((entry / "pyvenv.cfg").is_file() or (entry / "conda-meta").is_dir())
+    ]  # fmt: skip
 
 
 def command(

@@ -66,6 +66,22 @@ def test_the_current_directory_ships_as_the_working_dir(
     assert args[args.index("--entrypoint-num-cpus") + 1] == "0"
 
 
+def test_python_environments_in_the_project_stay_home_whatever_their_names(
+    project: Path, submitted: list[list[str]]
+) -> None:
+    """A venv named otherwise than .venv/venv (a fresh clone's second one, a per-Python one)
+    once made the upload 3.7 GB, which Ray refused with status 413 after zipping it."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".venv-py311")],
+                   check=True)  # fmt: skip
+    (project / "conda-env" / "conda-meta").mkdir(parents=True)
+    (project / "src" / "env").mkdir(parents=True)  # code, which happens to be called env
+    (project / "src" / "env" / "pyvenv.cfg").write_text("")  # deeper down: not looked at
+    submit.submit("recipes/mine.yaml", [])
+    excludes = set(_runtime_env(submitted[0])["excludes"])
+    assert {"/.venv-py311", "/conda-env"} <= excludes
+    assert not any("src" in pattern for pattern in excludes) and "/recipes" not in excludes
+
+
 def test_a_recipe_file_by_absolute_path_is_named_relative_to_the_project(
     project: Path, submitted: list[list[str]]
 ) -> None:
