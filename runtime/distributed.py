@@ -116,12 +116,8 @@ def wrap(
 
     if not (cuda_graphs and ctx.device.type == "cuda"):
         return ddp()
-    side = step_stream(ctx.device)
-    side.wait_stream(torch.cuda.current_stream(ctx.device))
-    with torch.cuda.stream(side):
-        wrapped = ddp()
-    torch.cuda.current_stream(ctx.device).wait_stream(side)
-    return wrapped
+    with on_step_stream(ctx.device):
+        return ddp()
 
 
 _step_streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -137,6 +133,17 @@ def step_stream(device: torch.device) -> torch.cuda.Stream:
     if device not in _step_streams:
         _step_streams[device] = torch.cuda.Stream(device)
     return _step_streams[device]
+
+
+@contextlib.contextmanager
+def on_step_stream(device: torch.device) -> Iterator[None]:
+    """Work on ``step_stream(device)``, ordered after the work queued before it and before
+    whatever is queued after it."""
+    side, current = step_stream(device), torch.cuda.current_stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield
+    current.wait_stream(side)
 
 
 def bucket_cap_mb(cuda_graphs: bool, device: torch.device) -> float:

@@ -43,7 +43,7 @@ one line (``cuda_graph_choice``), also when the training data streams through a 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -116,15 +116,11 @@ class GraphedStep:
         self.optimizer.step()
         return loss.detach().float(), norm
 
-    @contextlib.contextmanager
-    def on_side(self) -> Iterator[None]:
+    def on_side(self) -> contextlib.AbstractContextManager[None]:
         """Work on the side stream, ordered after the work that made its inputs and before
         whatever reads its results: the eager steps before capture, and every step after a
         failed one (``Stepper``: under DDP the gradient accumulators are this stream's)."""
-        self.side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.side):
-            yield
-        torch.cuda.current_stream().wait_stream(self.side)
+        return distributed.on_step_stream(self.params[0].device)
 
     def _eager(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """A step before capture, on the side stream."""
