@@ -165,6 +165,12 @@ class WarmRun:
             raise
 
 
+PORT_TAKEN_RESTARTS = 3
+"""How many times a group is started again, beyond ``run.max_failures``, because another
+process took its rendezvous port (``_port_taken``): a race a new start is all but sure to win;
+where binding keeps failing, the run still ends, with that error."""
+
+
 def with_restarts(
     max_failures: int,
     run_once: Callable[[], Finished | dict[int, BaseException]],
@@ -174,19 +180,26 @@ def with_restarts(
 ) -> Finished:
     """Run the worker group (``run_once``: ``Finished``, or rank → exception) until it
     finishes. After a failure the group is stopped, and within ``max_failures`` a new one is
-    started (``start``) and resumes from the latest checkpoint. Raises ``WorkersFailed``."""
-    failures_left = max_failures
+    started (``start``) and resumes from the latest checkpoint. A group whose rendezvous port
+    was taken is started again on another port without counting as a failure, at most
+    ``PORT_TAKEN_RESTARTS`` times. Raises ``WorkersFailed``."""
+    failures_left, port_restarts_left = max_failures, PORT_TAKEN_RESTARTS
     while True:
         outcome = run_once()
         if isinstance(outcome, Finished):
             return outcome
         stop()
-        if failures_left == 0 or any(_is_verdict(e) for e in outcome.values()):
+        if port_restarts_left > 0 and any(_port_taken(e) for e in outcome.values()):
+            port_restarts_left -= 1  # the workers never started the loop: nothing to resume
+            log.say("rank 0's rendezvous port was taken by another process; starting the "
+                    "workers again on another port")  # fmt: skip
+        elif failures_left == 0 or any(_is_verdict(e) for e in outcome.values()):
             raise WorkersFailed(outcome)
-        failures_left -= 1
-        rank, error = next(iter(outcome.items()))
-        log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
-                f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
+        else:
+            failures_left -= 1
+            rank, error = next(iter(outcome.items()))
+            log.say(f"rank {rank} failed ({type(_cause(error)).__name__}: "
+                    f"{first_line(_cause(error), limit=200)}); restarting the workers")  # fmt: skip
         payload["workers_requested_at"] = time.time()
         start()
 
@@ -459,6 +472,21 @@ def claimed_slots(count: int, living: Collection[int] = (), gpus: int = 0) -> It
 
 def _cause(error: BaseException) -> BaseException:
     return getattr(error, "cause", None) or error
+
+
+def _port_taken(error: BaseException) -> bool:
+    """Rank 0's TCP store could not listen on the port ``_run_once`` chose: free when
+    ``local_cluster.free_port`` released it, taken by another process before rank 0 bound it.
+    torch 2.13 raises (as itself from a command's own worker, as the cause of Ray's
+    ``RayTaskError`` from a warm one)::
+
+        DistNetworkError: The server socket has failed to listen on any local network address.
+        port: 39187, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use
+
+    Told by its class's name, as the driver does not import torch."""
+    cause = _cause(error)
+    is_dist_network_error = any(c.__name__ == "DistNetworkError" for c in type(cause).__mro__)
+    return is_dist_network_error and "EADDRINUSE" in str(cause)
 
 
 def _is_verdict(error: BaseException) -> bool:

@@ -8,10 +8,13 @@ from __future__ import annotations
 import gc
 import io
 import os
+import pickle
+import socket
 import sys
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +28,7 @@ from trainforge import home as trainforge_home
 from trainforge.driver import console, warm_pool
 from trainforge.driver.console import Console
 from trainforge.worker import warm
+from trainforge.worker.own import portable
 from trainforge.worker.warm import RunFolderReporter, WarmWorker
 
 
@@ -164,6 +168,74 @@ def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
     from trainforge import ray_compat
 
     assert [type(e) for e in ray_compat.worker_errors(failed)] == [torch.OutOfMemoryError]
+
+
+def port_taken_error() -> dist.DistNetworkError:
+    """What rank 0's TCP store (``WarmWorker.run``) raises on a port another process took."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        try:
+            dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5))
+        except dist.DistNetworkError as exc:
+            return exc
+    raise AssertionError(f"the store listened on port {port}, which another socket holds")
+
+
+def as_it_arrives(error: BaseException, path: str) -> BaseException:
+    """A worker's exception as the driver gets it: the cause of Ray's RayTaskError from a warm
+    worker, pickled over the pipe from a command's own worker (``worker/own.py``)."""
+    if path == "warm":
+        from ray.exceptions import RayTaskError
+
+        return RayTaskError("WarmWorker.run", "Traceback: ...", error).as_instanceof_cause()
+    return pickle.loads(pickle.dumps(portable(error)))
+
+
+@pytest.mark.parametrize("path", ["warm", "own"])
+def test_a_group_whose_rendezvous_port_was_taken_starts_again_without_using_a_restart(
+    path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outcomes = [{0: as_it_arrives(port_taken_error(), path)}, warm_pool.Finished({}, None)]
+    calls: list[str] = []
+    payload: dict[str, float] = {}
+    finished = warm_pool.with_restarts(
+        0, lambda: outcomes.pop(0), lambda: calls.append("stop"), lambda: calls.append("start"),
+        payload,
+    )  # fmt: skip
+    assert isinstance(finished, warm_pool.Finished)  # max_failures 0: no restart was used
+    assert calls == ["stop", "start"]
+    assert "workers_requested_at" in payload  # the new group's start is timed from then
+    assert capsys.readouterr().out.splitlines() == [
+        "[trainforge] rank 0's rendezvous port was taken by another process; starting the "
+        "workers again on another port"
+    ]
+
+
+def failing_every_time(
+    error: BaseException,
+) -> tuple[list[int], Callable[[], dict[int, BaseException]]]:
+    """A ``run_once`` whose group fails with ``error`` at every start, and its starts."""
+    starts: list[int] = []
+
+    def run_once() -> dict[int, BaseException]:
+        starts.append(1)
+        return {0: error}
+
+    return starts, run_once
+
+
+def test_a_rendezvous_port_taken_at_every_start_ends_the_run_all_the_same() -> None:
+    starts, run_once = failing_every_time(as_it_arrives(port_taken_error(), "warm"))
+    with pytest.raises(warm_pool.WorkersFailed, match=r"rank 0: DistNetworkError: .*EADDRINUSE"):
+        warm_pool.with_restarts(0, run_once, lambda: None, lambda: None, {})
+    assert len(starts) == 1 + warm_pool.PORT_TAKEN_RESTARTS
+    # the same text from the loop's own code is an ordinary failure: max_failures 0 ends it
+    starts, run_once = failing_every_time(OSError(98, "EADDRINUSE: address already in use"))
+    with pytest.raises(warm_pool.WorkersFailed, match=r"rank 0: OSError: .*EADDRINUSE"):
+        warm_pool.with_restarts(0, run_once, lambda: None, lambda: None, {})
+    assert len(starts) == 1
 
 
 def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPatch) -> None:
