@@ -202,7 +202,16 @@ def all_gather_objects(obj: Any, world_size: int) -> list[Any]:
 def main_first(ctx: WorkerContext) -> Iterator[None]:
     """Let rank 0 do something first (e.g. fill a cache) while the others wait."""
     if not ctx.is_main and several_ranks():
-        dist.barrier()
+        barrier(ctx)
     yield
     if ctx.is_main and several_ranks():
-        dist.barrier()
+        barrier(ctx)
+
+
+def barrier(ctx: WorkerContext) -> None:
+    """A barrier of all ranks on this rank's GPU. Ray Train's process group is made without a
+    device (``init_process_group(device_id=…)``), and there NCCL's barrier otherwise takes the
+    current device and warns so on rank 0 ("barrier(): using the device under current
+    context"), a line in every multi-GPU run's console on a Ray cluster."""
+    on_gpu = ctx.device.type == "cuda" and ctx.device.index is not None
+    dist.barrier(device_ids=[ctx.device.index] if on_gpu else None)
