@@ -24,6 +24,11 @@ With ``--seeds N`` it answers another question instead: do the two loops converg
 validation loss with sbi's own hyperparameters? For each seed s < N, sbi trains with
 ``torch.manual_seed(s)`` and trainforge with ``run.seed=s`` (which seeds its split too; sbi is
 given that split), and both best validation losses are recorded.
+
+``--seed S`` runs the race on another seed's simulations and split (default 0): the simulations
+are made with ``run.seed=S``, sbi trains with ``torch.manual_seed(S)`` on the split that
+``run.seed=S`` gives trainforge, and every command gets ``run.seed=S``. A variant tuned on one
+seed is checked on others this way.
 """
 
 from __future__ import annotations
@@ -169,6 +174,7 @@ def main() -> None:
     parser.add_argument("--simulations", type=int, default=10_000)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=0, help="the convergence check instead")
+    parser.add_argument("--seed", type=int, default=0, help="the simulations' and split's seed")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=1, help="cold and warm commands, each")
     parser.add_argument("--epochs", type=int,
@@ -178,6 +184,7 @@ def main() -> None:
                         help="race to this validation loss (from an earlier sbi run) instead of "
                         "training sbi here: a probe, not a same-invocation comparison")  # fmt: skip
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the race runs in a folder of its own (os.chdir below)
 
     import sbi_baseline
     import torch
@@ -194,6 +201,7 @@ def main() -> None:
     sims = [
         f"workload.simulation.num_simulations={args.simulations}",
         "workload.evaluation.observations_from=own",
+        f"run.seed={args.seed}",
     ]  # the race scores no observation
     graphs = ["precision.cuda_graphs=true"] if args.device == "cuda" else []
     report: dict[str, Any] = {
@@ -206,6 +214,7 @@ def main() -> None:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "simulations": args.simulations,
+        "seed": args.seed,
         "trainforge": [],
     }
 
@@ -223,9 +232,10 @@ def main() -> None:
         save()
         stop_cluster(env)
         return
-    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))  # run.seed 0
+    # trainforge's split of run.seed S, given to sbi too
+    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(args.seed))
     if args.target is None:
-        sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=0, max_epochs=None,
+        sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=args.seed, max_epochs=None,
                                      split_order=order)  # fmt: skip
         sbi.pop("estimator")
     else:
