@@ -17,7 +17,11 @@
 #          classic tutorial loop; targets: graphed ≥ 1.3× torchrun, eager ≥ 1.0× in each repeat
 #   ship   issue 13: weak scaling as shipped — whole `trainforge train` commands of the synthetic
 #          ResNet-18 recipe (graphed SGD, batch 256 per GPU, 600 steps), 1 GPU and all, REPEATS
-#          (default 3) interleaved; samples/s of the last 300 steps; target ≥ 0.95
+#          (default 3) interleaved; samples/s of the last 300 steps; target ≥ 0.95.
+#          BASELINE=/abs/dir (a folder holding another checkout's `trainforge` package, as
+#          bench/startup.py's --baseline) runs that package's commands too, interleaved, each
+#          package with a home (lasting cluster) of its own; the commands' logs come back as
+#          $OUT/ship/logs.tgz (a call brings back at most 8 files)
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
 # ($OUT/host.txt, written by bench/device_env.sh).
 set -u
@@ -29,6 +33,9 @@ gpu_tests() {  # gpu_tests TEST...: stacks at LIMIT (default 540 s), SIGINT 10 s
     -p no:cacheprovider -p bench.pytest_report_now -q -rA --tb=short -W always "$@"
 }
 recipe="$PWD/recipes/cnn/synthetic_resnet18_bench.yaml"
+package_path() {  # package_path current|baseline COMMAND...: COMMAND with that package first
+  if [ "$1" = baseline ]; then PYTHONPATH="$BASELINE:$PYTHONPATH" "${@:2}"; else "${@:2}"; fi
+}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -41,19 +48,30 @@ for step in "$@"; do
              --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
     cnn) timeout -s INT "${LIMIT:-570}" python3 bench/cnn_throughput.py \
            --repeats "${REPEATS:-3}" --gpus 1 "$gpus" --out "$OUT/cnn.json" > "$OUT/cnn.log" 2>&1 ;;
-    ship) mkdir -p "$OUT/ship" /tmp/ship && export TRAINFORGE_HOME=/tmp/ship/home
+    ship) mkdir -p "$OUT/ship" /tmp/ship/logs
+          packages="current${BASELINE:+ baseline}"
+          for package in $packages; do  # where each package's commands import trainforge from
+            echo "$package: $(package_path "$package" python3 -c \
+              'import trainforge; print(trainforge.__file__)')" >> "$OUT/ship/ship.log"
+          done
           for repeat in $(seq "${REPEATS:-3}"); do
-            for n in 1 "$gpus"; do
-              log="$OUT/ship/gpus$n-r$repeat.log"
-              (cd /tmp/ship && timeout -s INT 150 python3 -m trainforge train "$recipe" \
-                 "run.name=gpus$n-r$repeat" scaling.use_all_gpus=false "scaling.num_workers=$n" \
-                 train.max_steps=600 train.log_every_steps=300 \
-                 "workload.synthetic_train_size=$((256 * n * 600))") > "$log" 2>&1
-              echo "gpus$n r$repeat rc=$? $(grep -h "perf/samples_per_s" "$log")" \
-                >> "$OUT/ship/ship.log"
+            for package in $packages; do
+              for n in 1 "$gpus"; do
+                name="$package-gpus$n-r$repeat" log="/tmp/ship/logs/$package-gpus$n-r$repeat.log"
+                (cd /tmp/ship && TRAINFORGE_HOME="/tmp/ship/home-$package" package_path \
+                   "$package" timeout -s INT 150 python3 -m trainforge train "$recipe" \
+                   "run.name=$name" scaling.use_all_gpus=false "scaling.num_workers=$n" \
+                   train.max_steps=600 train.log_every_steps=300 \
+                   "workload.synthetic_train_size=$((256 * n * 600))") > "$log" 2>&1
+                echo "$name rc=$? $(grep -h "perf/samples_per_s" "$log")" >> "$OUT/ship/ship.log"
+              done
             done
           done
-          python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1 ;;
+          for package in $packages; do
+            TRAINFORGE_HOME="/tmp/ship/home-$package" package_path "$package" \
+              python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1
+          done
+          tar -czf "$OUT/ship/logs.tgz" -C /tmp/ship logs ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
