@@ -16,6 +16,10 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``own<N>``: no DDP: the trainer's bare model with its gradients averaged by its own
   all-reduce, N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL
   call launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
+- ``split``: 10 MB buckets, with DDP built on a stream of its own and the graphed step's
+  eager steps and capture on others, as shipped before commit 791325d (which put all three on
+  one stream, ``distributed.step_stream``, so that torch no longer syncs the accumulators'
+  stream with the backward's for every parameter): compare with ``bucket10``;
 - ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
   an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
   own gradients): the ceiling that any all-reduce setting could reach.
@@ -47,6 +51,12 @@ from cnn_throughput import trainforge_loop
 from trainforge import distributed
 
 PLAIN_WRAP = distributed.wrap
+PLAIN_STEP_STREAM = distributed.step_stream
+
+
+def fresh_stream(device: torch.device) -> torch.cuda.Stream:
+    """A new stream at every call: ``split``'s stand-in for ``distributed.step_stream``."""
+    return torch.cuda.Stream(device)
 
 
 def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
@@ -121,8 +131,10 @@ class OwnAllReduce:
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
-    size = float(option[6:]) if option.startswith("bucket") else 25.0
+    split = option == "split"
+    size = float(option[6:]) if option.startswith("bucket") else 10.0 if split else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
+    distributed.step_stream = fresh_stream if split else PLAIN_STEP_STREAM  # type: ignore[assignment]
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
         if option.startswith("own"):

@@ -22,6 +22,10 @@
 #          bench/startup.py's --baseline) runs that package's commands too, interleaved, each
 #          package with a home (lasting cluster) of its own; the commands' logs come back as
 #          $OUT/ship/logs.tgz (a call brings back at most 8 files)
+#   streams  issue 13: does one stream for DDP and the graphed step (791325d) cost weak scaling?
+#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped) against `split`
+#          (DDP on a stream of its own, as before), two launches of 2 repeats each;
+#          $OUT/streams/{launch1,launch2}.json
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
 # ($OUT/host.txt, written by bench/device_env.sh).
 set -u
@@ -72,6 +76,7 @@ for step in "$@"; do
               python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1
           done
           tar -czf "$OUT/ship/logs.tgz" -C /tmp/ship logs ;;
+    streams) for launch in launch1 launch2; do opts streams "$launch" "$gpus" bucket10 split; done ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
