@@ -29,6 +29,13 @@ from trainforge.workloads.sbi.architecture import (  # noqa: F401 - re-exported:
     check_shape,
 )
 
+# nflows' NSF (sbi's ``nsf``) inverts its LU transforms with torch.triangular_solve
+# when a posterior samples, and torch warns once per process that it is deprecated: a line on
+# every NSF run's console, at its evaluation, that no user can act on
+warnings.filterwarnings(
+    "ignore", message="torch.triangular_solve is deprecated", category=UserWarning
+)
+
 
 def embedding_net(record: BuildRecord) -> nn.Module:
     shape = list(record.embedding_input_shape)
