@@ -146,17 +146,25 @@ def medians(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+def split_permutation(n: int, seed: int) -> Any:
+    """The permutation whose tail trainforge validates on with ``run.seed=seed``
+    (``workloads.sbi.split``), given to sbi so that both validate on the same rows."""
+    import torch
+
+    from trainforge.workloads.sbi.split import split_order
+
+    return torch.cat(split_order(n, 0.1, seed))  # the same permutation at any fraction
+
+
 def converged_per_seed(seeds: int, theta: Any, x: Any, path: str, sims: list[str],
                        env: dict[str, str], work: Path) -> list[dict[str, Any]]:  # fmt: skip
     """Both trainers with sbi's hyperparameters at each seed, on that seed's split."""
     import sbi_baseline
-    import torch
 
     results = []
     for seed in range(seeds):
-        order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(seed))
         sbi = sbi_baseline.train_sbi(theta, x, "cpu", seed=seed, max_epochs=None,
-                                     split_order=order)  # fmt: skip
+                                     split_order=split_permutation(len(theta), seed))  # fmt: skip
         located = [*sims, f"workload.simulation.path={path}", f"run.seed={seed}"]
         ours = race(f"seed{seed}", located, sbi["best_val_loss"], env, work)
         results.append({
@@ -232,9 +240,8 @@ def main() -> None:
         save()
         stop_cluster(env)
         return
-    # trainforge's split of run.seed S, given to sbi too
-    order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(args.seed))
     if args.target is None:
+        order = split_permutation(len(theta), args.seed)
         sbi = sbi_baseline.train_sbi(theta, x, args.device, seed=args.seed, max_epochs=None,
                                      split_order=order)  # fmt: skip
         sbi.pop("estimator")
