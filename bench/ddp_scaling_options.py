@@ -16,10 +16,9 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``own<N>``: no DDP: the trainer's bare model with its gradients averaged by its own
   all-reduce, N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL
   call launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
-- ``split``: 10 MB buckets, with DDP built on a stream of its own and the graphed step's
-  eager steps and capture on others, as shipped before commit 791325d (which put all three on
-  one stream, ``distributed.step_stream``, so that torch no longer syncs the accumulators'
-  stream with the backward's for every parameter): compare with ``bucket10``;
+- ``onestream``: 10 MB buckets, with the capture on the stream DDP was built on and the eager
+  steps run on (``distributed.step_stream``), as shipped from commit 791325d until the
+  thirty-seventh session; compare with ``bucket10`` (the capture on a stream of its own);
 - ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
   an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
   own gradients): the ceiling that any all-reduce setting could reach.
@@ -49,14 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cnn_throughput import trainforge_loop
 
 from trainforge import distributed
+from trainforge.worker import step
 
 PLAIN_WRAP = distributed.wrap
-PLAIN_STEP_STREAM = distributed.step_stream
+PLAIN_GRAPHED_STEP_INIT = step.GraphedStep.__init__
 
 
-def fresh_stream(device: torch.device) -> torch.cuda.Stream:
-    """A new stream at every call: ``split``'s stand-in for ``distributed.step_stream``."""
-    return torch.cuda.Stream(device)
+def capture_on_step_stream(self: step.GraphedStep, *args: Any, **kwargs: Any) -> None:
+    """``onestream``'s ``GraphedStep.__init__``: the capture on the eager steps' stream."""
+    PLAIN_GRAPHED_STEP_INIT(self, *args, **kwargs)
+    self.capture_stream = self.side
 
 
 def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
@@ -131,10 +132,12 @@ class OwnAllReduce:
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
-    split = option == "split"
-    size = float(option[6:]) if option.startswith("bucket") else 10.0 if split else 25.0
+    one_stream = option == "onestream"
+    size = float(option[6:]) if option.startswith("bucket") else 10.0 if one_stream else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
-    distributed.step_stream = fresh_stream if split else PLAIN_STEP_STREAM  # type: ignore[assignment]
+    step.GraphedStep.__init__ = (  # type: ignore[method-assign]
+        capture_on_step_stream if one_stream else PLAIN_GRAPHED_STEP_INIT
+    )
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
         if option.startswith("own"):

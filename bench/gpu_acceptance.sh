@@ -22,9 +22,10 @@
 #          bench/startup.py's --baseline) runs that package's commands too, interleaved, each
 #          package with a home (lasting cluster) of its own; the commands' logs come back as
 #          $OUT/ship/logs.tgz (a call brings back at most 8 files)
-#   streams  issue 13: does one stream for DDP and the graphed step (791325d) cost weak scaling?
-#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped) against `split`
-#          (DDP on a stream of its own, as before), two launches of 2 repeats each;
+#   streams  issue 13: what the graphed DDP step's capture stream does to weak scaling:
+#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped: the capture on a
+#          stream of its own) against `onestream` (the capture on DDP's stream, as shipped
+#          from 791325d to the thirty-seventh session), two launches of 2 repeats each;
 #          $OUT/streams/{launch1,launch2}.json
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
 # ($OUT/host.txt, written by bench/device_env.sh).
@@ -52,7 +53,8 @@ for step in "$@"; do
              --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
     cnn) timeout -s INT "${LIMIT:-570}" python3 bench/cnn_throughput.py \
            --repeats "${REPEATS:-3}" --gpus 1 "$gpus" --out "$OUT/cnn.json" > "$OUT/cnn.log" 2>&1 ;;
-    ship) mkdir -p "$OUT/ship" /tmp/ship/logs
+    ship) rm -rf /tmp/ship  # a warm host keeps the last call's runs: same names would resume
+          mkdir -p "$OUT/ship" /tmp/ship/logs
           packages="current${BASELINE:+ baseline}"
           for package in $packages; do  # where each package's commands import trainforge from
             echo "$package: $(package_path "$package" python3 -c \
@@ -76,7 +78,7 @@ for step in "$@"; do
               python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1
           done
           tar -czf "$OUT/ship/logs.tgz" -C /tmp/ship logs ;;
-    streams) for launch in launch1 launch2; do opts streams "$launch" "$gpus" bucket10 split; done ;;
+    streams) for launch in launch1 launch2; do opts streams "$launch" "$gpus" bucket10 onestream; done ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
