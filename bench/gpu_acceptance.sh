@@ -23,9 +23,9 @@
 #          package with a home (lasting cluster) of its own; the commands' logs come back as
 #          $OUT/ship/logs.tgz (a call brings back at most 8 files)
 #   streams  issue 13: what the graphed DDP step's capture stream does to weak scaling:
-#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped: the capture on a
-#          stream of its own) against `onestream` (the capture on DDP's stream, as shipped
-#          from 791325d to the thirty-seventh session), two launches of 2 repeats each;
+#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped: the capture on
+#          DDP's stream) against `capturestream` (the capture on a stream of its own), two
+#          launches of 2 repeats each;
 #          $OUT/streams/{launch1,launch2}.json
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
 # ($OUT/host.txt, written by bench/device_env.sh).
@@ -78,7 +78,9 @@ for step in "$@"; do
               python3 -m trainforge cluster stop >> "$OUT/ship/ship.log" 2>&1
           done
           tar -czf "$OUT/ship/logs.tgz" -C /tmp/ship logs ;;
-    streams) for launch in launch1 launch2; do opts streams "$launch" "$gpus" bucket10 onestream; done ;;
+    streams) for launch in launch1 launch2; do
+               opts streams "$launch" "$gpus" bucket10 capturestream
+             done ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
