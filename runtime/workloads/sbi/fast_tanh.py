@@ -58,6 +58,6 @@ def use_in(module: nn.Module) -> int:
     swapped = 0
     for child in module.modules():
         if getattr(child, "activation", None) in (torch.tanh, nn.functional.tanh):
-            child.activation = tanh
+            child.activation = tanh  # type: ignore[assignment]  # a function, as nflows keeps it
             swapped += 1
     return swapped
