@@ -1,9 +1,13 @@
-"""Shared by the SBI unit tests: simulations drawn from a built-in task's prior and simulator."""
+"""Shared by the SBI unit tests: simulations drawn from a built-in task's prior and simulator,
+in memory or as a finished cache entry, and the debug recipe."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from trainforge.workloads.sbi import simulate
 from trainforge.workloads.sbi.tasks import get_task
 
 
@@ -12,3 +16,28 @@ def _data(n: int = 2000, task: str = "two_moons") -> tuple[torch.Tensor, torch.T
     t = get_task(task)
     theta = t.prior_sample(n, generator)
     return theta, t.simulate(theta, generator)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
+
+
+def write_simulations(folder: Path, n: int, chunk_size: int, nan_rows: int = 0) -> Path:
+    """A finished cache entry in the simulation stage's layout, some x rows NaN if asked."""
+    generator = torch.Generator().manual_seed(0)
+    task = get_task("two_moons")
+    theta = task.prior_sample(n, generator)
+    x = task.simulate(theta, generator)
+    x[torch.randperm(n, generator=generator)[:nan_rows], 1] = float("nan")
+    folder.mkdir(parents=True)
+    for i, start in enumerate(range(0, n, chunk_size)):
+        part = slice(start, start + chunk_size)
+        invalid = int((~torch.isfinite(x[part]).all(dim=1)).sum())
+        chunk = {"theta": theta[part].clone(), "x": x[part].clone(), "invalid": invalid}
+        torch.save(chunk, simulate.chunk_file(folder, i))
+    manifest = {
+        "num_simulations": n, "chunk_size": chunk_size, "chunks": -(-n // chunk_size),
+        "invalid": nan_rows, "dim_theta": 2, "dim_x": 2,
+    }  # fmt: skip
+    simulate._write_json(folder / simulate.MANIFEST, manifest)
+    return folder

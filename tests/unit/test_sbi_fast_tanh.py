@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.sbi_helpers import _data
-from tests.unit.test_sbi_stream import DEBUG, write_simulations
+from tests.unit.sbi_helpers import DEBUG, _data, write_simulations
 from trainforge import config
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import fast_tanh
