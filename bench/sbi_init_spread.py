@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -22,9 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sbi_baseline
-from sbi_race_command import RECIPE, command, split_permutation
-
-from trainforge.workloads.sbi import simulate
+from sbi_race_command import make_simulations, simulation_overrides, split_permutation, work_folder
 
 
 def main() -> int:
@@ -36,16 +33,8 @@ def main() -> int:
     args = parser.parse_args()
     args.out = args.out.resolve()
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="tf-sbi-spread-"))
-    os.chdir(work)  # sbi writes its TensorBoard logs into ./sbi-logs
-    env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
-    sims = [f"workload.simulation.num_simulations={args.simulations}",
-            "workload.evaluation.observations_from=own", f"run.seed={args.seed}"]  # fmt: skip
-    code, lines = command(["simulate", RECIPE, "run.name=sims", *sims], env, work)
-    assert code == 0, lines[-5:]
-    path = next(line.split("simulations ready: ", 1)[1] for _, line in lines
-                if "simulations ready: " in line)  # fmt: skip
-    theta, x = simulate.load(Path(path), drop_invalid=False)
+    work, env = work_folder("tf-sbi-spread-")
+    _, theta, x = make_simulations(simulation_overrides(args.simulations, args.seed), env, work)
     order = split_permutation(len(theta), args.seed)
     rows = []
     for torch_seed in args.torch_seeds:

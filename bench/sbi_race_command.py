@@ -146,6 +146,39 @@ def medians(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+def work_folder(prefix: str) -> tuple[Path, dict[str, str]]:
+    """A new folder to work in (this process moves there: sbi writes its TensorBoard logs into
+    ./sbi-logs) and the environment of the commands run there: a home of their own, one
+    thread, no cluster or warm-worker settings from the caller."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chdir(work)
+    env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
+    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
+        env.pop(key, None)
+    return work, env
+
+
+def simulation_overrides(simulations: int, seed: int) -> list[str]:
+    """The race's simulations: ``simulations`` of two_moons made with ``run.seed=seed``."""
+    return [
+        f"workload.simulation.num_simulations={simulations}",
+        "workload.evaluation.observations_from=own",  # the race scores no observation
+        f"run.seed={seed}",
+    ]
+
+
+def make_simulations(sims: list[str], env: dict[str, str], work: Path) -> tuple[str, Any, Any]:
+    """``trainforge simulate`` with those overrides: the cache entry's folder, θ and x."""
+    from trainforge.workloads.sbi import simulate
+
+    code, lines = command(["simulate", RECIPE, "run.name=sims", *sims], env, work)
+    assert code == 0, lines[-5:]
+    path = next(line.split("simulations ready: ", 1)[1] for _, line in lines
+                if "simulations ready: " in line)  # fmt: skip
+    theta, x = simulate.load(Path(path), drop_invalid=False)
+    return path, theta, x
+
+
 def split_permutation(n: int, seed: int) -> Any:
     """The permutation whose tail trainforge validates on with ``run.seed=seed``
     (``workloads.sbi.split``), given to sbi so that both validate on the same rows."""
@@ -198,19 +231,9 @@ def main() -> None:
     import torch
     from startup import settle, stop_cluster
 
-    from trainforge.workloads.sbi import simulate
-
     torch.set_num_threads(1)
-    work = Path(tempfile.mkdtemp(prefix="tf-sbi-race-"))
-    os.chdir(work)  # sbi writes its TensorBoard logs into ./sbi-logs
-    env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
-    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_WARM_WORKERS"):
-        env.pop(key, None)
-    sims = [
-        f"workload.simulation.num_simulations={args.simulations}",
-        "workload.evaluation.observations_from=own",
-        f"run.seed={args.seed}",
-    ]  # the race scores no observation
+    work, env = work_folder("tf-sbi-race-")
+    sims = simulation_overrides(args.simulations, args.seed)
     graphs = ["precision.cuda_graphs=true"] if args.device == "cuda" else []
     report: dict[str, Any] = {
         "machine": {
@@ -229,12 +252,8 @@ def main() -> None:
     def save() -> None:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
 
-    code, lines = command(["simulate", RECIPE, "run.name=sims", *sims], env, work)
-    assert code == 0, lines[-5:]
-    path = next(line.split("simulations ready: ", 1)[1] for _, line in lines
-                if "simulations ready: " in line)  # fmt: skip
+    path, theta, x = make_simulations(sims, env, work)
     report["simulations_path"] = path
-    theta, x = simulate.load(Path(path), drop_invalid=False)
     if args.seeds:
         report["seeds"] = converged_per_seed(args.seeds, theta, x, path, sims, env, work)
         save()
