@@ -125,11 +125,11 @@ _step_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 def step_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream of a graphed step on ``device``: DDP is built on it (``wrap``), and the
-    step's eager steps and its capture run on it (``worker.step.GraphedStep``). One stream for
-    all three: DDP keeps the gradient accumulators it makes at construction, and a backward
-    pass on another stream than theirs may sync the two streams (torch 2.11 warns so, once per
-    process: "The AccumulateGrad node's stream does not match … may incur unnecessary
-    synchronization")."""
+    step's eager steps run on it (``worker.step.GraphedStep``). DDP keeps the gradient
+    accumulators it makes at construction, and an eager backward on another stream than theirs
+    may sync the two streams per parameter (torch 2.11 warns so, once per process: "The
+    AccumulateGrad node's stream does not match … may incur unnecessary synchronization"). The
+    capture does run on another stream, on purpose: ``worker.step`` says why."""
     if device not in _step_streams:
         _step_streams[device] = torch.cuda.Stream(device)
     return _step_streams[device]

@@ -21,11 +21,16 @@ stream is put back after it, so a graphed run crops and flips exactly as the eag
 With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
 in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
 (``distributed.wrap``) and runs at least 11 eager iterations before capture (DDP finishes
-setting up its buckets and logging in the first ten); the eager steps and the capture run on
-that same stream (``distributed.step_stream``), the stream of the gradient accumulators DDP
-keeps. The notes also ask for NCCL's asynchronous error handling off; capture and replay work
-with Ray Train's default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing
-sets it.
+setting up its buckets and logging in the first ten). The eager steps run on that same stream
+(``distributed.step_stream``), the stream of the gradient accumulators DDP keeps, so an eager
+backward needs no sync with them. The capture runs on a stream of its own: in the graph
+the accumulators' work is then ordered after the backward's by graph edges, not by one stream,
+and it overlaps the backward (2 H200s: +1.5% at 2 GPUs against capture on the accumulators'
+stream, equal on one; bench/results, thirty-seventh session). Torch warns of that mismatch
+once per process at capture ("may incur unnecessary synchronization"): the filter around the
+capture names that message alone. The notes also ask for NCCL's asynchronous error handling
+off; capture and replay work with Ray Train's default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``,
+tested on H200s), so nothing sets it.
 
 Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
@@ -43,6 +48,7 @@ one line (``cuda_graph_choice``), also when the training data streams through a 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +64,8 @@ from trainforge.workloads.base import Workload
 
 WARMUP_STEPS = 3
 DDP_WARMUP_STEPS = 11
+ACCUMULATOR_STREAM_WARNING = "The AccumulateGrad node's stream does not match"
+"""The start of torch's warning at a DDP step's capture (a regex for ``warnings``)."""
 
 
 class GraphedStep:
@@ -84,12 +92,10 @@ class GraphedStep:
         self.max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         self.eager_steps_left = DDP_WARMUP_STEPS if ddp else WARMUP_STEPS
-        # eager steps and capture on the stream DDP was built on (``distributed.step_stream``);
-        # bench/ddp_scaling_options.py's ``capturestream`` captures on another (faster under DDP
-        # on 2 H200s, but a failed capture's fallback is not yet checked there: bench/results,
-        # thirty-seventh session)
+        # eager steps on the stream DDP was built on (``distributed.step_stream``); the capture
+        # on a stream of its own (the module's docstring: faster under DDP)
         self.side = distributed.step_stream(self.params[0].device)
-        self.capture_stream = self.side
+        self.capture_stream = torch.cuda.Stream(self.params[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.batch: tuple[torch.Tensor, ...] = ()  # the graph reads its batch from these
         self.error = ""
@@ -138,12 +144,21 @@ class GraphedStep:
         self.batch = tuple(t.detach().clone() for t in example)
         self.graph = torch.cuda.CUDAGraph()
         self.optimizer.zero_grad(set_to_none=True)
+        current = torch.cuda.current_stream(device)
         try:
-            with torch.cuda.graph(self.graph, stream=self.capture_stream):
+            with (
+                warnings.catch_warnings(),
+                torch.cuda.graph(self.graph, stream=self.capture_stream),
+            ):
+                warnings.filterwarnings("ignore", ACCUMULATOR_STREAM_WARNING, UserWarning)
                 self.loss, self.norm = self._body(self.batch)
         except RuntimeError as exc:
             # Data-dependent control flow (e.g. nflows' spline domain checks) cannot be
-            # captured: the caller goes on with eager steps.
+            # captured: the caller goes on with eager steps. When the capture's end raises,
+            # torch's graph context never leaves its stream: the thread is put back on its own,
+            # or every later step and evaluation would run on the capture stream, unordered
+            # with the default stream's work.
+            torch.cuda.set_stream(current)
             self.graph, self.error = None, " ".join(str(exc).split())[:200]
             self.optimizer.zero_grad(set_to_none=True)
             torch.cuda.synchronize()

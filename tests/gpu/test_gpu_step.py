@@ -160,8 +160,9 @@ def _ddp_rank(ctx: WorkerContext) -> None:
             everyone = gather(flat_parameters(model), ctx.world_size)
             for other in everyone[1:]:
                 assert torch.equal(other, everyone[0]), optimizer
-    # DDP's gradient accumulators, the eager steps and the capture share one stream: torch
-    # warns of a backward on another stream than the accumulators' (it may sync the two)
+    # DDP's gradient accumulators and the eager steps share one stream; the capture runs on
+    # another (faster) and torch's warning of that mismatch, once per process, is filtered
+    # there: none reaches the user
     mismatched = [str(w.message)[:120] for w in caught if "stream does not match" in str(w.message)]
     assert not mismatched, mismatched
 

@@ -93,6 +93,28 @@ def test_graphed_step_matches_the_eager_step() -> None:
     assert_same_training(*eager_and_graphed_losses(torch.device("cuda", 0)))
 
 
+def test_a_failed_capture_leaves_the_thread_on_its_own_stream() -> None:
+    """nflows' NSF cannot be captured (``torch.any`` of a device tensor needs the host). When
+    the capture's end raises, torch's graph context never leaves its stream: the step puts the
+    thread back on the stream it was on, so later work (the eager steps' inputs, evaluation)
+    stays ordered with the default stream's."""
+    device = torch.device("cuda", 0)
+    workload, batches = two_moons_steps(device)
+    workload.cfg.estimator.model = "nsf"
+    torch.manual_seed(0)
+    model = workload.build_model().to(device)
+    train = OmegaConf.create({"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0})
+    optimizer = build_optimizer(model, train, capturable=True)
+    step = GraphedStep(model, workload, optimizer, 5.0, Precision("fp32", device).autocast)
+    before = torch.cuda.current_stream(device)
+    results = [step(b) for b in batches[:4]]  # 3 eager steps, then the capture
+    assert all(r is not None for r in results[:3])
+    assert results[3] is None and step.error and not step.captured
+    assert torch.cuda.current_stream(device) == before
+    # the device's generator left capture mode: the posterior can still be sampled
+    assert torch.randn(4, device=device).isfinite().all()
+
+
 def _ddp_rank(ctx: WorkerContext) -> None:
     eager, graphed, eager_model, graph_model = eager_and_graphed_losses(
         ctx.device, batches_from=4096 * ctx.rank, ctx=ctx
