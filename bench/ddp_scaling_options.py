@@ -16,9 +16,9 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``own<N>``: no DDP: the trainer's bare model with its gradients averaged by its own
   all-reduce, N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL
   call launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
-- ``capturestream``: 10 MB buckets, with the graphed step's capture on a stream of its own,
-  not on the stream DDP was built on and the eager steps run on (``distributed.step_stream``),
-  where it is shipped (since commit 791325d): compare with ``bucket10``;
+- ``onestream``: 10 MB buckets, with the graphed step's capture on the stream DDP was built on
+  and the eager steps run on (``distributed.step_stream``), as shipped from commit 791325d to
+  27355d7; shipped now: a stream of its own (compare with ``bucket10``);
 - ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
   an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
   own gradients): the ceiling that any all-reduce setting could reach.
@@ -54,10 +54,11 @@ PLAIN_WRAP = distributed.wrap
 PLAIN_GRAPHED_STEP_INIT = step.GraphedStep.__init__
 
 
-def capture_on_a_stream_of_its_own(self: step.GraphedStep, *args: Any, **kwargs: Any) -> None:
-    """``capturestream``'s ``GraphedStep.__init__``: the capture on a stream of its own."""
+def capture_on_ddps_stream(self: step.GraphedStep, *args: Any, **kwargs: Any) -> None:
+    """``onestream``'s ``GraphedStep.__init__``: the capture on DDP's stream, with the eager
+    steps."""
     PLAIN_GRAPHED_STEP_INIT(self, *args, **kwargs)
-    self.capture_stream = torch.cuda.Stream(self.params[0].device)
+    self.capture_stream = self.side
 
 
 def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
@@ -132,11 +133,11 @@ class OwnAllReduce:
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
-    capture_stream = option == "capturestream"
-    size = float(option[6:]) if option.startswith("bucket") else 10.0 if capture_stream else 25.0
+    one_stream = option == "onestream"
+    size = float(option[6:]) if option.startswith("bucket") else 10.0 if one_stream else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
     step.GraphedStep.__init__ = (  # type: ignore[method-assign]
-        capture_on_a_stream_of_its_own if capture_stream else PLAIN_GRAPHED_STEP_INIT
+        capture_on_ddps_stream if one_stream else PLAIN_GRAPHED_STEP_INIT
     )
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:

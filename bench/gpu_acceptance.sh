@@ -24,7 +24,7 @@
 #          $OUT/ship/logs.tgz (a call brings back at most 8 files)
 #   streams  issue 13: what the graphed DDP step's capture stream does to weak scaling:
 #          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped: the capture on
-#          DDP's stream) against `capturestream` (the capture on a stream of its own), two
+#          a stream of its own) against `onestream` (the capture on DDP's stream), two
 #          launches of 2 repeats each;
 #          $OUT/streams/{launch1,launch2}.json
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
@@ -79,7 +79,7 @@ for step in "$@"; do
           done
           tar -czf "$OUT/ship/logs.tgz" -C /tmp/ship logs ;;
     streams) for launch in launch1 launch2; do
-               opts streams "$launch" "$gpus" bucket10 capturestream
+               opts streams "$launch" "$gpus" bucket10 onestream
              done ;;
     *) echo "unknown step $step"; continue ;;
   esac
