@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +122,12 @@ def handwritten(optimizer_name: str, batch: int, steps: int) -> float:
 # --------------------------------------------------------------------------- the trainforge side
 
 
-def trainforge_loop(optimizer_name: str, batch: int, steps: int, graphs: bool) -> float:
+def trainforge_loop(
+    optimizer_name: str, batch: int, steps: int, graphs: bool, extra: Sequence[str] = ()
+) -> float:
     """trainforge's worker loop on the bench recipe in this torchrun process: samples/s (all
-    GPUs) over its last logging interval, the second half of its steps."""
+    GPUs) over its last logging interval, the second half of its steps; ``extra``: more recipe
+    overrides."""
     from trainforge import config
     from trainforge.checkpoint import FolderReporter
     from trainforge.distributed import WorkerContext
@@ -142,7 +145,7 @@ def trainforge_loop(optimizer_name: str, batch: int, steps: int, graphs: bool) -
          f"workload.synthetic_train_size={batch * world * steps}",
          "workload.synthetic_val_size=1024", "scaling.use_all_gpus=false",
          f"scaling.num_workers={world}",
-         f"precision.cuda_graphs={'auto' if graphs else 'false'}"],
+         f"precision.cuda_graphs={'auto' if graphs else 'false'}", *extra],
     )  # fmt: skip
     ctx = WorkerContext(rank, local, world, 0, torch.device("cuda", local))
     with tempfile.TemporaryDirectory(prefix="tf-bench-") as folder:

@@ -27,6 +27,14 @@
 #          a stream of its own) against `onestream` (the capture on DDP's stream), two
 #          launches of 2 repeats each;
 #          $OUT/streams/{launch1,launch2}.json
+#   parts  issue 13: where weak scaling goes, in bench/ddp_scaling_options.py's runs of the
+#          shipped graphed step (3 repeats each): GPU 0 alone (`solo1`, and `solo2` at the end);
+#          every GPU at once, each its own independent run of one GPU (`alone<i>`: what the host
+#          loses when all its GPUs work, with no DDP); DDP on all GPUs, `bucket10` (as shipped)
+#          and `nocomm` (DDP's bookkeeping without communication): $OUT/parts/*.json
+#   kernels  issue 13: bench/ddp_step_kernels.py, rank 0's GPU activity per graphed step, GPU 0
+#          alone (`one.json`) against DDP on all GPUs (`all.json`: `nocomm`, `bucket10`), and
+#          their comparisons: $OUT/kernels/kernels.log
 # Results land in $OUT (JSON and logs); commit them under bench/results/ with the host's facts
 # ($OUT/host.txt, written by bench/device_env.sh).
 set -u
@@ -81,6 +89,33 @@ for step in "$@"; do
     streams) for launch in launch1 launch2; do
                opts streams "$launch" "$gpus" bucket10 onestream
              done ;;
+    parts) one_gpu() {  # one_gpu GPU NAME: the shipped graphed step on that GPU alone
+             CUDA_VISIBLE_DEVICES=$1 timeout 200 python3 -m torch.distributed.run --standalone \
+               --nproc_per_node=1 bench/ddp_scaling_options.py --options bucket10 --repeats 3 \
+               --out "$OUT/parts/$2.json" >> "$OUT/parts/$2.log" 2>&1
+             echo "$2 rc=$?" >> "$OUT/parts/parts.log"
+           }
+           mkdir -p "$OUT/parts"
+           one_gpu 0 solo1
+           for gpu in $(seq 0 $((gpus - 1))); do one_gpu "$gpu" "alone$gpu" & done
+           wait
+           OPTS_TIMEOUT=200 opts parts ddp "$gpus" bucket10 nocomm
+           one_gpu 0 solo2
+           python3 -c 'import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    print(path.stem, json.loads(path.read_text())["medians"])' "$OUT/parts" >> "$OUT/parts/parts.log" ;;
+    kernels) mkdir -p "$OUT/kernels"
+             kernels() {  # kernels GPUS NAME OPTION...
+               timeout 250 python3 -m torch.distributed.run --standalone --nproc_per_node="$1" \
+                 bench/ddp_step_kernels.py --options "${@:3}" --out "$OUT/kernels/$2.json" \
+                 >> "$OUT/kernels/kernels.log" 2>&1
+             }
+             CUDA_VISIBLE_DEVICES=0 kernels 1 one bucket10
+             kernels "$gpus" all nocomm bucket10
+             (cd "$OUT/kernels" && python3 "$OLDPWD/bench/ddp_step_kernels.py" \
+                --compare one.json:bucket10 all.json:nocomm && python3 \
+                "$OLDPWD/bench/ddp_step_kernels.py" --compare all.json:nocomm all.json:bucket10) \
+               > "$OUT/kernels/compare.txt" 2>&1 ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
