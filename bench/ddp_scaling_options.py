@@ -19,6 +19,8 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``onestream``: 10 MB buckets, with the graphed step's capture on the stream DDP was built on
   and the eager steps run on (``distributed.step_stream``), as shipped from commit 791325d to
   27355d7; shipped now: a stream of its own (compare with ``bucket10``);
+- ``avg``: 10 MB buckets averaged by NCCL itself (``ReduceOp.AVG`` in a comm hook) instead of
+  DDP's multiply of each gradient by 1/world size as it copies it into its bucket;
 - ``nocomm``: a diagnostic, not a training option: DDP's hook hands each bucket back without
   an all-reduce, so the run pays DDP's bookkeeping but no communication (each rank keeps its
   own gradients): the ceiling that any all-reduce setting could reach.
@@ -68,9 +70,20 @@ def local_gradients(state: Any, bucket: Any) -> torch.futures.Future:
     return done
 
 
+def averaged_by_nccl(state: Any, bucket: Any) -> torch.futures.Future:
+    """A DDP comm hook that averages each bucket in NCCL's all-reduce (``ReduceOp.AVG``): with
+    any hook DDP copies each gradient into its bucket, without one it multiplies each by 1/world
+    size on the way (a kernel per parameter either way), and its own hook divides once more."""
+    work = torch.distributed.all_reduce(
+        bucket.buffer(), op=torch.distributed.ReduceOp.AVG, async_op=True
+    )
+    return work.get_future().then(lambda done: done.value()[0])
+
+
 # DDP accepts a hook whose parameters are annotated with its own classes or not at all; this
 # module's annotations are strings (``from __future__ import annotations``)
 local_gradients.__annotations__ = {}
+averaged_by_nccl.__annotations__ = {}
 
 
 class OwnAllReduce:
@@ -133,8 +146,9 @@ class OwnAllReduce:
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
+    size = float(option[6:]) if option.startswith("bucket") else 25.0
+    size = 10.0 if option in ("onestream", "avg") else size
     one_stream = option == "onestream"
-    size = float(option[6:]) if option.startswith("bucket") else 10.0 if one_stream else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
     step.GraphedStep.__init__ = (  # type: ignore[method-assign]
         capture_on_ddps_stream if one_stream else PLAIN_GRAPHED_STEP_INIT
@@ -151,6 +165,8 @@ def use(option: str) -> None:
             wrapped.broadcast_buffers = False
         if option == "static":
             wrapped._set_static_graph()
+        if option == "avg":
+            wrapped.register_comm_hook(None, averaged_by_nccl)
         if option == "nocomm":
             wrapped.register_comm_hook(None, local_gradients)
         return wrapped
