@@ -1,0 +1,140 @@
+"""Issue 15's one-core comparison as pairs: the Ray simulation stage against sbi's calls, each
+pair minutes apart at most, many pairs, so a host whose one-core speed drifts between levels
+(±30% between repeats on the GPU hosts: bench/results, sixteenth and nineteenth sessions) is
+seen by both sides of a pair alike.
+
+``sim_scaling.py`` starts a private Ray for every measurement and times few long points; its
+one-core verdict (0.69-0.95 of sbi's best on GPU hosts, 0.95 on this project's CPU) moves with
+the host's level from point to point. Here one private Ray of one CPU is started once (not
+timed, as a lasting cluster is started once) and the stage (``simulate.run``: chunks, files,
+manifest, as a run does) warmed up; then ``--pairs`` rounds each time the stage, sbi's
+``simulate_for_sbi(num_workers=1)`` batched (M/4 per batch, in this process) and with its
+default batch of 1, on ``M`` simulations of the shipped SIR example (about ``--seconds`` of one
+core), in an order that turns every round. Reported: each method's median rate, and per round
+the stage's rate ÷ each sbi call's, with their median and a bootstrap 95% interval of that
+median.
+
+    python bench/sim_one_core_paired.py --out paired.json [--pairs 15] [--seconds 1.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_scaling import (  # sets OMP_NUM_THREADS=1 before torch's import
+    RECIPE,
+    Writer,
+    hardware,
+    serial_seconds_per_simulation,
+    software,
+)
+
+METHODS = ("trainforge", "sbi_batched", "sbi_batch_1")
+
+
+def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``values``."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--seconds", type=float, default=1.5, help="one core's work per call")
+    parser.add_argument("--budget-s", type=float, default=400.0, help="start no round after")
+    args = parser.parse_args()
+
+    import ray
+    from sbi.inference import simulate_for_sbi
+
+    from trainforge import config
+    from trainforge.driver.cluster import connect
+    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi.examples import sir
+
+    started = time.perf_counter()
+    cost = serial_seconds_per_simulation(200)
+    n = max(64, round(args.seconds / cost))
+    document: dict[str, Any] = {
+        "bench": "sim_one_core_paired", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hardware": hardware(), "software": software(), "serial_ms_per_simulation": cost * 1e3,
+        "num_simulations": n, "rounds": [], "complete": False,
+    }  # fmt: skip
+    writer = Writer(args.out, document)
+    scratch = Path(tempfile.mkdtemp(prefix="sim_paired_"))
+    prior = sir.prior()
+
+    def stage(seed: int) -> float:
+        overrides = [f"workload.simulation.num_simulations={n}",
+                     f"workload.simulation.cache_dir={scratch / str(seed)}",
+                     "train.batch_size=8"]  # fmt: skip
+        section = config.load(RECIPE, overrides).workload
+        began = time.perf_counter()
+        simulate.run(section, seed, str(scratch), quiet=True)
+        return time.perf_counter() - began
+
+    def sbi_call(seed: int, batch: int) -> float:
+        began = time.perf_counter()
+        simulate_for_sbi(sir.simulate, prior, n, num_workers=1, simulation_batch_size=batch,
+                         seed=seed, show_progress_bar=False)  # fmt: skip
+        return time.perf_counter() - began
+
+    calls = {
+        "trainforge": stage,
+        "sbi_batched": lambda seed: sbi_call(seed, max(1, n // 4)),
+        "sbi_batch_1": lambda seed: sbi_call(seed, 1),
+    }
+    connect(local_only=True, num_cpus=1, num_gpus=0)
+    try:
+        for method in METHODS:  # warm-up: the stage's worker starts and imports; SciPy's too
+            calls[method](10_000)
+        print(f"[paired] {n} SIR simulations a call ({cost * 1e3:.2f} ms each serially)")
+        for round_ in range(args.pairs):
+            if time.perf_counter() - started > args.budget_s:
+                document["stopped_early"] = f"budget of {args.budget_s:.0f} s"
+                break
+            shift = round_ % len(METHODS)
+            order = METHODS[shift:] + METHODS[:shift]
+            rates = {method: n / calls[method](round_) for method in order}
+            document["rounds"].append({"order": list(order), "simulations_per_s": rates})
+            writer.save()
+            print(f"[paired] round {round_}: " + ", ".join(
+                f"{m} {rates[m]:,.0f}/s" for m in METHODS), flush=True)  # fmt: skip
+        else:
+            document["complete"] = True
+    finally:
+        ray.shutdown()
+        shutil.rmtree(scratch, ignore_errors=True)
+    rounds = [r["simulations_per_s"] for r in document["rounds"]]
+    summary: dict[str, Any] = {
+        m: {"median_per_s": statistics.median(r[m] for r in rounds)} for m in METHODS
+    }
+    for other in METHODS[1:]:
+        ratios = [r["trainforge"] / r[other] for r in rounds]
+        low, high = median_interval(ratios)
+        summary[f"trainforge_over_{other}"] = {
+            "median": statistics.median(ratios), "interval_95": [low, high],
+            "rounds_at_or_above": sum(x >= 1.0 for x in ratios), "rounds": len(ratios),
+        }  # fmt: skip
+    document["summary"] = summary
+    document["wall_s"] = time.perf_counter() - started
+    writer.save()
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
