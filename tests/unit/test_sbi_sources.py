@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,3 +127,25 @@ def test_the_fingerprint_follows_the_simulators_source(user_module: str, tmp_pat
     after = sources.resolve(_custom(user_module, "simulate")).fingerprint
     assert before["simulator_source"] != after["simulator_source"]
     assert before["prior_source"] == after["prior_source"]  # the prior function is unchanged
+
+
+def test_a_chunk_is_decided_by_its_seed_through_the_global_generators(user_module: str) -> None:
+    """A user's prior and simulator draw from torch's and NumPy's global generators, which the
+    stage seeds per chunk: a chunk's θ and x are those of ``torch.manual_seed`` and
+    ``np.random.seed`` with the chunk's seed, whatever was drawn before it (on the CPU the stage
+    seeds torch's CPU generator alone, the one these draws come from)."""
+    from trainforge.workloads.sbi import simulate
+
+    cfg = _custom(user_module, "simulate")
+    source = sources.resolve(cfg)  # its probe draws too: before the seeds
+    seed = simulate.chunk_seed(7, 3)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    theta = source.sample_prior(16, torch.Generator())
+    x = source.simulate(theta, torch.Generator())
+    for _ in range(2):
+        torch.rand(5), np.random.rand(5)  # other draws before the chunk change nothing
+        chunk = simulate.simulate_chunk(cfg, 7, 3, 16, "cpu")
+        assert torch.equal(chunk["theta"], theta) and torch.equal(chunk["x"], x)
+    other = simulate.simulate_chunk(cfg, 7, 4, 16, "cpu")
+    assert not torch.equal(other["theta"], theta)
