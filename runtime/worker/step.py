@@ -25,12 +25,12 @@ setting up its buckets and logging in the first ten). The eager steps run on tha
 (``distributed.step_stream``), the stream of the gradient accumulators DDP keeps, so an eager
 backward needs no sync with them. The capture runs on a stream of its own: in the graph
 the accumulators' work is then ordered after the backward's by graph edges, not by one stream,
-and it overlaps the backward (2 H200s: +1.5% at 2 GPUs against capture on the accumulators'
-stream, equal on one; bench/results, thirty-seventh session). Torch warns of that mismatch
-once per process at capture ("may incur unnecessary synchronization"): the filter around the
-capture names that message alone. The notes also ask for NCCL's asynchronous error handling
-off; capture and replay work with Ray Train's default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``,
-tested on H200s), so nothing sets it.
+and it overlaps the backward (2 H200s: +1.5-2.5% at 2 GPUs against capture on the
+accumulators' stream, equal on one; bench/results, thirty-seventh and thirty-eighth
+sessions). Torch warns of that mismatch once per process at capture ("may incur unnecessary
+synchronization"): the filter around the capture names that message alone. The notes also
+ask for NCCL's asynchronous error handling off; capture and replay work with Ray Train's
+default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
 
 Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
