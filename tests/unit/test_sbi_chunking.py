@@ -52,6 +52,11 @@ def test_task_sizes_follow_the_measured_cost() -> None:
     fast = chunking.TaskSizer(slots=32, rows_per_chunk=16)
     fast.record(16_000, 0.016)  # 1 µs a simulation: rows, not seconds, cap a task
     assert fast.next_size(10**7) == chunking.MAX_TASK_ROWS // 16
+    one = chunking.TaskSizer(slots=1, rows_per_chunk=16)
+    one.record(16, 0.032)
+    # one slot has no other to finish with: no shrinking share, MAX_TASK_SECONDS of work
+    assert one.next_size(1000) == int(chunking.MAX_TASK_SECONDS / 0.032)
+    assert one.next_size(100) == 100
     slow = chunking.TaskSizer(slots=2, rows_per_chunk=16)
     slow.record(32, 320.0)  # 10 s a simulation: one chunk a task
     assert slow.next_size(1000) == 1

@@ -16,7 +16,8 @@ Two sizes, kept apart on purpose:
   chunks, so tasks shrink towards the end and every core finishes at about the same time),
   but never less than ``MIN_TASK_SECONDS`` of work (Ray's cost per task, milliseconds, stays
   small beside it) nor more than ``MAX_TASK_SECONDS`` (progress shows, and an interruption
-  loses little).
+  loses little). A cluster of one slot has nothing to balance: its tasks hold
+  ``MAX_TASK_SECONDS`` of work, fewer tasks and fewer round trips.
 """
 
 from __future__ import annotations
@@ -81,5 +82,10 @@ class TaskSizer:
         least = math.ceil(MIN_TASK_SECONDS / chunk_seconds)
         most = max(least, int(MAX_TASK_SECONDS / chunk_seconds))
         most = min(most, max(1, MAX_TASK_ROWS // self.rows_per_chunk))
-        share = math.ceil(remaining_chunks / (SHARES * self.slots))
+        # one slot has no other to finish with: it takes the most a task may hold
+        share = (
+            remaining_chunks
+            if self.slots == 1
+            else math.ceil(remaining_chunks / (SHARES * self.slots))
+        )
         return max(1, min(remaining_chunks, most, max(least, share)))
