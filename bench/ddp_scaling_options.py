@@ -146,12 +146,13 @@ class OwnAllReduce:
 
 def use(option: str) -> None:
     """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
-    size = float(option[6:]) if option.startswith("bucket") else 25.0
-    size = 10.0 if option in ("onestream", "avg") else size
-    one_stream = option == "onestream"
+    if option.startswith("bucket"):
+        size = float(option[6:])
+    else:  # the shipped graphed step's 10 MB where an option is compared with it, else DDP's 25
+        size = 10.0 if option in ("onestream", "avg") else 25.0
     distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
     step.GraphedStep.__init__ = (  # type: ignore[method-assign]
-        capture_on_ddps_stream if one_stream else PLAIN_GRAPHED_STEP_INIT
+        capture_on_ddps_stream if option == "onestream" else PLAIN_GRAPHED_STEP_INIT
     )
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:

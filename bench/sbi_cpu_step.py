@@ -28,21 +28,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the race's setting: one worker,
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sbi_baseline import simulate_two_moons
 from sim_scaling import hardware
 
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import fast_tanh
 from trainforge.workloads.sbi.config import EstimatorSection
-from trainforge.workloads.sbi.tasks import get_task
 
 SIDES = ("torch_tanh", "fast_tanh")
-
-
-def simulations(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    task = get_task("two_moons")
-    theta = task.prior_sample(n, generator)
-    return theta, task.simulate(theta, generator)
 
 
 def model_pair(theta: torch.Tensor, x: torch.Tensor) -> dict[str, Any]:
@@ -72,7 +65,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("sbi_cpu_step.json"))
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    theta, x = simulations(10_000)
+    theta, x = simulate_two_moons(10_000, seed=0)
     train = (theta[:9_000], x[:9_000])
     models = model_pair(*train)
     optimizers = {

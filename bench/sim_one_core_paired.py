@@ -32,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_scaling import (  # sets OMP_NUM_THREADS=1 before torch's import
-    RECIPE,
     Writer,
     hardware,
     serial_seconds_per_simulation,
     software,
+    stage_section,
 )
 
 METHODS = ("trainforge", "sbi_batched", "sbi_batch_1")
@@ -60,7 +60,6 @@ def main() -> int:
     import ray
     from sbi.inference import simulate_for_sbi
 
-    from trainforge import config
     from trainforge.driver.cluster import connect
     from trainforge.workloads.sbi import simulate
     from trainforge.workloads.sbi.examples import sir
@@ -78,10 +77,7 @@ def main() -> int:
     prior = sir.prior()
 
     def stage(seed: int) -> float:
-        overrides = [f"workload.simulation.num_simulations={n}",
-                     f"workload.simulation.cache_dir={scratch / str(seed)}",
-                     "train.batch_size=8"]  # fmt: skip
-        section = config.load(RECIPE, overrides).workload
+        section = stage_section(n, scratch / str(seed))  # read before the clock, as a command does
         began = time.perf_counter()
         simulate.run(section, seed, str(scratch), quiet=True)
         return time.perf_counter() - began

@@ -231,6 +231,15 @@ class Writer:
         temporary.replace(self.path)
 
 
+def stage_section(n: int, folder: Path) -> Any:
+    """The SIR recipe's workload section for a stage of ``n`` simulations cached in ``folder``."""
+    from trainforge import config
+
+    overrides = [f"workload.simulation.num_simulations={n}",
+                 f"workload.simulation.cache_dir={folder}", "train.batch_size=8"]  # fmt: skip
+    return config.load(RECIPE, overrides).workload
+
+
 def trainforge_stage(
     cores: int, simulations: int, warmup: int, scratch: Path, pin: bool, nice0: bool = False
 ) -> dict[str, Any]:
@@ -240,18 +249,12 @@ def trainforge_stage(
     raylet this process starts)."""
     import ray
 
-    from trainforge import config
     from trainforge.driver.cluster import connect
     from trainforge.workloads.sbi import simulate
 
-    def section(n: int, folder: Path) -> Any:
-        overrides = [f"workload.simulation.num_simulations={n}",
-                     f"workload.simulation.cache_dir={folder}", "train.batch_size=8"]  # fmt: skip
-        return config.load(RECIPE, overrides).workload
-
     warmup_section, timed_section = (
-        section(warmup, scratch / "warmup"),
-        section(simulations, scratch / "timed"),
+        stage_section(warmup, scratch / "warmup"),
+        stage_section(simulations, scratch / "timed"),
     )  # the recipe read before any clock starts: a command reads it before its stage
     simulating, rest = pinned_cpus(cores)
     if pin:
