@@ -54,9 +54,10 @@ def test_task_sizes_follow_the_measured_cost() -> None:
     assert fast.next_size(10**7) == chunking.MAX_TASK_ROWS // 16
     one = chunking.TaskSizer(slots=1, rows_per_chunk=16)
     one.record(16, 0.032)
-    # one slot has no other to finish with: no shrinking share, MAX_TASK_SECONDS of work
+    # one slot's tasks shrink too: the last task's chunks are written while nothing simulates
     assert one.next_size(1000) == int(chunking.MAX_TASK_SECONDS / 0.032)
-    assert one.next_size(100) == 100
+    assert one.next_size(100) == 50
+    assert one.next_size(10) == 8  # MIN_TASK_SECONDS of work, not fewer
     slow = chunking.TaskSizer(slots=2, rows_per_chunk=16)
     slow.record(32, 320.0)  # 10 s a simulation: one chunk a task
     assert slow.next_size(1000) == 1

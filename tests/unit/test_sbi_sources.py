@@ -42,6 +42,9 @@ def not_a_tensor(theta):
 def numpy_sim(theta):
     return np.asarray(theta) * 2.0
 
+def numpy_noise(theta):
+    return np.asarray(theta) + np.random.normal(size=np.shape(theta))
+
 def broken(theta):
     raise RuntimeError("solver diverged")
 
@@ -149,3 +152,38 @@ def test_a_chunk_is_decided_by_its_seed_through_the_global_generators(user_modul
         assert torch.equal(chunk["theta"], theta) and torch.equal(chunk["x"], x)
     other = simulate.simulate_chunk(cfg, 7, 4, 16, "cpu")
     assert not torch.equal(other["theta"], theta)
+
+
+def test_a_tasks_chunks_cross_as_one_tensor_and_come_back_apart(user_module: str) -> None:
+    """A task returns its chunks' θ and x as one tensor each; each chunk comes back equal to
+    its own result, holding only its own rows (``torch.save`` writes a view's whole storage,
+    so a slice of the task's tensor would put every chunk into each chunk's file)."""
+    from trainforge.workloads.sbi import simulate
+
+    cfg = _custom(user_module, "simulate")
+    alone = [simulate.simulate_chunk(cfg, 7, i, n, "cpu") for i, n in ((0, 16), (1, 16), (2, 5))]
+    packed = simulate.pack([dict(chunk) for chunk in alone], "node:1")
+    assert packed["theta"].shape[0] == 37 and packed["rows"] == [16, 16, 5]
+    back = simulate.unpack(packed)
+    for chunk, mine in zip(alone, back, strict=True):
+        assert torch.equal(mine["theta"], chunk["theta"]) and torch.equal(mine["x"], chunk["x"])
+        assert mine["x"].untyped_storage().nbytes() == mine["x"].numel() * 4
+        assert mine["worker"] == "node:1" and mine["invalid"] == chunk["invalid"]
+
+
+@pytest.mark.parametrize("simulator", ["simulate", "numpy_noise"])
+def test_a_tasks_chunks_drawn_together_equal_each_chunk_alone(
+    user_module: str, simulator: str
+) -> None:
+    """On the CPU a task draws all its chunks' θ before it simulates any: each chunk's x still
+    continues from its own seed and prior draw (torch's global RNG for ``simulate``, NumPy's
+    for ``numpy_noise``), so a chunk's values do not depend on the task that ran it."""
+    from trainforge.workloads.sbi import simulate
+
+    cfg = _custom(user_module, simulator)
+    chunks = [(3, 16), (4, 16), (9, 7)]
+    together = simulate.simulate_chunk_list(cfg, 7, chunks, "cpu")
+    for (index, size), chunk in zip(chunks, together, strict=True):
+        alone = simulate.simulate_chunk(cfg, 7, index, size, "cpu")
+        assert torch.equal(chunk["theta"], alone["theta"]) and torch.equal(chunk["x"], alone["x"])
+    assert not torch.equal(together[0]["x"], together[1]["x"])
