@@ -12,7 +12,7 @@ manifest, as a run does) warmed up; then ``--pairs`` rounds each time the stage,
 default batch of 1, on ``M`` simulations of the shipped SIR example (about ``--seconds`` of one
 core), in an order that turns every round. Reported: each method's median rate, and per round
 the stage's rate ÷ each sbi call's, with their median and a bootstrap 95% interval of that
-median.
+median, and the stage's seconds outside its chunks' own work (``stage_outside_s``).
 
     python bench/sim_one_core_paired.py --out paired.json [--pairs 15] [--seconds 1.5]
 """
@@ -76,11 +76,30 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="sim_paired_"))
     prior = sir.prior()
 
+    # the stage's seconds outside its chunks' own (prior draws and simulator calls): dispatch,
+    # transfer, files. Counted where the driver unpacks each task's chunks; a package from
+    # before ``unpack`` (a baseline) reports none
+    chunk_seconds: list[float] = []
+    outside: dict[str, float] = {}
+    if hasattr(simulate, "unpack"):
+        unpack = simulate.unpack
+
+        def counted(task: dict[str, Any]) -> list[dict[str, Any]]:
+            chunks = unpack(task)
+            chunk_seconds.extend(chunk["seconds"] for chunk in chunks)
+            return chunks
+
+        simulate.unpack = counted
+
     def stage(seed: int) -> float:
         section = stage_section(n, scratch / str(seed))  # read before the clock, as a command does
+        chunk_seconds.clear()
         began = time.perf_counter()
         simulate.run(section, seed, str(scratch), quiet=True)
-        return time.perf_counter() - began
+        wall = time.perf_counter() - began
+        if chunk_seconds:
+            outside["stage_outside_s"] = wall - sum(chunk_seconds)
+        return wall
 
     def sbi_call(seed: int, batch: int) -> float:
         began = time.perf_counter()
@@ -105,7 +124,7 @@ def main() -> int:
             shift = round_ % len(METHODS)
             order = METHODS[shift:] + METHODS[:shift]
             rates = {method: n / calls[method](round_) for method in order}
-            document["rounds"].append({"order": list(order), "simulations_per_s": rates})
+            document["rounds"].append({"order": list(order), "simulations_per_s": rates, **outside})
             writer.save()
             print(f"[paired] round {round_}: " + ", ".join(
                 f"{m} {rates[m]:,.0f}/s" for m in METHODS), flush=True)  # fmt: skip
@@ -125,6 +144,9 @@ def main() -> int:
             "median": statistics.median(ratios), "interval_95": [low, high],
             "rounds_at_or_above": sum(x >= 1.0 for x in ratios), "rounds": len(ratios),
         }  # fmt: skip
+    spent = [r["stage_outside_s"] for r in document["rounds"] if "stage_outside_s" in r]
+    if spent:
+        summary["stage_outside_s"] = {"median": statistics.median(spent), "min": min(spent)}
     document["summary"] = summary
     document["wall_s"] = time.perf_counter() - started
     writer.save()
