@@ -120,6 +120,31 @@ def test_the_stages_progress_line_shows_a_pace_only_once_there_is_one(
     ]
 
 
+def test_the_stages_pace_is_its_processes_at_their_measured_speed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Five seconds in, only one-chunk pilots have come back while long tasks run: the pace is
+    each process's speed in its chunks' own seconds, not the few finished simulations over the
+    time since the first (which said 41/s, ETA 71 s, of a stage done five seconds later). More
+    processes than the cluster runs at once (a replaced worker) do not count twice."""
+    from trainforge.workloads.sbi import simulate
+
+    clock = [0.0]
+    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    lines: list[str] = []
+    progress = simulate.Progress(3_000, 0, lines.append, started=0.0, last=0.0, slots=2)
+    clock[0] = 3.5
+    progress.add(16, {"node:1"}, 0.032)
+    clock[0] = 5.0
+    progress.add(64, {"node:1", "node:2"}, 0.128)  # 2 ms a simulation in each process
+    clock[0] = 10.0
+    progress.add(920, {"node:3"}, 1.84)  # a third process, in a cluster of two slots
+    assert lines == [
+        "simulations: 80/3,000 (3%), 1,000/s on 2 processes, ETA 3 s",
+        "simulations: 1,000/3,000 (33%), 1,000/s on 3 processes, ETA 2 s",
+    ]
+
+
 def test_the_stages_last_line_counts_processes_and_nodes_in_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
