@@ -7,15 +7,17 @@ all-reduce shares the GPU with the backward pass. This runs trainforge's loop
 (``bench/cnn_throughput.py``'s ``trainforge_loop``) under one torchrun launch for each DDP
 option, in a rotating order per repeat, so they are compared on one host minutes apart:
 
-- ``bucket<N>``: DDP's gradient bucket of N MB (graphed steps ship 10, eager 25): smaller
-  buckets start earlier;
+- ``bucket<N>``: DDP's gradient bucket of N MB, DDP built as graphed steps had it until the
+  thirty-ninth session (on the step's side stream; they had 10, eager steps 25): smaller
+  buckets start earlier (every option below but ``own`` and ``flat`` is DDP so built);
 - ``bf16``: gradients all-reduced in bf16 (DDP's ``bf16_compress_hook``): half the bytes;
 - ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
 - ``static``: DDP told the graph is static (``static_graph``: the same parameters get
   gradients every step, so its bookkeeping is set once);
-- ``own<N>``: no DDP: the trainer's bare model with its gradients averaged by its own
-  all-reduce, N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL
-  call launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
+- ``own<N>``: no DDP: the bare model with its gradients averaged by hooks of its own
+  (``trainforge.gradient_averaging``, shipped for graphed steps since the fortieth session with
+  10 MB), N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL call
+  launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
 - ``flat<N>``: ``own<N>``'s buckets and hooks, but each bucket's gradients gathered into one
   flat tensor (one ``torch.cat``, one scale by 1/world size), all-reduced, and the parameters'
   gradients then views of it: no kernel per parameter into a bucket (DDP copies each fresh
@@ -44,17 +46,18 @@ import json
 import os
 import statistics
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cnn_throughput import trainforge_loop
 
 from trainforge import distributed
+from trainforge.gradient_averaging import GradientAverager
 from trainforge.worker import step
 
 PLAIN_WRAP = distributed.wrap
@@ -91,103 +94,63 @@ local_gradients.__annotations__ = {}
 averaged_by_nccl.__annotations__ = {}
 
 
-class OwnAllReduce:
-    """Gradient averaging without DDP: buckets of parameters in the order the backward pass
-    produces their gradients (the reverse of registration), each bucket's gradients averaged in
-    place by one coalesced all-reduce as soon as its last gradient is accumulated, buckets
-    launched in order on every rank; the backward pass's end waits for all of them."""
-
-    def __init__(self, model: torch.nn.Module, bucket_mb: float) -> None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        with torch.no_grad():
-            for tensor in [*params, *model.buffers()]:
-                torch.distributed.broadcast(tensor, src=0)
-        self.buckets: list[list[torch.nn.Parameter]] = [[]]
-        size = 0
-        for param in reversed(params):
-            if size >= bucket_mb * 2**20:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(param)
-            size += param.numel() * param.element_size()
-        self.index = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.missing = [len(b) for b in self.buckets]
-        self.next = 0
-        self.works: list[Any] = []
-        self.finish_queued = False  # per backward pass: finish runs at its end
-        for param in params:
-            param.register_post_accumulate_grad_hook(self.ready)
-
-    def ready(self, param: torch.nn.Parameter) -> None:
-        if not self.finish_queued:
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
-            self.finish_queued = True
-        self.missing[self.index[id(param)]] -= 1
-        while self.next < len(self.buckets) and self.missing[self.next] == 0:
-            self.launch(self.next)
-
-    def launch(self, i: int) -> None:
-        grads = [p.grad for p in self.buckets[i]]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            self.works.append(
-                torch.distributed.all_reduce_coalesced(
-                    grads, op=torch.distributed.ReduceOp.AVG, async_op=True
-                )
-            )
-        self.next += 1
-
-    def finish(self) -> None:
-        while self.next < len(self.buckets):
-            for p in self.buckets[self.next]:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.launch(self.next)
-        for work in self.works:
-            work.wait()
-        self.works, self.next, self.finish_queued = [], 0, False
-        self.missing = [len(b) for b in self.buckets]
-
-
-class FlatAllReduce(OwnAllReduce):
+class FlatAllReduce(GradientAverager):
     """``flat<N>``: each bucket gathered by one ``torch.cat`` of its gradients in memory order,
     scaled by 1/world size, all-reduced in place; each parameter's gradient is then a view of
     the flat tensor with the parameter's own strides (channels_last convolutions included),
     which clipping and the optimizer read. Under capture the views are made once: every replay
     writes the backward's fresh gradients where the capture's were, and the flat tensors where
-    theirs were."""
+    theirs were. NCCL only (it sums what it scaled). Slower than ``own`` on 2 H200s (fortieth
+    session)."""
 
-    def launch(self, i: int) -> None:
-        bucket = self.buckets[i]
+    def _launch(self) -> None:
+        bucket = self.buckets[self.launched]
         flat = torch.cat([torch.as_strided(p.grad, (p.numel(),), (1,)) for p in bucket])
-        flat.mul_(1.0 / torch.distributed.get_world_size())
-        self.works.append(torch.distributed.all_reduce(flat, async_op=True))
+        flat.mul_(1.0 / self.world_size)
+        self.pending.append(torch.distributed.all_reduce(flat, async_op=True).get_future())
         offset = 0
         for p in bucket:
             p.grad = torch.as_strided(flat, p.shape, p.stride(), offset)
             offset += p.numel()
-        self.next += 1
+        self.launched += 1
+
+
+def graphed_ddp(model: torch.nn.Module, ctx: Any, bucket_mb: float) -> DistributedDataParallel:
+    """DDP as graphed steps had it until the thirty-ninth session: rank 0's buffers once, no
+    broadcast before every forward, gradients as bucket views, built on the side stream that
+    the eager steps before capture run on (PyTorch's rule for capturing DDP's backward)."""
+    distributed.broadcast_buffers(model)
+    with distributed.on_step_stream(ctx.device):
+        return DistributedDataParallel(
+            model, device_ids=[ctx.device.index], **distributed.NO_FORWARD_BUFFER_SYNC,
+            gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb,
+        )  # fmt: skip
 
 
 def use(option: str) -> None:
-    """Make ``distributed.wrap`` build DDP with ``option`` for the next run."""
+    """Make ``distributed.wrap`` average gradients with ``option`` for the next run."""
     if option.startswith("bucket"):
         size = float(option[6:])
-    else:  # the shipped graphed step's 10 MB where an option is compared with it, else DDP's 25
+    else:  # the 10 MB graphed steps had where an option is compared with it, else DDP's 25
         size = 10.0 if option in ("onestream", "avg") else 25.0
-    distributed.BUCKET_CAP_MB = distributed.GRAPHED_BUCKET_CAP_MB = size
     step.GraphedStep.__init__ = (  # type: ignore[method-assign]
         capture_on_ddps_stream if option == "onestream" else PLAIN_GRAPHED_STEP_INIT
     )
 
     def wrap(model: Any, ctx: Any, cuda_graphs: bool = False, **kwargs: Any) -> Any:
+        if ctx.world_size == 1:
+            return model
         if option.startswith("own"):
-            model._own_all_reduce = OwnAllReduce(model, float(option[3:]))
+            GradientAverager(model, float(option[3:]))
             return model
         if option.startswith("flat"):
-            model._own_all_reduce = FlatAllReduce(model, float(option[4:]))
+            FlatAllReduce(model, float(option[4:]))
             return model
-        wrapped = PLAIN_WRAP(model, ctx, cuda_graphs, **kwargs)
+        if cuda_graphs:
+            wrapped = graphed_ddp(model, ctx, size)
+        else:  # --eager: DDP as eager steps have it
+            distributed.BUCKET_CAP_MB = size
+            wrapped = PLAIN_WRAP(model, ctx, cuda_graphs, **kwargs)
         if option == "bf16":
             wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
         if option == "nobuffers":

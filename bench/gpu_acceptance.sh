@@ -23,15 +23,17 @@
 #          package with a home (lasting cluster) of its own; the commands' logs come back as
 #          $OUT/ship/logs.tgz (a call brings back at most 8 files)
 #   streams  issue 13: what the graphed DDP step's capture stream does to weak scaling:
-#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (as shipped: the capture on
-#          a stream of its own) against `onestream` (the capture on DDP's stream), two
+#          bench/ddp_scaling_options.py on all GPUs, `bucket10` (DDP as graphed steps had it
+#          until the thirty-ninth session: the capture on a stream of its own) against
+#          `onestream` (the capture on DDP's stream), two
 #          launches of 2 repeats each;
 #          $OUT/streams/{launch1,launch2}.json
 #   parts  issue 13: where weak scaling goes, in bench/ddp_scaling_options.py's runs of the
 #          shipped graphed step (3 repeats each): GPU 0 alone (`solo1`, and `solo2` at the end);
 #          every GPU at once, each its own independent run of one GPU (`alone<i>`: what the host
-#          loses when all its GPUs work, with no DDP); DDP on all GPUs, `bucket10` (as shipped)
-#          and `nocomm` (DDP's bookkeeping without communication): $OUT/parts/*.json
+#          loses when all its GPUs work, with no DDP); on all GPUs `own10` (as shipped: the
+#          step's own all-reduce, gradient_averaging.py), DDP `bucket10` and `nocomm` (DDP's
+#          bookkeeping without communication): $OUT/parts/*.json
 #   kernels  issue 13: bench/ddp_step_kernels.py, rank 0's GPU activity per graphed step, GPU 0
 #          alone (`one.json`) against DDP on all GPUs (`all.json`: `nocomm`, `bucket10`), and
 #          their comparisons: $OUT/kernels/kernels.log
@@ -99,7 +101,7 @@ for step in "$@"; do
            one_gpu 0 solo1
            for gpu in $(seq 0 $((gpus - 1))); do one_gpu "$gpu" "alone$gpu" & done
            wait
-           OPTS_TIMEOUT=200 opts parts ddp "$gpus" bucket10 nocomm
+           OPTS_TIMEOUT=250 opts parts ddp "$gpus" own10 bucket10 nocomm
            one_gpu 0 solo2
            python3 -c 'import json, pathlib, sys
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):

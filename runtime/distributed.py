@@ -28,13 +28,8 @@ NO_FORWARD_BUFFER_SYNC: dict[str, Any] = (
 
 BUCKET_CAP_MB: float = 25.0
 """DDP's gradient bucket size for eager steps (its default): each bucket's all-reduce starts as
-soon as the backward pass has produced its gradients."""
-GRAPHED_BUCKET_CAP_MB: float = 10.0
-"""The bucket size for a step captured as a CUDA graph. Its backward pass is short (~5 ms for
-a ResNet-18 at batch 256 on an H200), so the all-reduce of the last bucket, which waits for the
-end of the backward pass, weighs more: 10 MB buckets gave 0.85-1.3% more than 25 MB on 4 GPUs
-in each of eight launches on 4×H100 and 4×H200 hosts; 5 MB, 50 MB and 100 MB less
-(bench/results, issue 13)."""
+soon as the backward pass has produced its gradients. Graphed steps average their gradients
+without DDP (``gradient_averaging.py``, its own bucket size)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +81,13 @@ def wrap(
     gradient_as_bucket_view: bool = True,
 ) -> nn.Module:
     """DDP when there is more than one rank; the bare module otherwise (no wrapper, no no_sync).
+    A step captured as a CUDA graph on several GPUs keeps the bare module too, its gradients
+    averaged by hooks of its own (``gradient_averaging.py``: no copy of each gradient into a
+    bucket, as DDP makes; ~1% of a graphed 2-GPU ResNet-18 step).
 
     Gradients are views into DDP's all-reduce buckets: no copy into the bucket before the
     all-reduce and none back after it (for small SBI flows those copies are dozens of tiny
-    kernels per step). For a step captured as a CUDA graph, DDP is built on a side stream
-    (PyTorch's rule for capturing DDP's backward).
+    kernels per step).
 
     Buffers (BatchNorm's running statistics, an SBI flow's z-scoring constants) are made equal
     to rank 0's here, and not broadcast again before every forward as DDP does by default: a
@@ -101,35 +98,32 @@ def wrap(
     and checkpoints save rank 0's."""
     if ctx.world_size == 1:
         return model
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    if cuda_graphs and ctx.device.type == "cuda":
+        from trainforge.gradient_averaging import GradientAverager
+
+        GradientAverager(model)  # rank 0's parameters and buffers; its hooks keep it
+        return model
     broadcast_buffers(model)
-
-    def ddp() -> DistributedDataParallel:
-        # DDP broadcasts rank 0's parameters here, so every rank starts identical.
-        return DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            **NO_FORWARD_BUFFER_SYNC,
-            gradient_as_bucket_view=gradient_as_bucket_view,
-            bucket_cap_mb=bucket_cap_mb(cuda_graphs, ctx.device),
-        )
-
-    if not (cuda_graphs and ctx.device.type == "cuda"):
-        return ddp()
-    with on_step_stream(ctx.device):
-        return ddp()
+    # DDP broadcasts rank 0's parameters here, so every rank starts identical.
+    return DistributedDataParallel(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        **NO_FORWARD_BUFFER_SYNC,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        bucket_cap_mb=BUCKET_CAP_MB,
+    )
 
 
 _step_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def step_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream of a graphed step on ``device``: DDP is built on it (``wrap``), and the
-    step's eager steps run on it (``worker.step.GraphedStep``). DDP keeps the gradient
-    accumulators it makes at construction, and an eager backward on another stream than theirs
-    may sync the two streams per parameter (torch 2.11 warns so, once per process: "The
-    AccumulateGrad node's stream does not match … may incur unnecessary synchronization"). The
-    capture does run on another stream, on purpose: ``worker.step`` says why."""
+    """The side stream of a graphed step's eager steps on ``device`` (``worker.step.GraphedStep``):
+    their backward passes make the parameters' gradient accumulators, which keep this stream;
+    an eager step on another stream than theirs may sync the two streams per parameter (torch
+    warns so, once per process: "The AccumulateGrad node's stream does not match … may incur
+    unnecessary synchronization"). The capture does run on another stream, on purpose:
+    ``worker.step`` says why."""
     if device not in _step_streams:
         _step_streams[device] = torch.cuda.Stream(device)
     return _step_streams[device]
@@ -144,11 +138,6 @@ def on_step_stream(device: torch.device) -> Iterator[None]:
     with torch.cuda.stream(side):
         yield
     current.wait_stream(side)
-
-
-def bucket_cap_mb(cuda_graphs: bool, device: torch.device) -> float:
-    """DDP's gradient bucket size for a step: graphed (on a GPU) or eager."""
-    return GRAPHED_BUCKET_CAP_MB if cuda_graphs and device.type == "cuda" else BUCKET_CAP_MB
 
 
 def broadcast_buffers(module: nn.Module) -> None:

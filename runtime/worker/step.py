@@ -18,19 +18,22 @@ done as soon as an eager run's (not after all of them and the capture, thrown aw
 capture, on the batch after them, runs no kernel and so changes no weight; the device's random
 stream is put back after it, so a graphed run crops and flips exactly as the eager run would.
 
-With DDP (several GPU workers) the gradient all-reduce is captured too (NCCL allows collectives
-in a graph). As PyTorch's CUDA notes ask, DDP is constructed on a side stream
-(``distributed.wrap``) and runs at least 11 eager iterations before capture (DDP finishes
-setting up its buckets and logging in the first ten). The eager steps run on that same stream
-(``distributed.step_stream``), the stream of the gradient accumulators DDP keeps, so an eager
-backward needs no sync with them. The capture runs on a stream of its own: in the graph
-the accumulators' work is then ordered after the backward's by graph edges, not by one stream,
-and it overlaps the backward (2 H200s: +1.5-2.5% at 2 GPUs against capture on the
-accumulators' stream, equal on one; bench/results, thirty-seventh and thirty-eighth
-sessions). Torch warns of that mismatch once per process at capture ("may incur unnecessary
-synchronization"): the filter around the capture names that message alone. The notes also
-ask for NCCL's asynchronous error handling off; capture and replay work with Ray Train's
-default (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
+On several GPU workers the gradient all-reduce is captured too (NCCL allows collectives in a
+graph): the model is not wrapped in DDP but averages its gradients with hooks of its own
+(``gradient_averaging.py``, launched during the backward pass as DDP's buckets are, without
+DDP's copy of every gradient into a bucket). The eager steps run on a side stream
+(``distributed.step_stream``), where their backward passes make the parameters' gradient
+accumulators, so an eager backward needs no sync with them. The capture runs on a stream of
+its own: in the graph the accumulators' work is then ordered after the backward's by graph
+edges, not by one stream, and it overlaps the backward (2 H200s: +1.5-2.5% at 2 GPUs against
+capture on the accumulators' stream, equal on one; bench/results, thirty-seventh and
+thirty-eighth sessions). Torch warns of that mismatch once per process at capture ("may incur
+unnecessary synchronization"): the filter around the capture names that message alone. A
+model wrapped in DDP (``bench/ddp_scaling_options.py`` compares the two) is captured too,
+after 11 eager steps, as PyTorch's CUDA notes ask (DDP finishes setting up its buckets and
+logging in the first ten; it must be built on the side stream). The notes also ask for NCCL's
+asynchronous error handling off; capture and replay work with Ray Train's default
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
 
 Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the
@@ -65,7 +68,7 @@ from trainforge.workloads.base import Workload
 WARMUP_STEPS = 3
 DDP_WARMUP_STEPS = 11
 ACCUMULATOR_STREAM_WARNING = "The AccumulateGrad node's stream does not match"
-"""The start of torch's warning at a DDP step's capture (a regex for ``warnings``)."""
+"""The start of torch's warning at the capture (a regex for ``warnings``)."""
 
 
 class GraphedStep:
@@ -92,8 +95,8 @@ class GraphedStep:
         self.max_norm = clip_grad_norm if clip_grad_norm is not None else float("inf")
         ddp = isinstance(model, DistributedDataParallel)  # never compiled: refused with graphs
         self.eager_steps_left = DDP_WARMUP_STEPS if ddp else WARMUP_STEPS
-        # eager steps on the stream DDP was built on (``distributed.step_stream``); the capture
-        # on a stream of its own (the module's docstring: faster under DDP)
+        # eager steps on the side stream (``distributed.step_stream``); the capture on a stream
+        # of its own (the module's docstring: faster on several GPUs)
         self.side = distributed.step_stream(self.params[0].device)
         self.capture_stream = torch.cuda.Stream(self.params[0].device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -129,7 +132,7 @@ class GraphedStep:
     def on_side(self) -> contextlib.AbstractContextManager[None]:
         """Work on the side stream, ordered after the work that made its inputs and before
         whatever reads its results: the eager steps before capture, and every step after a
-        failed one (``Stepper``: under DDP the gradient accumulators are this stream's)."""
+        failed one (``Stepper``: the gradient accumulators are this stream's)."""
         return distributed.on_step_stream(self.params[0].device)
 
     def _eager(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +234,7 @@ class Stepper:
     With ``cuda_graphs`` every step goes to the ``GraphedStep`` (one batch per window: graphs
     refuse accumulation): its first few eager, then a capture on a window's batch and replays;
     when the capture fails, ``note`` says why and that step and every later one are eager, on
-    the graphed step's stream (under DDP the stream of its gradient accumulators). The loss is
+    the graphed step's stream (the stream of the gradient accumulators). The loss is
     a device tensor (no host sync here); the gradient norm is one too, or None for an eager
     step that neither clips nor was asked to ``measure_norm``.
     """
@@ -267,7 +270,7 @@ class Stepper:
             if stepped is not None:
                 return stepped
             self.note(f"CUDA graph capture failed, eager steps: {self.graphed.error}")
-            # on the graphed step's stream still, the stream DDP was built on
+            # on the graphed step's stream still, the gradient accumulators' stream
             self.stream, self.graphed = self.graphed.on_side, None
         with self.stream():
             return optimizer_step(

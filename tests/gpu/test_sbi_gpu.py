@@ -50,8 +50,9 @@ def two_moons_steps(
 def eager_and_graphed_losses(
     device: torch.device, batches_from: int = 0, ctx: WorkerContext | None = None
 ) -> tuple[list[float], list[float], nn.Module, nn.Module]:
-    """The same 16 optimizer steps, eager and replayed from a CUDA graph (under DDP when a
-    context with several ranks is given): (eager losses, graphed losses, the two models)."""
+    """The same 16 optimizer steps, eager and replayed from a CUDA graph (on several ranks when
+    a context of several is given: eager under DDP, graphed with its own all-reduce): (eager
+    losses, graphed losses, the two models)."""
     workload, batches = two_moons_steps(device, batches_from)
     train = OmegaConf.create({"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0})
     precision = Precision("fp32", device)
@@ -75,7 +76,7 @@ def eager_and_graphed_losses(
         stepped = step(b)
         assert stepped is not None, step.error
         graphed.append(stepped[0].item())
-    assert step.captured  # its first steps eager (3; 11 under DDP), then replays
+    assert step.captured  # its first steps eager (3), then replays
     return eager, graphed, eager_model, graph_model
 
 
@@ -120,7 +121,7 @@ def _ddp_rank(ctx: WorkerContext) -> None:
         ctx.device, batches_from=4096 * ctx.rank, ctx=ctx
     )
     assert_same_training(eager, graphed, eager_model, graph_model)
-    # the captured all-reduce kept the ranks identical, as eager DDP does
+    # the captured all-reduce kept the ranks identical, as DDP does
     everyone = gather(flat_parameters(graph_model), ctx.world_size)
     for other in everyone[1:]:
         torch.testing.assert_close(other, everyone[0], rtol=0, atol=0)
@@ -129,8 +130,9 @@ def _ddp_rank(ctx: WorkerContext) -> None:
 
 
 def test_graphed_ddp_step_matches_the_eager_ddp_step() -> None:
-    """DDP's gradient all-reduce captured inside the graph: on two GPUs, each rank's losses and
-    weights follow eager DDP's, and the ranks' weights stay bitwise equal."""
+    """The gradient all-reduce captured inside the graph (``gradient_averaging``): on two GPUs,
+    each rank's losses and weights follow eager DDP's, and the ranks' weights stay bitwise
+    equal."""
     run_on_gpus(_ddp_rank)
 
 
@@ -217,9 +219,10 @@ def test_a_step_that_cannot_be_captured_falls_back_to_eager(
     """nflows' NSF asks ``torch.any`` of a device tensor in every spline (its inside-the-
     interval mask), which needs the host: capture fails. The loop says so in one line and goes
     on with eager steps, from the batch the capture failed on, after the graphed step's own 3
-    eager steps (11 under DDP): the run is the eager run, the same steps and the same losses (a
-    step lost or taken twice would show as a few % of val/loss). Under DDP those eager steps
-    stay on the stream DDP was built on: no warning from torch that they do not."""
+    eager steps: the run is the eager run, the same steps and the same losses (a step lost or
+    taken twice would show as a few % of val/loss; on two GPUs the eager run is DDP's and the
+    graphed run's gradients are averaged by its own hooks). Those eager steps stay on the
+    stream of the gradient accumulators: no warning from torch that they do not."""
     if torch.cuda.device_count() < workers:
         pytest.skip(f"needs {workers} GPUs")
     common = [

@@ -90,13 +90,95 @@ def test_world_size_one_has_no_ddp_wrapper() -> None:
         pass
 
 
-def test_a_graphed_gpu_step_all_reduces_in_smaller_buckets() -> None:
-    from trainforge.distributed import BUCKET_CAP_MB, GRAPHED_BUCKET_CAP_MB, bucket_cap_mb
+def _averager_rank(rank: int, port: int, results: dict) -> None:
+    """The same model trained twice on this rank's own batches: averaged by DDP, and by the
+    graphed steps' own hooks (``gradient_averaging``) in buckets small enough to be several."""
+    from torch import nn
 
-    assert GRAPHED_BUCKET_CAP_MB < BUCKET_CAP_MB
-    assert bucket_cap_mb(True, torch.device("cuda", 0)) == GRAPHED_BUCKET_CAP_MB
-    assert bucket_cap_mb(False, torch.device("cuda", 0)) == BUCKET_CAP_MB  # eager
-    assert bucket_cap_mb(True, torch.device("cpu")) == BUCKET_CAP_MB  # no graph on a CPU
+    from trainforge.gradient_averaging import GradientAverager
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(rank)  # different initial weights: both make them rank 0's
+        model = nn.Sequential(
+            nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
+        )
+        model.register_parameter("unused", nn.Parameter(torch.ones(3)))  # gets no gradient
+        ours = copy.deepcopy(model)
+        ddp = DistributedDataParallel(model, find_unused_parameters=True)
+        averager = GradientAverager(ours, bucket_mb=20 / 2**20)  # ~20 bytes a bucket
+        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
+        precision = Precision("fp32", torch.device("cpu"))
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ddp, ours)]
+        gen = torch.Generator().manual_seed(100 + rank)
+        start = torch.cat([p.detach().flatten() for p in ours.parameters()])
+        for i in range(3):
+            batch = (torch.randn(4, 1, 8, 8, generator=gen), torch.randint(0, 10, (4,)))
+            for trained, optimizer in zip((ddp, ours), optimizers, strict=True):
+                optimizer_step(trained, [batch], workload, precision, optimizer, None)
+            if i == 0:  # a forward without a backward (evaluation) between two steps
+                with torch.no_grad():
+                    ours(batch[0])
+            if i == 1:  # a backward that raises half-way, as a failed capture may
+                cut_short_backward(ours, batch[0])
+        flat = torch.cat([p.detach().flatten() for p in ours.parameters()])
+        everyone = [torch.zeros_like(flat) for _ in range(2)]
+        dist.all_gather(everyone, flat)
+        results[rank] = {
+            "buckets": len(averager.buckets),
+            "like_ddp": all(
+                torch.allclose(a, b, atol=1e-6)
+                for a, b in zip(model.parameters(), ours.parameters(), strict=True)
+            ),
+            "moved": not torch.equal(flat, start),
+            "ranks_equal": torch.equal(everyone[0], everyone[1]),
+            "unused": ours.unused.detach().clone(),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def cut_short_backward(model: torch.nn.Module, images: torch.Tensor) -> None:
+    """A backward pass that raises after the last layer's gradients are in, before the rest."""
+
+    def raising(grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("cut short")
+
+    def on_output(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
+        output.register_hook(raising)
+
+    handle = model[2].register_forward_hook(on_output)  # the ReLU before the last layer
+    try:
+        model(images).sum().backward()
+    except RuntimeError as exc:
+        assert "cut short" in str(exc)
+    else:
+        raise AssertionError("the backward pass was not cut short")
+    finally:
+        handle.remove()
+    model.zero_grad(set_to_none=True)
+
+
+def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
+    """``gradient_averaging.GradientAverager`` (graphed steps on several GPUs use it instead of
+    DDP), for real on 2 processes: each rank's weights after three SGD steps on its own batches
+    are DDP's, the ranks' weights are equal, neither a forward without a backward nor a
+    backward cut short in between changes that, and a parameter that gets no gradient is not
+    moved."""
+    from trainforge.distributed import BUCKET_CAP_MB
+    from trainforge.gradient_averaging import BUCKET_MB
+
+    assert BUCKET_MB < BUCKET_CAP_MB  # a graphed step's backward is short: smaller buckets
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_averager_rank, args=(_free_port(), results), nprocs=2, join=True)
+    for rank in (0, 1):
+        assert results[rank]["buckets"] > 2
+        assert results[rank]["like_ddp"], rank
+        assert results[rank]["ranks_equal"] and results[rank]["moved"], rank
+        assert torch.equal(results[rank]["unused"], torch.ones(3))
 
 
 def _buffers_rank(rank: int, port: int, results: dict) -> None:
