@@ -14,7 +14,7 @@ option, in a rotating order per repeat, so they are compared on one host minutes
 - ``nobuffers``: no broadcast of BatchNorm's buffers from rank 0 before every forward;
 - ``static``: DDP told the graph is static (``static_graph``: the same parameters get
   gradients every step, so its bookkeeping is set once);
-- ``own<N>``: no DDP: the bare model with its gradients averaged by hooks of its own
+- ``own<N>``: no DDP: the model in an ``AveragedModule``, its gradients averaged by hooks of its own
   (``trainforge.gradient_averaging``, shipped for graphed steps since the fortieth session with
   10 MB), N MB per bucket, each bucket's gradients reduced in place as one coalesced NCCL call
   launched from the parameters' post-accumulate-grad hooks (no copy into a flat bucket);
@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cnn_throughput import trainforge_loop
 
 from trainforge import distributed
-from trainforge.gradient_averaging import GradientAverager
+from trainforge.gradient_averaging import AveragedModule, GradientAverager
 from trainforge.worker import step
 
 PLAIN_WRAP = distributed.wrap
@@ -115,6 +115,15 @@ class FlatAllReduce(GradientAverager):
         self.launched += 1
 
 
+class FlatModule(AveragedModule):
+    """``AveragedModule`` with ``FlatAllReduce``'s buckets."""
+
+    def __init__(self, module: torch.nn.Module, bucket_mb: float) -> None:
+        torch.nn.Module.__init__(self)
+        self.module = module
+        self.averager = FlatAllReduce(module, bucket_mb)
+
+
 def graphed_ddp(model: torch.nn.Module, ctx: Any, bucket_mb: float) -> DistributedDataParallel:
     """DDP as graphed steps had it until the thirty-ninth session: rank 0's buffers once, no
     broadcast before every forward, gradients as bucket views, built on the side stream that
@@ -141,11 +150,9 @@ def use(option: str) -> None:
         if ctx.world_size == 1:
             return model
         if option.startswith("own"):
-            GradientAverager(model, float(option[3:]))
-            return model
+            return AveragedModule(model, float(option[3:]))
         if option.startswith("flat"):
-            FlatAllReduce(model, float(option[4:]))
-            return model
+            return FlatModule(model, float(option[4:]))
         if cuda_graphs:
             wrapped = graphed_ddp(model, ctx, size)
         else:  # --eager: DDP as eager steps have it

@@ -22,9 +22,12 @@ commands 106.2-106.6k against 105.4-106.2k in each of four (2-GPU weak scaling 0
 step, as with DDP.
 
 A capture records the collectives like any other kernel: a replay all-reduces again. The eager
-steps before the capture, and every step after a failed one, take the same path. Each forward
-starts a new round (a forward pre-hook), so a backward cut short leaves nothing behind.
-Backends whose all-reduce cannot average (gloo: CPU tests) sum, and the callback divides.
+steps before the capture, and every step after a failed one, take the same path. As with DDP,
+the steps run a wrapper (``AveragedModule``) whose every forward starts a new round, so a
+backward cut short leaves nothing behind; ``distributed.unwrap`` takes it off, so the model that
+is checkpointed, copied and logged carries no hook of it (the parameters' hooks are neither
+copied nor pickled). Backends whose all-reduce cannot average (gloo: CPU tests) sum, and the
+callback divides.
 """
 
 from __future__ import annotations
@@ -50,10 +53,25 @@ warnings.filterwarnings(
 )
 
 
+class AveragedModule(nn.Module):
+    """``module`` for the steps to run, its gradients averaged over the ranks of the default
+    process group (``GradientAverager``); each forward starts a new round. All ranks make one,
+    with the same model: its parameters and buffers become rank 0's."""
+
+    def __init__(self, module: nn.Module, bucket_mb: float = BUCKET_MB) -> None:
+        super().__init__()
+        self.module = module
+        self.averager = GradientAverager(module, bucket_mb)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.averager.start_round()
+        return self.module(*args, **kwargs)
+
+
 class GradientAverager:
     """Averages ``model``'s gradients over the ranks of the default process group in every
     backward pass, from the moment it is made; makes the parameters and buffers rank 0's first
-    (all ranks make one, with the same model)."""
+    (all ranks make one, with the same model). ``start_round`` before each forward."""
 
     def __init__(self, model: nn.Module, bucket_mb: float = BUCKET_MB) -> None:
         self.world_size = dist.get_world_size()
@@ -71,12 +89,12 @@ class GradientAverager:
             self.buckets[-1].append(param)
             size += param.numel() * param.element_size()
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self._start_round()
-        model.register_forward_pre_hook(lambda *_: self._start_round())
+        self.start_round()
         for param in params:
             param.register_post_accumulate_grad_hook(self._accumulated)
 
-    def _start_round(self) -> None:
+    def start_round(self) -> None:
+        """Forget a backward pass that did not finish (a failed capture's)."""
         self.missing = [len(bucket) for bucket in self.buckets]
         self.launched = 0
         self.pending: list[Any] = []
@@ -107,4 +125,4 @@ class GradientAverager:
         if self.op == dist.ReduceOp.SUM:
             grads = [p.grad for bucket in self.buckets for p in bucket if p.grad is not None]
             torch._foreach_div_(grads, float(self.world_size))
-        self._start_round()
+        self.start_round()

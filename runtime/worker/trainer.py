@@ -370,8 +370,8 @@ def build_state(
 def wrap(
     model: nn.Module, precision_cfg: PrecisionSection, ctx: WorkerContext, graphs: bool = False
 ) -> nn.Module:
-    """The module the steps run: DDP over several ranks (built for capture with ``graphs``),
-    compiled when asked."""
+    """The module the steps run: over several ranks DDP, or for steps captured as CUDA graphs
+    (``graphs``) an ``AveragedModule`` (``gradient_averaging.py``); compiled when asked."""
     train_model = distributed.wrap(model, ctx, graphs)
     if precision_cfg.compile:
         compiled = torch.compile(train_model, mode=precision_cfg.compile_mode)

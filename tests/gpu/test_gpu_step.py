@@ -30,6 +30,7 @@ from tests.gpu.ranks import flat_parameters, gather, run_on_gpus
 from trainforge import config, distributed
 from trainforge.data.types import Batch, TensorData
 from trainforge.distributed import WorkerContext
+from trainforge.gradient_averaging import AveragedModule
 from trainforge.optim import build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.worker.step import Stepper
@@ -87,7 +88,7 @@ def train_graphed(
         notes: list[str] = []  # a failed capture would say why here
         wrapped = distributed.wrap(model, ctx, cuda_graphs=graphs)
         if ctx.world_size > 1:  # a graphed step averages with its own hooks, not DDP's
-            assert isinstance(wrapped, DistributedDataParallel) != graphs
+            assert isinstance(wrapped, AveragedModule if graphs else DistributedDataParallel)
         step = Stepper(wrapped, workload, precision, opt, None, graphs, notes.append)
         built[graphs] = (model, opt, step, notes)
     (eager_model, eager_opt, eager_step, _), (model, opt, step, notes) = built.values()

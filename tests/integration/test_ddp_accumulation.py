@@ -93,9 +93,12 @@ def test_world_size_one_has_no_ddp_wrapper() -> None:
 def _averager_rank(rank: int, port: int, results: dict) -> None:
     """The same model trained twice on this rank's own batches: averaged by DDP, and by the
     graphed steps' own hooks (``gradient_averaging``) in buckets small enough to be several."""
+    import pickle
+
     from torch import nn
 
-    from trainforge.gradient_averaging import GradientAverager
+    from trainforge import distributed
+    from trainforge.gradient_averaging import AveragedModule
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -108,7 +111,7 @@ def _averager_rank(rank: int, port: int, results: dict) -> None:
         model.register_parameter("unused", nn.Parameter(torch.ones(3)))  # gets no gradient
         ours = copy.deepcopy(model)
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
-        averager = GradientAverager(ours, bucket_mb=20 / 2**20)  # ~20 bytes a bucket
+        averaged = AveragedModule(ours, bucket_mb=20 / 2**20)  # ~20 bytes a bucket
         workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
         precision = Precision("fp32", torch.device("cpu"))
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ddp, ours)]
@@ -116,18 +119,21 @@ def _averager_rank(rank: int, port: int, results: dict) -> None:
         start = torch.cat([p.detach().flatten() for p in ours.parameters()])
         for i in range(3):
             batch = (torch.randn(4, 1, 8, 8, generator=gen), torch.randint(0, 10, (4,)))
-            for trained, optimizer in zip((ddp, ours), optimizers, strict=True):
+            for trained, optimizer in zip((ddp, averaged), optimizers, strict=True):
                 optimizer_step(trained, [batch], workload, precision, optimizer, None)
             if i == 0:  # a forward without a backward (evaluation) between two steps
                 with torch.no_grad():
-                    ours(batch[0])
+                    averaged(batch[0])
             if i == 1:  # a backward that raises half-way, as a failed capture may
-                cut_short_backward(ours, batch[0])
+                cut_short_backward(averaged, ours[2], batch[0])
         flat = torch.cat([p.detach().flatten() for p in ours.parameters()])
         everyone = [torch.zeros_like(flat) for _ in range(2)]
         dist.all_gather(everyone, flat)
         results[rank] = {
-            "buckets": len(averager.buckets),
+            "buckets": len(averaged.averager.buckets),
+            # what is checkpointed and logged: no hook of the averaging travels with it
+            "unwrapped": distributed.unwrap(averaged) is ours,
+            "picklable": len(pickle.dumps(copy.deepcopy(distributed.unwrap(averaged)))) > 0,
             "like_ddp": all(
                 torch.allclose(a, b, atol=1e-6)
                 for a, b in zip(model.parameters(), ours.parameters(), strict=True)
@@ -140,8 +146,9 @@ def _averager_rank(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-def cut_short_backward(model: torch.nn.Module, images: torch.Tensor) -> None:
-    """A backward pass that raises after the last layer's gradients are in, before the rest."""
+def cut_short_backward(model: torch.nn.Module, cut: torch.nn.Module, images: torch.Tensor) -> None:
+    """A backward pass of ``model`` that raises at the gradient of ``cut``'s output: the layers
+    after it have their gradients, the layers before it do not."""
 
     def raising(grad: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("cut short")
@@ -149,7 +156,7 @@ def cut_short_backward(model: torch.nn.Module, images: torch.Tensor) -> None:
     def on_output(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
         output.register_hook(raising)
 
-    handle = model[2].register_forward_hook(on_output)  # the ReLU before the last layer
+    handle = cut.register_forward_hook(on_output)
     try:
         model(images).sum().backward()
     except RuntimeError as exc:
@@ -162,11 +169,11 @@ def cut_short_backward(model: torch.nn.Module, images: torch.Tensor) -> None:
 
 
 def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
-    """``gradient_averaging.GradientAverager`` (graphed steps on several GPUs use it instead of
+    """``gradient_averaging.AveragedModule`` (graphed steps on several GPUs run it instead of
     DDP), for real on 2 processes: each rank's weights after three SGD steps on its own batches
     are DDP's, the ranks' weights are equal, neither a forward without a backward nor a
-    backward cut short in between changes that, and a parameter that gets no gradient is not
-    moved."""
+    backward cut short in between changes that, a parameter that gets no gradient is not
+    moved, and the unwrapped model copies and pickles as model logging does."""
     from trainforge.distributed import BUCKET_CAP_MB
     from trainforge.gradient_averaging import BUCKET_MB
 
@@ -176,6 +183,7 @@ def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
     mp.spawn(_averager_rank, args=(_free_port(), results), nprocs=2, join=True)
     for rank in (0, 1):
         assert results[rank]["buckets"] > 2
+        assert results[rank]["unwrapped"] and results[rank]["picklable"]
         assert results[rank]["like_ddp"], rank
         assert results[rank]["ranks_equal"] and results[rank]["moved"], rank
         assert torch.equal(results[rank]["unused"], torch.ones(3))
