@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -187,6 +188,61 @@ def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
         assert results[rank]["like_ddp"], rank
         assert results[rank]["ranks_equal"] and results[rank]["moved"], rank
         assert torch.equal(results[rank]["unused"], torch.ones(3))
+
+
+def _averaged_loop_rank(rank: int, port: int, folder: str, results: dict) -> None:
+    """The whole worker loop of the digits recipe with the graphed steps' ``AveragedModule`` in
+    DDP's place, as ``distributed.wrap`` makes it for CUDA graphs on several GPUs (here no capture:
+    the loop's eager steps, evaluation and checkpoints around the wrapper)."""
+    from trainforge import config, distributed
+    from trainforge.checkpoint import FolderReporter, newest_in
+    from trainforge.gradient_averaging import AveragedModule
+    from trainforge.worker import trainer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        made: list[AveragedModule] = []
+
+        def averaged(model: torch.nn.Module, ctx: WorkerContext, *args: object) -> AveragedModule:
+            made.append(AveragedModule(model))
+            return made[-1]
+
+        distributed.wrap = averaged  # the spawned process's own module: nothing else sees it
+        digits = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+        cfg = config.load(digits, ["tracking.enabled=false", "train.epochs=2"])
+        reporter = FolderReporter(Path(folder) / f"checkpoints-{rank}")
+        payload = {"recipe": config.to_container(cfg), "run_dir": f"{folder}/run-{rank}"}
+        trainer.run(payload, WorkerContext(rank, rank, 2, 0, torch.device("cpu")), reporter)
+        model = distributed.unwrap(made[0])
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        everyone = [torch.zeros_like(flat) for _ in range(2)]
+        dist.all_gather(everyone, flat)
+        saved = newest_in(Path(folder) / f"checkpoints-{rank}").state  # rank 0's: it saves
+        results[rank] = {
+            "wrapped": len(made),
+            # the checkpoint holds the model's own state dict, not the wrapper's ("module.…")
+            "checkpointed": saved is None or saved["model"].keys() == model.state_dict().keys(),
+            "saved": saved is not None,
+            "ranks_equal": torch.equal(everyone[0], everyone[1]),
+            "accuracy": reporter.reports[-1]["val/accuracy"],
+            "checkpoints": len(reporter.reports),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_loop_runs_with_the_graphed_steps_averaging_in_ddps_place(tmp_path: Path) -> None:
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_averaged_loop_rank, args=(_free_port(), str(tmp_path), results), nprocs=2, join=True)
+    for rank in (0, 1):
+        outcome = results[rank]
+        assert outcome["wrapped"] == 1 and outcome["ranks_equal"], outcome
+        assert outcome["checkpointed"], outcome
+        assert outcome["checkpoints"] == 2 and outcome["accuracy"] > 0.5, outcome
+    assert results[0]["saved"]
 
 
 def _buffers_rank(rank: int, port: int, results: dict) -> None:
