@@ -9,6 +9,10 @@
 #          comes after every thread's stack has been written to $OUT/stacks.log
 #          (bench/pytest_report_now.py): a test that the limit cuts into fails too (its
 #          `trainforge` subprocess gets the signal), and pytest then prints no report
+#   tests_ddp  the GPU tests of a graphed step on 2 GPUs (its own gradient all-reduce,
+#          runtime/gradient_averaging.py): step by step against eager DDP, the NSF fallback, the
+#          SBI recipe over NCCL; ~2-3 min. After `ship`: no 2-GPU command's log may say the model
+#          "cannot be handed over" (the fortieth session's measured version did)
 #   start  issue 12: from the shell to the first optimizer step on all GPUs, synthetic ResNet-18
 #          (40 graphed steps): cold and warm commands against the hand-written torchrun script
 #          on the same GPUs, REPEATS (default 3) interleaved rounds; target ≤ torchrun + 3 s
@@ -57,6 +61,11 @@ for step in "$@"; do
     tests) gpu_tests tests/gpu/test_gpu_step.py tests/gpu/test_gpu_tracking.py \
              tests/gpu/test_gpu_training.py tests/gpu/test_warm_gpu.py > "$OUT/tests.log" 2>&1 ;;
     tests_sbi) gpu_tests tests/gpu/test_sbi_gpu.py > "$OUT/tests_sbi.log" 2>&1 ;;
+    tests_ddp) gpu_tests tests/gpu/test_gpu_step.py::test_graphed_cnn_ddp_step_is_the_eager_ddp_step \
+                 tests/gpu/test_sbi_gpu.py::test_graphed_ddp_step_matches_the_eager_ddp_step \
+                 "tests/gpu/test_sbi_gpu.py::test_a_step_that_cannot_be_captured_falls_back_to_eager[2]" \
+                 "tests/gpu/test_sbi_gpu.py::test_sbi_recipe_on_two_gpus_over_nccl[True]" \
+                 > "$OUT/tests_ddp.log" 2>&1 ;;
     start) timeout -s INT "${LIMIT:-560}" python3 bench/startup.py \
              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" --modes cold,warm \
              --torchrun bench/startup_torchrun_resnet.py --torchrun-procs "$gpus" \
