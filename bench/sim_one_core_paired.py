@@ -1,20 +1,22 @@
-"""Issue 15's one-core comparison as pairs: the Ray simulation stage against sbi's calls, each
-pair minutes apart at most, many pairs, so a host whose one-core speed drifts between levels
-(±30% between repeats on the GPU hosts: bench/results, sixteenth and nineteenth sessions) is
-seen by both sides of a pair alike.
+"""Issue 15's comparison as pairs, at one core (the default) or ``--cores N``: the Ray
+simulation stage against sbi's calls, each pair minutes apart at most, many pairs, so a host
+whose speed drifts between levels (±30% between repeats on the GPU hosts: bench/results,
+sixteenth and nineteenth sessions) is seen by both sides of a pair alike.
 
 ``sim_scaling.py`` starts a private Ray for every measurement and times few long points; its
 one-core verdict (0.69-0.95 of sbi's best on GPU hosts, 0.95 on this project's CPU) moves with
-the host's level from point to point. Here one private Ray of one CPU is started once (not
+the host's level from point to point. Here one private Ray of N CPUs is started once (not
 timed, as a lasting cluster is started once) and the stage (``simulate.run``: chunks, files,
-manifest, as a run does) warmed up; then ``--pairs`` rounds each time the stage, sbi's
-``simulate_for_sbi(num_workers=1)`` batched (M/4 per batch, in this process) and with its
-default batch of 1, on ``M`` simulations of the shipped SIR example (about ``--seconds`` of one
-core), in an order that turns every round. Reported: each method's median rate, and per round
-the stage's rate ÷ each sbi call's, with their median and a bootstrap 95% interval of that
-median, and the stage's seconds outside its chunks' own work (``stage_outside_s``).
+manifest, as a run does) warmed up, as are sbi's joblib workers (joblib keeps its process pool
+between calls); then ``--pairs`` rounds each time the stage, sbi's
+``simulate_for_sbi(num_workers=N)`` batched (M/4N per batch; at one core in this process) and
+with its default batch of 1, on ``M`` simulations of the shipped SIR example (about
+``--seconds`` of N cores at linear scaling), in an order that turns every round. Reported: each
+method's median rate, and per round the stage's rate ÷ each sbi call's, with their median and
+a bootstrap 95% interval of that median, and the stage's seconds outside its chunks' own work
+(``stage_outside_s``: at N cores, the slots' seconds, wall × N, less the chunks').
 
-    python bench/sim_one_core_paired.py --out paired.json [--pairs 15] [--seconds 1.5]
+    python bench/sim_one_core_paired.py --out paired.json [--cores 1] [--pairs 15] [--seconds 1.5]
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--pairs", type=int, default=15)
-    parser.add_argument("--seconds", type=float, default=1.5, help="one core's work per call")
+    parser.add_argument("--cores", type=int, default=1, help="CPUs of the stage and of sbi")
+    parser.add_argument("--seconds", type=float, default=1.5, help="a call at linear scaling")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no round after")
     args = parser.parse_args()
 
@@ -66,11 +69,11 @@ def main() -> int:
 
     started = time.perf_counter()
     cost = serial_seconds_per_simulation(200)
-    n = max(64, round(args.seconds / cost))
+    n = max(64 * args.cores, round(args.seconds * args.cores / cost))
     document: dict[str, Any] = {
         "bench": "sim_one_core_paired", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hardware": hardware(), "software": software(), "serial_ms_per_simulation": cost * 1e3,
-        "num_simulations": n, "rounds": [], "complete": False,
+        "cores": args.cores, "num_simulations": n, "rounds": [], "complete": False,
     }  # fmt: skip
     writer = Writer(args.out, document)
     scratch = Path(tempfile.mkdtemp(prefix="sim_paired_"))
@@ -98,25 +101,26 @@ def main() -> int:
         simulate.run(section, seed, str(scratch), quiet=True)
         wall = time.perf_counter() - began
         if chunk_seconds:
-            outside["stage_outside_s"] = wall - sum(chunk_seconds)
+            outside["stage_outside_s"] = wall * args.cores - sum(chunk_seconds)
         return wall
 
     def sbi_call(seed: int, batch: int) -> float:
         began = time.perf_counter()
-        simulate_for_sbi(sir.simulate, prior, n, num_workers=1, simulation_batch_size=batch,
-                         seed=seed, show_progress_bar=False)  # fmt: skip
+        simulate_for_sbi(sir.simulate, prior, n, num_workers=args.cores, seed=seed,
+                         simulation_batch_size=batch, show_progress_bar=False)  # fmt: skip
         return time.perf_counter() - began
 
     calls = {
         "trainforge": stage,
-        "sbi_batched": lambda seed: sbi_call(seed, max(1, n // 4)),
+        "sbi_batched": lambda seed: sbi_call(seed, max(1, n // (4 * args.cores))),
         "sbi_batch_1": lambda seed: sbi_call(seed, 1),
     }
-    connect(local_only=True, num_cpus=1, num_gpus=0)
+    connect(local_only=True, num_cpus=args.cores, num_gpus=0)
     try:
-        for method in METHODS:  # warm-up: the stage's worker starts and imports; SciPy's too
+        for method in METHODS:  # warm-up: the stage's workers start and import; SciPy's too
             calls[method](10_000)
-        print(f"[paired] {n} SIR simulations a call ({cost * 1e3:.2f} ms each serially)")
+        print(f"[paired] {n} SIR simulations a call on {args.cores} cores "
+              f"({cost * 1e3:.2f} ms each serially)")  # fmt: skip
         for round_ in range(args.pairs):
             if time.perf_counter() - started > args.budget_s:
                 document["stopped_early"] = f"budget of {args.budget_s:.0f} s"
