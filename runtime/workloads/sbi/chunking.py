@@ -14,12 +14,18 @@ Two sizes, kept apart on purpose:
   chunk per slot is measured, tasks of one chunk each are the pilot; then a task takes
   its share of what is left (guided self-scheduling: ``1 / (SHARES · slots)`` of the remaining
   chunks, so tasks shrink towards the end and every core finishes at about the same time),
-  but never less than ``MIN_TASK_SECONDS`` of work (Ray's cost per task, milliseconds, stays
-  small beside it) nor more than ``MAX_TASK_SECONDS`` (progress shows, and an interruption
-  loses little). Tasks shrink on a cluster of one slot too: there is nothing to balance, but
-  the driver writes each chunk to the cache after its task returns, and what the last task
-  returns is written while nothing simulates (a 5 s last task's ~200 chunk files: tens of
-  milliseconds; bench/results, thirty-ninth session).
+  but never less than ``MIN_TASK_SECONDS`` of work (Ray's cost per task, ~4 ms between one
+  task's end and the next one's start on a worker, stays small beside it) nor more than
+  ``MAX_TASK_SECONDS`` (progress shows, and an interruption loses little). On several slots
+  the stage's last tasks end at different times, and the slots that are done wait for the
+  others: about half a last task each. So the minimum is short there (0.05 s: the last tasks
+  are single chunks of a per-sample simulator); at 0.25 s, the waiting was 6-8% of a 3 s
+  stage's slot-seconds on 4-16 cores of a GPU host, at 0.05 s 3-4% (bench/results,
+  forty-first session). Tasks shrink on a cluster of one slot too, to
+  ``MIN_TASK_SECONDS_ONE_SLOT``: there is nothing to balance, but the driver writes each chunk
+  to the cache after its task returns, and what the last task returns is written while
+  nothing simulates (a 5 s last task's ~200 chunk files: tens of milliseconds; bench/results,
+  thirty-ninth session); there a shorter minimum only adds task ends.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from dataclasses import dataclass
 
 MIN_CHUNK_ROWS = 16
 MAX_CHUNKS = 1024
-MIN_TASK_SECONDS = 0.25
+MIN_TASK_SECONDS = 0.05
+MIN_TASK_SECONDS_ONE_SLOT = 0.25
 MAX_TASK_SECONDS = 5.0
 MAX_TASK_ROWS = 1_000_000  # what one task's result may hold (vectorised simulators are fast)
 SHARES = 2
@@ -81,7 +88,8 @@ class TaskSizer:
         if cost is None:
             return min(1, remaining_chunks)  # the pilot
         chunk_seconds = max(cost * self.rows_per_chunk, 1e-9)
-        least = math.ceil(MIN_TASK_SECONDS / chunk_seconds)
+        shortest = MIN_TASK_SECONDS if self.slots > 1 else MIN_TASK_SECONDS_ONE_SLOT
+        least = math.ceil(shortest / chunk_seconds)
         most = max(least, int(MAX_TASK_SECONDS / chunk_seconds))
         most = min(most, max(1, MAX_TASK_ROWS // self.rows_per_chunk))
         share = math.ceil(remaining_chunks / (SHARES * self.slots))
