@@ -106,7 +106,8 @@ def test_every_slot_stays_busy_to_the_end(slots: int, spread: float, mean_second
 def test_on_several_slots_the_last_tasks_end_within_a_chunk_of_each_other(slots: int) -> None:
     """Equal chunks of 32 ms: the last tasks are single chunks, so the stage ends at most one
     chunk after the work divided over the slots (with 0.25 s last tasks the slots that were
-    done waited 2-5 chunks: 6-8% of a 3 s stage on a 16-core host, bench/results)."""
+    done waited 2-5 chunks, on 4-16 cores of a GPU host 2-4% of a stage's slot-seconds:
+    bench/results, forty-first session)."""
     costs = [0.032] * 1024
     assert _makespan(costs, slots, 16) <= sum(costs) / slots + 0.032 + 1e-9
 
