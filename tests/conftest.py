@@ -1,5 +1,7 @@
 """Shared test setup: one thread per process (2-core CI machines), no MLflow telemetry, and one
-local Ray instance shared by every test marked ``ray`` (they all run on one xdist worker)."""
+local Ray instance per test process, shared by the tests marked ``ray`` that run in it (with
+``-n 2`` each xdist worker has its own, and Ray tests run on both workers at once; grouping
+them onto one worker would put most of the suite's time on it)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     has_gpu = torch.cuda.is_available()
     for item in items:
-        if "ray" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("ray"))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (run on the GPU machine)"))
 

@@ -18,7 +18,7 @@ from tests.conftest import RECIPES
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 
 
-pytestmark = pytest.mark.ray  # with the other tests that start a Ray: no port races
+pytestmark = pytest.mark.ray
 
 
 def start(tmp_path: Path) -> subprocess.Popen[str]:

@@ -6,8 +6,8 @@ next, restarted after a failure, stopped with an interrupted or killed command; 
 worker group on the same cluster when they are switched off.
 
 One test runs the steps in order in one home (steps of one test cannot land on two xdist
-workers); it is in the "ray" group, so no other test starts a Ray (and picks ports) at the same
-time."""
+workers). Other tests may start a Ray beside it: the lasting cluster picks free ports, its
+agents bind port 0, and a start whose port was taken meanwhile starts again on new ones."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """End to end through Ray Train on CPU workers (gloo): accuracy, accumulation parity, resume.
 
-All tests share one local Ray instance (``ray_cluster``) and run on one xdist worker.
+The tests in one test process share its local Ray instance (``ray_cluster``).
 """
 
 from __future__ import annotations
