@@ -274,7 +274,12 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         command.append(f"--num-cpus={num_cpus}")
     # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
     # the State API, which without it would ask the last `ray start` cluster on the machine.
-    ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}"}
+    # No drain on SIGTERM: Ray 2.60's `ray start --block` first waits up to 30 s for the node's
+    # leases to come back (for Serve replicas moving to other nodes), and the warm workers hold
+    # theirs: `trainforge cluster stop` took 30 s, ended at the supervisor's timeout with
+    # SIGKILL, and Ray's agents, never told to stop, lived on for minutes.
+    ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}",
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # fmt: skip
     ray_process = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env=ray_env,
@@ -320,6 +325,7 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         try:
             ray_process.wait(timeout=RAY_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            print(f"ray did not stop within {RAY_STOP_TIMEOUT_S:.0f} s: killing it", flush=True)
             ray_process.kill()
     current = read_state()
     if current is not None and current.supervisor_pid == os.getpid():

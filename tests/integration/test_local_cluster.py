@@ -243,6 +243,23 @@ def warm_workers(home: Path, doing: str = "") -> list[str]:
             if args.startswith(f"ray::WarmWorker{doing}") and of_this_cluster(pid)]  # fmt: skip
 
 
+def processes_of(gcs_address: str) -> list[str]:
+    """Living processes started by the cluster at ``gcs_address`` (its supervisor gives Ray's
+    processes RAY_ADDRESS), named by their titles."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or not alive(int(proc.name)):
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile, or not ours
+            continue
+        if f"RAY_ADDRESS={gcs_address}".encode() in environ:
+            found.append(title.strip())
+    return found
+
+
 def step_new_workers_start_before_the_simulations_are_made(home: Path, tmp_path: Path) -> None:
     """With no warm worker left (the step before), an SBI command starts its workers before
     its simulation stage, so their imports overlap it, and its run takes them."""
@@ -319,13 +336,24 @@ def step_two_homes_get_two_clusters_and_an_idle_one_stops_itself(
 
 
 def step_stop_ends_the_cluster_and_its_ray_processes(home: Path, tmp_path: Path) -> None:
+    """With warm workers holding their leases (Ray 2.60's `ray start --block` would wait 30 s
+    for them on SIGTERM unless told not to drain), Ray stops when asked, every process of the
+    cluster with it (its agents too: their titles do not name the cluster; their environment
+    does)."""
     state = state_of(home)
+    assert len(warm_workers(home)) == 2  # from the SBI step: leases held
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
 
     assert stopped.returncode == 0 and "local cluster stopped" in stopped.stdout
     assert not alive(state["supervisor_pid"])
+    supervisor_log = (home / "local-cluster" / "supervisor.log").read_text()
+    assert "ray did not stop within" not in supervisor_log  # stopped by SIGTERM, not killed
     ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     assert state["temp_dir"] not in ps  # no raylet or GCS of that cluster is left
+    deadline = time.monotonic() + 10
+    while processes_of(state["gcs_address"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(state["gcs_address"]) == []
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert status.returncode == 1 and "no local cluster is running" in status.stdout
 
