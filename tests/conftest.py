@@ -1,7 +1,9 @@
 """Shared test setup: one thread per process (2-core CI machines), no MLflow telemetry, and one
 local Ray instance per test process, shared by the tests marked ``ray`` that run in it (with
 ``-n 2`` each xdist worker has its own, and Ray tests run on both workers at once; grouping
-them onto one worker would put most of the suite's time on it)."""
+them onto one worker would put most of the suite's time on it). Tests that share a costly
+module fixture carry an ``xdist_group`` of their own, so that with ``--dist loadgroup`` one
+worker makes it once."""
 
 from __future__ import annotations
 

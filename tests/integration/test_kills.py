@@ -97,6 +97,7 @@ def kill_rank_0_in_epoch_2(run_dir: Path, done: threading.Event, killed: list[in
             return
 
 
+@pytest.mark.xdist_group("kills-uninterrupted")  # one worker trains the reference run once
 def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_uninterrupted(
     uninterrupted: dict[str, Any], in_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -182,6 +183,7 @@ def assert_none_left(workers: set[int]) -> None:
     assert [pid for pid in workers if psutil.pid_exists(pid)] == []
 
 
+@pytest.mark.xdist_group("kills-uninterrupted")
 def test_a_worker_that_stops_in_a_collective_times_out_in_one_line_and_the_run_resumes(
     uninterrupted: dict[str, Any],
     in_tmp: Path,

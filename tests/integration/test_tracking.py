@@ -71,6 +71,7 @@ def served_run(ray_cluster, server: MlflowServer, tmp_path_factory: pytest.TempP
     return client, run, commit
 
 
+@pytest.mark.xdist_group("served-run")  # one worker makes the served run once
 def test_run_is_complete_in_the_mlflow_server(
     served_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +130,7 @@ def test_run_is_complete_in_the_mlflow_server(
     assert loaded(torch.randn(3, 1, 32, 32)).shape == (3, 10)
 
 
+@pytest.mark.xdist_group("served-run")
 def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_path: Path) -> None:
     """The run page's "About this run" as MLflow 3.17 renders it: Source is the recipe with the
     commit's short hash beside it (the whole hash in its popover), Created by the user, and
