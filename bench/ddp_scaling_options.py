@@ -118,10 +118,7 @@ class FlatAllReduce(GradientAverager):
 class FlatModule(AveragedModule):
     """``AveragedModule`` with ``FlatAllReduce``'s buckets."""
 
-    def __init__(self, module: torch.nn.Module, bucket_mb: float) -> None:
-        torch.nn.Module.__init__(self)
-        self.module = module
-        self.averager = FlatAllReduce(module, bucket_mb)
+    averager_class = FlatAllReduce
 
 
 def graphed_ddp(model: torch.nn.Module, ctx: Any, bucket_mb: float) -> DistributedDataParallel:

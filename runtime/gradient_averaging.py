@@ -53,21 +53,6 @@ warnings.filterwarnings(
 )
 
 
-class AveragedModule(nn.Module):
-    """``module`` for the steps to run, its gradients averaged over the ranks of the default
-    process group (``GradientAverager``); each forward starts a new round. All ranks make one,
-    with the same model: its parameters and buffers become rank 0's."""
-
-    def __init__(self, module: nn.Module, bucket_mb: float = BUCKET_MB) -> None:
-        super().__init__()
-        self.module = module
-        self.averager = GradientAverager(module, bucket_mb)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self.averager.start_round()
-        return self.module(*args, **kwargs)
-
-
 class GradientAverager:
     """Averages ``model``'s gradients over the ranks of the default process group in every
     backward pass, from the moment it is made; makes the parameters and buffers rank 0's first
@@ -126,3 +111,20 @@ class GradientAverager:
             grads = [p.grad for bucket in self.buckets for p in bucket if p.grad is not None]
             torch._foreach_div_(grads, float(self.world_size))
         self.start_round()
+
+
+class AveragedModule(nn.Module):
+    """``module`` for the steps to run, its gradients averaged over the ranks of the default
+    process group (``GradientAverager``); each forward starts a new round. All ranks make one,
+    with the same model: its parameters and buffers become rank 0's."""
+
+    averager_class: type[GradientAverager] = GradientAverager  # a bench's variant sets its own
+
+    def __init__(self, module: nn.Module, bucket_mb: float = BUCKET_MB) -> None:
+        super().__init__()
+        self.module = module
+        self.averager = self.averager_class(module, bucket_mb)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.averager.start_round()
+        return self.module(*args, **kwargs)
