@@ -48,6 +48,35 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A failed test that used this process's Ray carries the last lines its GCS and this
+    driver's core worker logged: in one CI run a test's first ``ray.cluster_resources()``
+    waited 15 min for a live GCS that never answered, and nothing else was left to read."""
+    report: pytest.TestReport = yield
+    if report.failed and report.when == "call" and "ray_cluster" in item.fixturenames:
+        report.sections.append(("this test process's Ray, last lines", _ray_log_tails()))
+    return report
+
+
+def _ray_log_tails(lines: int = 15) -> str:
+    import ray
+    from ray._private import worker
+
+    node = worker._global_node
+    if not ray.is_initialized() or node is None:
+        return "Ray is not initialized in this process"
+    logs = Path(node.get_logs_dir_path())
+    said = [f"session {node.get_session_dir_path()}"]
+    for log in [logs / "gcs_server.out", *logs.glob(f"python-core-driver-*_{os.getpid()}.log")]:
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        # the timestamped lines only: the periodic event statistics between them are long,
+        # and their headers alone show whether the process still ran its loop
+        stamped = [line for line in text.splitlines() if line.startswith("[")]
+        said += [f"--- {log.name}", *stamped[-lines:]]
+    return "\n".join(said)
+
+
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run in a fresh directory: runs/ and mlflow.db land there."""
