@@ -26,6 +26,7 @@ from trainforge.driver import (
     out_of_memory,
     own_workers,
     recipe_change,
+    resource_wait,
     warm_pool,
 )
 from trainforge.driver.cluster import connect, on_lasting_cluster, storage_root
@@ -372,7 +373,8 @@ def _fit_ray_train(
         ),
     )
     try:
-        result = trainer.fit()
+        with resource_wait.said_while_pending():  # a busy cluster: its workers wait, said
+            result = trainer.fit()
     finally:
         interrupted[0] = bool(trainer.interrupted)
     checkpoint = result.checkpoint.path if result.checkpoint is not None else None

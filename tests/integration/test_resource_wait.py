@@ -1,0 +1,72 @@
+"""A run on a cluster whose CPUs other work holds: Ray Train's placement of the workers waits,
+and the command says so — what the run needs and what the cluster has free — until the CPUs
+are free; then the run trains as usual. On the shared Ray, an actor holds every CPU until the
+command has said twice that it waits (the first line, and the next one ``EVERY_S`` later)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import RECIPES
+from trainforge.cli import main as cli_main
+from trainforge.driver import resource_wait
+
+pytestmark = pytest.mark.ray
+
+DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+
+
+def test_workers_waiting_for_cpus_are_said_then_train(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ray = ray_cluster
+    monkeypatch.setattr(resource_wait, "FIRST_S", 1.0)
+    monkeypatch.setattr(resource_wait, "EVERY_S", 2.0)
+    cpus = int(ray.cluster_resources()["CPU"])
+
+    @ray.remote(num_cpus=cpus)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()  # type: ignore[attr-defined]
+    assert ray.get(holder.ready.remote(), timeout=120)
+    said = threading.Semaphore(0)
+    describe = resource_wait.describe
+
+    def describe_and_count(*args: Any) -> str:
+        said.release()
+        return describe(*args)
+
+    monkeypatch.setattr(resource_wait, "describe", describe_and_count)
+
+    def release_after_two_lines() -> None:  # the first line, and the one EVERY_S later
+        for _ in range(2):
+            if not said.acquire(timeout=120):
+                break  # never said: the CPUs are freed all the same, and the test fails
+        ray.kill(holder)
+
+    release = threading.Thread(target=release_after_two_lines, daemon=True)
+    release.start()
+    code = cli_main(["train", str(DIGITS), "run.name=waited", "scaling.num_workers=2",
+                     "train.epochs=1", "tracking.enabled=false"])  # fmt: skip
+    release.join()
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    lines = out.splitlines()
+    waiting = [i for i, line in enumerate(lines) if "workers: waiting for resources" in line]
+    assert len(waiting) >= 2, out[-3000:]
+    for i in waiting:
+        assert re.fullmatch(
+            rf"\[trainforge\] workers: waiting for resources: the run needs 2 CPU; the cluster "
+            rf"has 0 of {cpus} CPU free \(\d+ s\)",
+            lines[i],
+        ), lines[i]
+    started = next(i for i, line in enumerate(lines) if "process group up" in line)
+    assert max(waiting) < started  # said while the workers waited, not after they started
+    assert "finished at step 22 " in out
