@@ -68,19 +68,12 @@ def describe(needs: dict[str, float], free: dict[str, float], total: dict[str, f
     """``workers: waiting for resources: the run needs 2 CPU; the cluster has 0 of 2 CPU
     free (10 s)``."""
     names = sorted(needs)
-    wanted = " and ".join(f"{_amount(needs[name])} {name}" for name in names)
-    has = " and ".join(
-        f"{_amount(free.get(name, 0.0))} of {_amount(total.get(name, 0.0))} {name}"
-        for name in names
-    )
+    wanted = " and ".join(f"{needs[name]:g} {name}" for name in names)
+    has = " and ".join(f"{free.get(name, 0):g} of {total.get(name, 0):g} {name}" for name in names)
     return (
         f"workers: waiting for resources: the run needs {wanted}; the cluster has {has} free "
         f"({waited_s:.0f} s)"
     )
-
-
-def _amount(value: float) -> str:
-    return f"{value:g}" if value != int(value) else f"{int(value)}"
 
 
 def _watch(stop: threading.Event) -> None:
@@ -88,7 +81,7 @@ def _watch(stop: threading.Event) -> None:
 
     job_id = ray.get_runtime_context().get_job_id()
     pending_since: float | None = None
-    said_at: float | None = None
+    next_line_at = 0.0
     while not stop.wait(POLL_S):
         try:
             table = ray.util.placement_group_table()
@@ -98,11 +91,11 @@ def _watch(stop: threading.Event) -> None:
                     return  # placed: the workers start now
                 continue  # Ray Train has not asked for the group yet
             now = time.monotonic()
-            pending_since = pending_since if pending_since is not None else now
-            due = FIRST_S if said_at is None else EVERY_S
-            if now - (said_at if said_at is not None else pending_since) >= due:
+            if pending_since is None:
+                pending_since, next_line_at = now, now + FIRST_S
+            if now >= next_line_at:
                 free, total = ray.available_resources(), ray.cluster_resources()
                 log.say(describe(needs, free, total, now - pending_since))
-                said_at = now
+                next_line_at = now + EVERY_S
         except Exception:  # the line is a courtesy: the run never depends on it
             return
