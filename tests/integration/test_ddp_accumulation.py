@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,50 +30,63 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, port: int, results: dict) -> None:
+def two_ranks(rank_body: Callable[..., dict], *args: object) -> dict[int, dict]:
+    """``rank_body(rank, *args)`` on two spawned processes in one gloo process group; what each
+    returned, by rank. The results come back as files rather than through a multiprocessing
+    Manager: a Manager forks this process, and when an earlier test of this xdist worker had
+    connected it to the shared Ray, the fork shared Ray's gRPC connections with the child (Ray
+    warns against forking for this): the next test's first Ray call then waited forever (CI,
+    twice: ``ray.cluster_resources()`` in test_disk_full, 900 s)."""
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_rank_main, args=(rank_body, _free_port(), folder, args), nprocs=2, join=True)
+        return {rank: torch.load(f"{folder}/{rank}.pt", weights_only=True) for rank in (0, 1)}
+
+
+def _rank_main(rank: int, body: Callable[..., dict], port: int, folder: str, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        from trainforge.workloads.cnn.models import SimpleCNN
-
-        torch.manual_seed(0)
-        model = DistributedDataParallel(SimpleCNN(1, 10, 32))
-        calls = {"n": 0}
-
-        def counting_hook(state, bucket):  # counts every bucket all-reduce DDP launches
-            calls["n"] += 1
-            return allreduce_hook(state, bucket)
-
-        model.register_comm_hook(dist.group.WORLD, counting_hook)
-        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)  # no augmentation or smoothing
-        precision = Precision("fp32", torch.device("cpu"))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        gen = torch.Generator().manual_seed(rank)
-
-        def batch():
-            return torch.randn(4, 1, 32, 32, generator=gen), torch.randint(
-                0, 10, (4,), generator=gen
-            )
-
-        counts = []
-        for window_size in (1, 3, 4):
-            before = calls["n"]
-            window = [batch() for _ in range(window_size)]
-            optimizer_step(model, window, workload, precision, optimizer, clip_grad_norm=1.0)
-            counts.append(calls["n"] - before)
-        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-        gathered = [torch.zeros_like(flat) for _ in range(2)]
-        dist.all_gather(gathered, flat)
-        results[rank] = {"counts": counts, "same": torch.equal(gathered[0], gathered[1])}
+        result = body(rank, *args)
     finally:
         dist.destroy_process_group()
+    torch.save(result, f"{folder}/{rank}.pt")
+
+
+def _accumulating_rank(rank: int) -> dict:
+    from trainforge.workloads.cnn.models import SimpleCNN
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(SimpleCNN(1, 10, 32))
+    calls = {"n": 0}
+
+    def counting_hook(state, bucket):  # counts every bucket all-reduce DDP launches
+        calls["n"] += 1
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(dist.group.WORLD, counting_hook)
+    workload = CNNWorkload(CNNWorkloadConfig(), seed=0)  # no augmentation or smoothing
+    precision = Precision("fp32", torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+
+    def batch():
+        return torch.randn(4, 1, 32, 32, generator=gen), torch.randint(0, 10, (4,), generator=gen)
+
+    counts = []
+    for window_size in (1, 3, 4):
+        before = calls["n"]
+        window = [batch() for _ in range(window_size)]
+        optimizer_step(model, window, workload, precision, optimizer, clip_grad_norm=1.0)
+        counts.append(calls["n"] - before)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(gathered, flat)
+    return {"counts": counts, "same": torch.equal(gathered[0], gathered[1])}
 
 
 def test_only_the_last_micro_step_all_reduces() -> None:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_worker, args=(_free_port(), results), nprocs=2, join=True)
+    results = two_ranks(_accumulating_rank)
     for rank in (0, 1):
         counts = results[rank]["counts"]
         # A window of 3 or 4 micro-steps launches exactly the all-reduces of one backward pass.
@@ -91,7 +106,7 @@ def test_world_size_one_has_no_ddp_wrapper() -> None:
         pass
 
 
-def _averager_rank(rank: int, port: int, results: dict) -> None:
+def _averager_rank(rank: int) -> dict:
     """The same model trained twice on this rank's own batches: averaged by DDP, and by the
     graphed steps' own hooks (``gradient_averaging``) in buckets small enough to be several."""
     import pickle
@@ -101,50 +116,44 @@ def _averager_rank(rank: int, port: int, results: dict) -> None:
     from trainforge import distributed
     from trainforge.gradient_averaging import AveragedModule
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(rank)  # different initial weights: both make them rank 0's
-        model = nn.Sequential(
-            nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
-        )
-        model.register_parameter("unused", nn.Parameter(torch.ones(3)))  # gets no gradient
-        ours = copy.deepcopy(model)
-        ddp = DistributedDataParallel(model, find_unused_parameters=True)
-        averaged = AveragedModule(ours, bucket_mb=20 / 2**20)  # ~20 bytes a bucket
-        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
-        precision = Precision("fp32", torch.device("cpu"))
-        optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ddp, ours)]
-        gen = torch.Generator().manual_seed(100 + rank)
-        start = torch.cat([p.detach().flatten() for p in ours.parameters()])
-        for i in range(3):
-            batch = (torch.randn(4, 1, 8, 8, generator=gen), torch.randint(0, 10, (4,)))
-            for trained, optimizer in zip((ddp, averaged), optimizers, strict=True):
-                optimizer_step(trained, [batch], workload, precision, optimizer, None)
-            if i == 0:  # a forward without a backward (evaluation) between two steps
-                with torch.no_grad():
-                    averaged(batch[0])
-            if i == 1:  # a backward that raises half-way, as a failed capture may
-                cut_short_backward(averaged, ours[2], batch[0])
-        flat = torch.cat([p.detach().flatten() for p in ours.parameters()])
-        everyone = [torch.zeros_like(flat) for _ in range(2)]
-        dist.all_gather(everyone, flat)
-        results[rank] = {
-            "buckets": len(averaged.averager.buckets),
-            # what is checkpointed and logged: no hook of the averaging travels with it
-            "unwrapped": distributed.unwrap(averaged) is ours,
-            "picklable": len(pickle.dumps(copy.deepcopy(distributed.unwrap(averaged)))) > 0,
-            "like_ddp": all(
-                torch.allclose(a, b, atol=1e-6)
-                for a, b in zip(model.parameters(), ours.parameters(), strict=True)
-            ),
-            "moved": not torch.equal(flat, start),
-            "ranks_equal": torch.equal(everyone[0], everyone[1]),
-            "unused": ours.unused.detach().clone(),
-        }
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(rank)  # different initial weights: both make them rank 0's
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
+    )
+    model.register_parameter("unused", nn.Parameter(torch.ones(3)))  # gets no gradient
+    ours = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    averaged = AveragedModule(ours, bucket_mb=20 / 2**20)  # ~20 bytes a bucket
+    workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
+    precision = Precision("fp32", torch.device("cpu"))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (ddp, ours)]
+    gen = torch.Generator().manual_seed(100 + rank)
+    start = torch.cat([p.detach().flatten() for p in ours.parameters()])
+    for i in range(3):
+        batch = (torch.randn(4, 1, 8, 8, generator=gen), torch.randint(0, 10, (4,)))
+        for trained, optimizer in zip((ddp, averaged), optimizers, strict=True):
+            optimizer_step(trained, [batch], workload, precision, optimizer, None)
+        if i == 0:  # a forward without a backward (evaluation) between two steps
+            with torch.no_grad():
+                averaged(batch[0])
+        if i == 1:  # a backward that raises half-way, as a failed capture may
+            cut_short_backward(averaged, ours[2], batch[0])
+    flat = torch.cat([p.detach().flatten() for p in ours.parameters()])
+    everyone = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(everyone, flat)
+    return {
+        "buckets": len(averaged.averager.buckets),
+        # what is checkpointed and logged: no hook of the averaging travels with it
+        "unwrapped": distributed.unwrap(averaged) is ours,
+        "picklable": len(pickle.dumps(copy.deepcopy(distributed.unwrap(averaged)))) > 0,
+        "like_ddp": all(
+            torch.allclose(a, b, atol=1e-6)
+            for a, b in zip(model.parameters(), ours.parameters(), strict=True)
+        ),
+        "moved": not torch.equal(flat, start),
+        "ranks_equal": torch.equal(everyone[0], everyone[1]),
+        "unused": ours.unused.detach().clone(),
+    }
 
 
 def cut_short_backward(model: torch.nn.Module, cut: torch.nn.Module, images: torch.Tensor) -> None:
@@ -179,9 +188,7 @@ def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
     from trainforge.gradient_averaging import BUCKET_MB
 
     assert BUCKET_MB < BUCKET_CAP_MB  # a graphed step's backward is short: smaller buckets
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_averager_rank, args=(_free_port(), results), nprocs=2, join=True)
+    results = two_ranks(_averager_rank)
     for rank in (0, 1):
         assert results[rank]["buckets"] > 2
         assert results[rank]["unwrapped"] and results[rank]["picklable"]
@@ -190,7 +197,7 @@ def test_the_graphed_steps_own_gradient_averaging_trains_as_ddp() -> None:
         assert torch.equal(results[rank]["unused"], torch.ones(3))
 
 
-def _averaged_loop_rank(rank: int, port: int, folder: str, results: dict) -> None:
+def _averaged_loop_rank(rank: int, folder: str) -> dict:
     """The whole worker loop of the digits recipe with the graphed steps' ``AveragedModule`` in
     DDP's place, as ``distributed.wrap`` makes it for CUDA graphs on several GPUs (here no capture:
     the loop's eager steps, evaluation and checkpoints around the wrapper)."""
@@ -199,44 +206,36 @@ def _averaged_loop_rank(rank: int, port: int, folder: str, results: dict) -> Non
     from trainforge.gradient_averaging import AveragedModule
     from trainforge.worker import trainer
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        made: list[AveragedModule] = []
+    made: list[AveragedModule] = []
 
-        def averaged(model: torch.nn.Module, ctx: WorkerContext, *args: object) -> AveragedModule:
-            made.append(AveragedModule(model))
-            return made[-1]
+    def averaged(model: torch.nn.Module, ctx: WorkerContext, *args: object) -> AveragedModule:
+        made.append(AveragedModule(model))
+        return made[-1]
 
-        distributed.wrap = averaged  # the spawned process's own module: nothing else sees it
-        digits = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
-        cfg = config.load(digits, ["tracking.enabled=false", "train.epochs=2"])
-        reporter = FolderReporter(Path(folder) / f"checkpoints-{rank}")
-        payload = {"recipe": config.to_container(cfg), "run_dir": f"{folder}/run-{rank}"}
-        trainer.run(payload, WorkerContext(rank, rank, 2, 0, torch.device("cpu")), reporter)
-        model = distributed.unwrap(made[0])
-        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-        everyone = [torch.zeros_like(flat) for _ in range(2)]
-        dist.all_gather(everyone, flat)
-        saved = newest_in(Path(folder) / f"checkpoints-{rank}").state  # rank 0's: it saves
-        results[rank] = {
-            "wrapped": len(made),
-            # the checkpoint holds the model's own state dict, not the wrapper's ("module.…")
-            "checkpointed": saved is None or saved["model"].keys() == model.state_dict().keys(),
-            "saved": saved is not None,
-            "ranks_equal": torch.equal(everyone[0], everyone[1]),
-            "accuracy": reporter.reports[-1]["val/accuracy"],
-            "checkpoints": len(reporter.reports),
-        }
-    finally:
-        dist.destroy_process_group()
+    distributed.wrap = averaged  # the spawned process's own module: nothing else sees it
+    digits = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+    cfg = config.load(digits, ["tracking.enabled=false", "train.epochs=2"])
+    reporter = FolderReporter(Path(folder) / f"checkpoints-{rank}")
+    payload = {"recipe": config.to_container(cfg), "run_dir": f"{folder}/run-{rank}"}
+    trainer.run(payload, WorkerContext(rank, rank, 2, 0, torch.device("cpu")), reporter)
+    model = distributed.unwrap(made[0])
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    everyone = [torch.zeros_like(flat) for _ in range(2)]
+    dist.all_gather(everyone, flat)
+    saved = newest_in(Path(folder) / f"checkpoints-{rank}").state  # rank 0's: it saves
+    return {
+        "wrapped": len(made),
+        # the checkpoint holds the model's own state dict, not the wrapper's ("module.…")
+        "checkpointed": saved is None or saved["model"].keys() == model.state_dict().keys(),
+        "saved": saved is not None,
+        "ranks_equal": torch.equal(everyone[0], everyone[1]),
+        "accuracy": reporter.reports[-1]["val/accuracy"],
+        "checkpoints": len(reporter.reports),
+    }
 
 
 def test_the_loop_runs_with_the_graphed_steps_averaging_in_ddps_place(tmp_path: Path) -> None:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_averaged_loop_rank, args=(_free_port(), str(tmp_path), results), nprocs=2, join=True)
+    results = two_ranks(_averaged_loop_rank, str(tmp_path))
     for rank in (0, 1):
         outcome = results[rank]
         assert outcome["wrapped"] == 1 and outcome["ranks_equal"], outcome
@@ -245,7 +244,7 @@ def test_the_loop_runs_with_the_graphed_steps_averaging_in_ddps_place(tmp_path: 
     assert results[0]["saved"]
 
 
-def _buffers_rank(rank: int, port: int, results: dict) -> None:
+def _buffers_rank(rank: int) -> dict:
     from torch import nn
 
     from trainforge import distributed
@@ -253,52 +252,46 @@ def _buffers_rank(rank: int, port: int, results: dict) -> None:
     from trainforge.data.types import TensorData
     from trainforge.worker.trainer import evaluate
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"))
-        torch.manual_seed(rank)  # different initial buffers: wrap makes them rank 0's
-        model = nn.Sequential(
-            nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
-        )
-        model[1].running_mean.normal_()
-        train_model = distributed.wrap(model, ctx)
-        assert train_model.bucket_bytes_cap == distributed.BUCKET_CAP_MB * 2**20  # eager
-        started_equal = gather_buffers(model)
-        workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
-        precision = Precision("fp32", ctx.device)
-        optimizer = torch.optim.SGD(train_model.parameters(), lr=0.1)
-        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
-        # a plain copy that sees this rank's batches with the trained weights: its running
-        # statistics are this rank's own moving averages, which DDP's default broadcast of rank
-        # 0's buffers before every forward would overwrite
-        shadow = copy.deepcopy(model)
-        for _ in range(3):
-            images = torch.randn(8, 1, 8, 8, generator=gen)
-            with torch.no_grad():
-                shadow.load_state_dict(dict(model.named_parameters()), strict=False)
-                shadow(images)
-            batch = (images, torch.randint(0, 10, (8,), generator=gen))
-            optimizer_step(train_model, [batch], workload, precision, optimizer, None)
-        own = all(torch.equal(a, b) for a, b in zip(model.buffers(), shadow.buffers(), strict=True))
-        trained = gather_buffers(model)
-        params = torch.cat([p.detach().flatten() for p in model.parameters()])
-        everyone = [torch.zeros_like(params) for _ in range(2)]
-        dist.all_gather(everyone, params)
-        val = TensorData(torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,)))
-        train_cfg = TrainSection(batch_size=4)
-        metrics, _ = evaluate(model, val, workload, precision, ctx, train_cfg)
-        results[rank] = {
-            "started_equal": torch.equal(started_equal[0], started_equal[1]),
-            "trained": [t.clone() for t in trained],
-            "evaluated": [t.clone() for t in gather_buffers(model)],
-            "params_equal": torch.equal(everyone[0], everyone[1]),
-            "own_statistics": own,
-            "metrics": metrics,
-        }
-    finally:
-        dist.destroy_process_group()
+    ctx = WorkerContext(rank, rank, 2, 0, torch.device("cpu"))
+    torch.manual_seed(rank)  # different initial buffers: wrap makes them rank 0's
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 10)
+    )
+    model[1].running_mean.normal_()
+    train_model = distributed.wrap(model, ctx)
+    assert train_model.bucket_bytes_cap == distributed.BUCKET_CAP_MB * 2**20  # eager
+    started_equal = gather_buffers(model)
+    workload = CNNWorkload(CNNWorkloadConfig(), seed=0)
+    precision = Precision("fp32", ctx.device)
+    optimizer = torch.optim.SGD(train_model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+    # a plain copy that sees this rank's batches with the trained weights: its running
+    # statistics are this rank's own moving averages, which DDP's default broadcast of rank
+    # 0's buffers before every forward would overwrite
+    shadow = copy.deepcopy(model)
+    for _ in range(3):
+        images = torch.randn(8, 1, 8, 8, generator=gen)
+        with torch.no_grad():
+            shadow.load_state_dict(dict(model.named_parameters()), strict=False)
+            shadow(images)
+        batch = (images, torch.randint(0, 10, (8,), generator=gen))
+        optimizer_step(train_model, [batch], workload, precision, optimizer, None)
+    own = all(torch.equal(a, b) for a, b in zip(model.buffers(), shadow.buffers(), strict=True))
+    trained = gather_buffers(model)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    everyone = [torch.zeros_like(params) for _ in range(2)]
+    dist.all_gather(everyone, params)
+    val = TensorData(torch.randn(10, 1, 8, 8, generator=gen), torch.randint(0, 10, (10,)))
+    train_cfg = TrainSection(batch_size=4)
+    metrics, _ = evaluate(model, val, workload, precision, ctx, train_cfg)
+    return {
+        "started_equal": torch.equal(started_equal[0], started_equal[1]),
+        "trained": [t.clone() for t in trained],
+        "evaluated": [t.clone() for t in gather_buffers(model)],
+        "params_equal": torch.equal(everyone[0], everyone[1]),
+        "own_statistics": own,
+        "metrics": metrics,
+    }
 
 
 def gather_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -310,9 +303,7 @@ def gather_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def test_running_statistics_are_rank_zeros_where_they_are_read() -> None:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_buffers_rank, args=(_free_port(), results), nprocs=2, join=True)
+    results = two_ranks(_buffers_rank)
     zero, one = results[0], results[1]
     assert zero["started_equal"] and one["started_equal"]  # wrap gave rank 1 rank 0's buffers
     assert zero["params_equal"] and one["params_equal"]  # the weights train as one
