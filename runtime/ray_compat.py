@@ -75,6 +75,20 @@ def trainer_class() -> type:
 
         interrupted = False
 
+        def fit(self) -> Any:
+            previous = signal.getsignal(signal.SIGINT)
+            try:
+                return super().fit()
+            finally:
+                # Ray Train leaves its handler installed after fit(): a closure over the run
+                # controller's actor handle. A later fork of this process whose child replaces
+                # the SIGINT handler (a multiprocessing Manager's does) drops that handle in
+                # the child, whose Ray then reports the actor out of scope over this process's
+                # own GCS connection: this process's next GCS call never got its answer (seen
+                # in CI). Put back, the handler releases the handle here, where it belongs.
+                if previous is not None and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGINT, previous)
+
         def _register_sigint_handler(self, controller: Any) -> None:
             super()._register_sigint_handler(controller)  # type: ignore[misc]  # private
             ray_handler = signal.getsignal(signal.SIGINT)
