@@ -13,8 +13,11 @@ The sampler can start an epoch part-way, which is how a mid-epoch checkpoint res
 
 from __future__ import annotations
 
+import multiprocessing
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.context import BaseContext
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -75,6 +78,22 @@ def streams(split: Split) -> bool:
     return not isinstance(split, TensorData | ChunkedData)
 
 
+def loader_processes(dataset: Dataset) -> BaseContext | None:
+    """How a DataLoader's worker processes start (None: by fork, the default). In a process
+    connected to Ray (a Ray Train worker) not by fork: the forked child shares that process's
+    gRPC connections to Ray, and a Ray handle the child happens to release (garbage collected
+    there) makes the child's Ray send on them, which a parent's connection did not survive
+    here (``ray_compat``'s ``fit`` tells that one); Ray's own advice is forkserver or spawn.
+    forkserver: one clean process, started once per training process (~1.3 s here, torch and the
+    dataset's module imported there), from which each loader worker forks."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", type(dataset).__module__])
+    return context
+
+
 def micro_batches_per_epoch(length: int, ctx: WorkerContext, batch_size: int) -> int:
     """Full micro-batches each rank sees per epoch (the last partial one is dropped)."""
     per_rank = -(-length // ctx.world_size)  # DistributedSampler pads to equal shards
@@ -113,6 +132,7 @@ class TrainBatches:
                 sampler=self.sampler,
                 drop_last=True,
                 num_workers=loader_workers,
+                multiprocessing_context=loader_processes(split) if loader_workers else None,
                 pin_memory=pin_memory and ctx.device.type == "cuda",
                 persistent_workers=loader_workers > 0,
                 prefetch_factor=4 if loader_workers > 0 else None,
@@ -174,6 +194,7 @@ def eval_batches(
         torch.utils.data.Subset(split, indices.tolist()),
         batch_size=batch_size,
         num_workers=loader_workers,
+        multiprocessing_context=loader_processes(split) if loader_workers else None,
         pin_memory=ctx.device.type == "cuda",
     )
     for batch in loader:

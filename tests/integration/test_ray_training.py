@@ -137,6 +137,19 @@ def test_imagefolder_through_dataloader_workers(ray_cluster, in_tmp: Path) -> No
     assert checkpoint.load(outcome.checkpoint_path)["global_step"] == 3 * (32 // 8)
 
 
+def test_a_ray_process_starts_its_loader_workers_from_a_forkserver(ray_cluster) -> None:
+    """Not by fork: a forked loader worker would share the Ray worker's gRPC connections."""
+    from trainforge.data.sharding import loader_processes
+    from trainforge.workloads.cnn.datasets import ImageFolderDataset
+
+    @ray_cluster.remote(num_cpus=0)
+    def start_method() -> str | None:
+        context = loader_processes(ImageFolderDataset([], [], 8))
+        return None if context is None else context.get_start_method()
+
+    assert ray_cluster.get(start_method.remote()) == "forkserver"
+
+
 def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None:
     # Ray Train's placement-group cleaner asks the State API whether the run's controller still
     # lives. Unpinned, that API asks the most recently started Ray on the machine (xdist runs
