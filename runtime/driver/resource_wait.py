@@ -3,10 +3,13 @@
 Ray Train places a run's worker group with a placement group, which stays pending, silently,
 while other work holds what it needs (or until an autoscaler adds a node): on a busy shared
 cluster a command printed nothing between its MLflow line and its workers' start — 100 s in a
-run here whose CPUs another actor held. While Ray Train's ``fit()`` starts the workers, a thread
-looks at this job's placement groups (a placement group's ID ends with its job's ID): one that
-stays pending for ``FIRST_S`` is said, with what the run needs and what the cluster has free,
-and again every ``EVERY_S`` while it waits. Once the group is placed the thread ends.
+run here whose CPUs another actor held. A restart after a failure (``run.max_failures``) places
+a new group the same way, and waits the same way where the failed node took its CPUs or GPUs
+with it. For the whole of Ray Train's ``fit()`` a thread looks at this job's placement groups
+(a placement group's ID ends with its job's ID): one that stays pending for ``FIRST_S`` is said,
+with what the run needs and what the cluster has free, and again every ``EVERY_S`` while it
+waits. Once a group is placed it looks less often (``PLACED_POLL_S``): only a restart's group
+can be pending then.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from trainforge import log
@@ -24,11 +28,15 @@ FIRST_S = 10.0
 EVERY_S = 60.0
 """How often it says so again while it waits."""
 POLL_S = 1.0
+"""How often it looks while the workers start."""
+PLACED_POLL_S = 5.0
+"""How often it looks once they have started (for a restart's group)."""
 
 
 @contextlib.contextmanager
 def said_while_pending() -> Iterator[None]:
-    """Around the call that starts the run's workers: says what they wait for, if they wait."""
+    """Around Ray Train's ``fit()``: says what the workers wait for, if they wait (at the start
+    or at a restart)."""
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(stop,), name="trainforge-placement",
                                daemon=True)  # fmt: skip
@@ -64,38 +72,57 @@ def placed(table: dict[str, dict[str, Any]], job_id: str) -> bool:
 
 
 def describe(needs: dict[str, float], free: dict[str, float], total: dict[str, float],
-             waited_s: float) -> str:  # fmt: skip
+             waited_s: float, restart: bool = False) -> str:  # fmt: skip
     """``workers: waiting for resources: the run needs 2 CPU; the cluster has 0 of 2 CPU
-    free (10 s)``."""
+    free (10 s)`` (``waiting for resources to restart`` for a restart's group)."""
     names = sorted(needs)
     wanted = " and ".join(f"{needs[name]:g} {name}" for name in names)
     has = " and ".join(f"{free.get(name, 0):g} of {total.get(name, 0):g} {name}" for name in names)
     return (
-        f"workers: waiting for resources: the run needs {wanted}; the cluster has {has} free "
-        f"({waited_s:.0f} s)"
+        f"workers: waiting for resources{' to restart' if restart else ''}: the run needs "
+        f"{wanted}; the cluster has {has} free ({waited_s:.0f} s)"
     )
+
+
+@dataclass
+class Watch:
+    """What the thread knows of this job's groups from one look (``look``) to the next."""
+
+    job_id: str
+    pending_since: float | None = None  # when the group now pending was first seen so
+    next_line_at: float = 0.0
+    placements: int = 0  # groups seen placed: after the first, a pending group is a restart's
+
+    def look(
+        self, table: dict[str, dict[str, Any]], now: float
+    ) -> tuple[dict[str, float], float] | None:
+        """What the pending group needs and how long it has waited, when it is time to say so;
+        else None."""
+        needs = pending_needs(table, self.job_id)
+        if needs is None:
+            first_placed = self.placements == 0 and placed(table, self.job_id)
+            if self.pending_since is not None or first_placed:
+                self.placements += 1  # placed (perhaps before the first look)
+            self.pending_since = None
+            return None
+        if self.pending_since is None:
+            self.pending_since, self.next_line_at = now, now + FIRST_S
+        if now < self.next_line_at:
+            return None
+        self.next_line_at = now + EVERY_S
+        return needs, now - self.pending_since
 
 
 def _watch(stop: threading.Event) -> None:
     import ray
 
-    job_id = ray.get_runtime_context().get_job_id()
-    pending_since: float | None = None
-    next_line_at = 0.0
-    while not stop.wait(POLL_S):
+    watch = Watch(ray.get_runtime_context().get_job_id())
+    while not stop.wait(PLACED_POLL_S if watch.placements else POLL_S):
         try:
-            table = ray.util.placement_group_table()
-            needs = pending_needs(table, job_id)
-            if needs is None:
-                if pending_since is not None or placed(table, job_id):
-                    return  # placed: the workers start now
-                continue  # Ray Train has not asked for the group yet
-            now = time.monotonic()
-            if pending_since is None:
-                pending_since, next_line_at = now, now + FIRST_S
-            if now >= next_line_at:
+            due = watch.look(ray.util.placement_group_table(), time.monotonic())
+            if due is not None:
+                needs, waited_s = due
                 free, total = ray.available_resources(), ray.cluster_resources()
-                log.say(describe(needs, free, total, now - pending_since))
-                next_line_at = now + EVERY_S
+                log.say(describe(needs, free, total, waited_s, restart=watch.placements > 0))
         except Exception:  # the line is a courtesy: the run never depends on it
             return

@@ -1,12 +1,14 @@
 """A run on a cluster whose CPUs other work holds: Ray Train's placement of the workers waits,
 and the command says so — what the run needs and what the cluster has free — until the CPUs
 are free; then the run trains as usual. On the shared Ray, an actor holds every CPU until the
-command has said twice that it waits (the first line, and the next one ``EVERY_S`` later)."""
+command has said twice that it waits (the first line, and the next one ``EVERY_S`` later); a
+restart after a failure that waits is said the same way."""
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from tests.conftest import RECIPES
 from trainforge.cli import main as cli_main
 from trainforge.driver import resource_wait
+from trainforge.worker import faults
 
 pytestmark = pytest.mark.ray
 
@@ -39,9 +42,9 @@ def test_workers_waiting_for_cpus_are_said_then_train(
     said = threading.Semaphore(0)
     describe = resource_wait.describe
 
-    def describe_and_count(*args: Any) -> str:
+    def describe_and_count(*args: Any, **kwargs: Any) -> str:
         said.release()
-        return describe(*args)
+        return describe(*args, **kwargs)
 
     monkeypatch.setattr(resource_wait, "describe", describe_and_count)
 
@@ -70,3 +73,65 @@ def test_workers_waiting_for_cpus_are_said_then_train(
     started = next(i for i, line in enumerate(lines) if "process group up" in line)
     assert max(waiting) < started  # said while the workers waited, not after they started
     assert "finished at step 22 " in out
+
+
+def test_a_restart_waiting_for_cpus_is_said(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The workers fail after epoch 1 (``run.max_failures=1``). While they train, an actor asks
+    for every CPU and waits; the failed group's CPUs go to it, so the restart's group waits,
+    and the command says so, as a restart's, until the actor is gone; then the run resumes."""
+    ray = ray_cluster
+    monkeypatch.setattr(resource_wait, "FIRST_S", 1.0)
+    monkeypatch.setattr(resource_wait, "EVERY_S", 2.0)
+    monkeypatch.setattr(resource_wait, "PLACED_POLL_S", 0.5)
+    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
+    cpus = int(ray.cluster_resources()["CPU"])
+    job = ray.get_runtime_context().get_job_id()
+
+    @ray.remote(num_cpus=cpus)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    said = threading.Semaphore(0)
+    describe = resource_wait.describe
+
+    def describe_and_count(*args: Any, restart: bool = False) -> str:
+        if restart:
+            said.release()
+        return describe(*args, restart=restart)
+
+    monkeypatch.setattr(resource_wait, "describe", describe_and_count)
+
+    def hold_while_the_restart_waits() -> None:
+        deadline = time.monotonic() + 120
+        while not resource_wait.placed(ray.util.placement_group_table(), job):
+            if time.monotonic() > deadline:
+                return  # never placed: the run fails the test
+            time.sleep(0.2)
+        holder = Holder.remote()  # type: ignore[attr-defined]  # waits: the workers hold the CPUs
+        for _ in range(2):  # the restart's first line, and the one EVERY_S later
+            if not said.acquire(timeout=120):
+                break  # never said: the CPUs are freed all the same, and the test fails
+        ray.kill(holder)
+
+    hold = threading.Thread(target=hold_while_the_restart_waits, daemon=True)
+    hold.start()
+    code = cli_main(["train", str(DIGITS), "run.name=rewaited", "scaling.num_workers=2",
+                     "train.epochs=2", "run.max_failures=1", "tracking.enabled=false"])  # fmt: skip
+    hold.join()
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    lines = out.splitlines()
+    waiting = [i for i, line in enumerate(lines) if "workers: waiting for resources" in line]
+    assert len(waiting) >= 2, out[-3000:]
+    for i in waiting:
+        assert re.fullmatch(
+            rf"\[trainforge\] workers: waiting for resources to restart: the run needs 2 CPU; "
+            rf"the cluster has 0 of {cpus} CPU free \(\d+ s\)",
+            lines[i],
+        ), lines[i]
+    restarted = next(i for i, line in enumerate(lines) if "workers restarted (1 so far" in line)
+    assert max(waiting) < restarted  # said while the restart waited
+    assert "finished at step 44 " in out
