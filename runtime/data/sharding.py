@@ -17,6 +17,7 @@ import multiprocessing
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
 import torch
@@ -84,13 +85,16 @@ def loader_processes(dataset: Dataset) -> BaseContext | None:
     gRPC connections to Ray, and a Ray handle the child happens to release (garbage collected
     there) makes the child's Ray send on them, which a parent's connection did not survive
     here (``ray_compat``'s ``fit`` tells that one); Ray's own advice is forkserver or spawn.
-    forkserver: one clean process, started once per training process (~1.3 s here, torch and the
-    dataset's module imported there), from which each loader worker forks."""
+    forkserver: one clean process, started once per training process, from which each loader
+    worker forks. It is started here, when the loader is made, so that its imports (torch and
+    the dataset's module, ~1.3 s here) go on beside the rest of the set-up instead of before
+    the first batch (in a probe here, a first batch after 1.5 s of set-up: 0.36 s against 1.59)."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return None
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", type(dataset).__module__])
+    forkserver.ensure_running()  # spawns it and returns: the server imports on its own
     return context
 
 

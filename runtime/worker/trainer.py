@@ -150,9 +150,8 @@ class Trainer:
         with first:
             self.train_split, self.val_split = self.workload.datasets(ctx.device)
         self.plan = Plan.of(cfg.train, len(self.train_split), ctx)  # type: ignore[arg-type]
-        graphs, eager_why = cuda_graph_choice(cfg, ctx.device, streams(self.train_split))
-        self.state = build_state(cfg, self.workload, self.plan, ctx, graphs)
-        self.state.resume(resume_from, ctx)
+        # before the model: a DataLoader's worker processes start from a server that imports
+        # meanwhile (``loader_processes``); making the loader draws no random numbers
         self.batches = TrainBatches(
             self.train_split,
             ctx,
@@ -161,6 +160,9 @@ class Trainer:
             loader_workers=self.workload.loader_workers,
             pin_memory=self.workload.pin_memory,
         )
+        graphs, eager_why = cuda_graph_choice(cfg, ctx.device, streams(self.train_split))
+        self.state = build_state(cfg, self.workload, self.plan, ctx, graphs)
+        self.state.resume(resume_from, ctx)
         self.train_model = wrap(self.state.model, cfg.precision, ctx, graphs)
         tracker.start()
         tracker.log_training_data(self.workload.training_data())

@@ -138,16 +138,23 @@ def test_imagefolder_through_dataloader_workers(ray_cluster, in_tmp: Path) -> No
 
 
 def test_a_ray_process_starts_its_loader_workers_from_a_forkserver(ray_cluster) -> None:
-    """Not by fork: a forked loader worker would share the Ray worker's gRPC connections."""
+    """Not by fork: a forked loader worker would share the Ray worker's gRPC connections. The
+    server is running once the loader's context is made (its imports overlap the set-up), not
+    only when the first batch is asked for."""
     from trainforge.data.sharding import loader_processes
     from trainforge.workloads.cnn.datasets import ImageFolderDataset
 
-    @ray_cluster.remote(num_cpus=0)
-    def start_method() -> str | None:
-        context = loader_processes(ImageFolderDataset([], [], 8))
-        return None if context is None else context.get_start_method()
+    @ray_cluster.remote(num_cpus=0, max_calls=1)  # a process of its own: no server yet
+    def start_method() -> tuple[str | None, list[str]]:
+        import psutil
 
-    assert ray_cluster.get(start_method.remote()) == "forkserver"
+        context = loader_processes(ImageFolderDataset([], [], 8))
+        children = [" ".join(c.cmdline()) for c in psutil.Process().children()]
+        return None if context is None else context.get_start_method(), children
+
+    method, children = ray_cluster.get(start_method.remote())
+    assert method == "forkserver"
+    assert any("forkserver" in child for child in children), children
 
 
 def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None:
