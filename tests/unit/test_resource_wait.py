@@ -74,8 +74,13 @@ def test_a_group_placed_before_the_first_look_makes_a_later_pending_one_a_restar
     watch = Watch(JOB)
     assert watch.look(dict([group("CREATED", JOB, {"CPU": 1.0})]), 0.0) is None
     assert watch.placements == 1
-    assert watch.look(dict([group("CREATED", "03000000", {"CPU": 1.0})]), 0.0) is None
-    assert watch.placements == 1  # another job's group placed: not this run's
+    restart = dict([group("PENDING", JOB, {"CPU": 1.0}, number=2)])
+    assert watch.look(restart, 50.0) is None
+    assert watch.look(restart, 50.0 + FIRST_S) == ({"CPU": 1.0}, FIRST_S)
+    assert watch.placements == 1  # said as a restart's
+    other = Watch(JOB)
+    assert other.look(dict([group("CREATED", "03000000", {"CPU": 1.0})]), 0.0) is None
+    assert other.placements == 0  # another job's group placed: not this run's
 
 
 def test_a_group_placed_within_first_s_says_nothing() -> None:
