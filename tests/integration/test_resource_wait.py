@@ -24,6 +24,54 @@ pytestmark = pytest.mark.ray
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 
 
+class Holder:
+    """An actor that takes every CPU of the cluster (``ray.remote(num_cpus=…)`` at its start)."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def count_wait_lines(
+    monkeypatch: pytest.MonkeyPatch, restart_only: bool = False
+) -> threading.Semaphore:
+    """A semaphore released each time the command says that its workers wait (with
+    ``restart_only``, only a restart's line counts)."""
+    said = threading.Semaphore(0)
+    describe = resource_wait.describe
+
+    def describe_and_count(*args: Any, restart: bool = False) -> str:
+        if restart or not restart_only:
+            said.release()
+        return describe(*args, restart=restart)
+
+    monkeypatch.setattr(resource_wait, "describe", describe_and_count)
+    return said
+
+
+def release_after_two_lines(ray: Any, holder: Any, said: threading.Semaphore) -> None:
+    """The first line, and the one EVERY_S later; then the CPUs are freed."""
+    for _ in range(2):
+        if not said.acquire(timeout=120):
+            break  # never said: the CPUs are freed all the same, and the test fails
+    ray.kill(holder)
+
+
+def wait_lines(out: str, cpus: int, restart: bool = False) -> tuple[list[str], list[int]]:
+    """The command's lines and where it said that the workers wait: at least twice, each line
+    exactly as ``describe`` words it."""
+    lines = out.splitlines()
+    waiting = [i for i, line in enumerate(lines) if "workers: waiting for resources" in line]
+    assert len(waiting) >= 2, out[-3000:]
+    kind = " to restart" if restart else ""
+    for i in waiting:
+        assert re.fullmatch(
+            rf"\[trainforge\] workers: waiting for resources{kind}: the run needs 2 CPU; "
+            rf"the cluster has 0 of {cpus} CPU free \(\d+ s\)",
+            lines[i],
+        ), lines[i]
+    return lines, waiting
+
+
 def test_workers_waiting_for_cpus_are_said_then_train(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -32,44 +80,19 @@ def test_workers_waiting_for_cpus_are_said_then_train(
     monkeypatch.setattr(resource_wait, "EVERY_S", 2.0)
     cpus = int(ray.cluster_resources()["CPU"])
 
-    @ray.remote(num_cpus=cpus)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    holder = Holder.remote()  # type: ignore[attr-defined]
+    holder = ray.remote(num_cpus=cpus)(Holder).remote()
     assert ray.get(holder.ready.remote(), timeout=120)
-    said = threading.Semaphore(0)
-    describe = resource_wait.describe
-
-    def describe_and_count(*args: Any, **kwargs: Any) -> str:
-        said.release()
-        return describe(*args, **kwargs)
-
-    monkeypatch.setattr(resource_wait, "describe", describe_and_count)
-
-    def release_after_two_lines() -> None:  # the first line, and the one EVERY_S later
-        for _ in range(2):
-            if not said.acquire(timeout=120):
-                break  # never said: the CPUs are freed all the same, and the test fails
-        ray.kill(holder)
-
-    release = threading.Thread(target=release_after_two_lines, daemon=True)
+    said = count_wait_lines(monkeypatch)
+    release = threading.Thread(
+        target=release_after_two_lines, args=(ray, holder, said), daemon=True
+    )
     release.start()
     code = cli_main(["train", str(DIGITS), "run.name=waited", "scaling.num_workers=2",
                      "train.epochs=1", "tracking.enabled=false"])  # fmt: skip
     release.join()
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    lines = out.splitlines()
-    waiting = [i for i, line in enumerate(lines) if "workers: waiting for resources" in line]
-    assert len(waiting) >= 2, out[-3000:]
-    for i in waiting:
-        assert re.fullmatch(
-            rf"\[trainforge\] workers: waiting for resources: the run needs 2 CPU; the cluster "
-            rf"has 0 of {cpus} CPU free \(\d+ s\)",
-            lines[i],
-        ), lines[i]
+    lines, waiting = wait_lines(out, cpus)
     started = next(i for i, line in enumerate(lines) if "process group up" in line)
     assert max(waiting) < started  # said while the workers waited, not after they started
     assert "finished at step 22 " in out
@@ -89,20 +112,7 @@ def test_a_restart_waiting_for_cpus_is_said(
     cpus = int(ray.cluster_resources()["CPU"])
     job = ray.get_runtime_context().get_job_id()
 
-    @ray.remote(num_cpus=cpus)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    said = threading.Semaphore(0)
-    describe = resource_wait.describe
-
-    def describe_and_count(*args: Any, restart: bool = False) -> str:
-        if restart:
-            said.release()
-        return describe(*args, restart=restart)
-
-    monkeypatch.setattr(resource_wait, "describe", describe_and_count)
+    said = count_wait_lines(monkeypatch, restart_only=True)
 
     def hold_while_the_restart_waits() -> None:
         deadline = time.monotonic() + 120
@@ -110,11 +120,8 @@ def test_a_restart_waiting_for_cpus_is_said(
             if time.monotonic() > deadline:
                 return  # never placed: the run fails the test
             time.sleep(0.2)
-        holder = Holder.remote()  # type: ignore[attr-defined]  # waits: the workers hold the CPUs
-        for _ in range(2):  # the restart's first line, and the one EVERY_S later
-            if not said.acquire(timeout=120):
-                break  # never said: the CPUs are freed all the same, and the test fails
-        ray.kill(holder)
+        # it waits: the workers hold the CPUs; the failed group's go to it
+        release_after_two_lines(ray, ray.remote(num_cpus=cpus)(Holder).remote(), said)
 
     hold = threading.Thread(target=hold_while_the_restart_waits, daemon=True)
     hold.start()
@@ -123,15 +130,7 @@ def test_a_restart_waiting_for_cpus_is_said(
     hold.join()
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    lines = out.splitlines()
-    waiting = [i for i, line in enumerate(lines) if "workers: waiting for resources" in line]
-    assert len(waiting) >= 2, out[-3000:]
-    for i in waiting:
-        assert re.fullmatch(
-            rf"\[trainforge\] workers: waiting for resources to restart: the run needs 2 CPU; "
-            rf"the cluster has 0 of {cpus} CPU free \(\d+ s\)",
-            lines[i],
-        ), lines[i]
+    lines, waiting = wait_lines(out, cpus, restart=True)
     restarted = next(i for i, line in enumerate(lines) if "workers restarted (1 so far" in line)
     assert max(waiting) < restarted  # said while the restart waited
     assert "finished at step 44 " in out

@@ -37,7 +37,7 @@ class CNNWorkloadConfig(WorkloadSection):
     """auto | true | false: keep tensor data sets on the accelerator and augment there."""
     loader_workers: int = 4
     """imagefolder: DataLoader worker processes per training worker (on Ray started from a
-    forkserver, not forked from the Ray worker: ~1 s once per training process)."""
+    forkserver, not forked from the Ray worker; the server starts with the set-up)."""
     pin_memory: bool = True
     """imagefolder: pinned host memory for faster host-to-GPU copies."""
     label_smoothing: float = 0.0
