@@ -16,13 +16,25 @@ method's median rate, and per round the stage's rate ÷ each sbi call's, with th
 a bootstrap 95% interval of that median, and the stage's seconds outside its chunks' own work
 (``stage_outside_s``: at N cores, the slots' seconds, wall × N, less the chunks').
 
+``--pin``: both sides simulate on the same N CPUs (``sim_scaling.pinned_cpus``), everything else
+on the others. These hosts' vCPUs run at unequal speeds that change in time, and a process
+stays on the CPU it started on: unpinned, at one core the stage's Ray worker and this process
+(where sbi's call simulates) are each timed on a CPU of their own, and a pair compares CPUs as
+much as methods (the forty-fifth session saw the same simulator 2.2 to 4.3 s on one host by
+CPU and moment, a Ray worker at 1.16 of this process). Ray starts on the other CPUs; before
+every round its workers and joblib's (by command line) move to the simulating CPUs, and this
+process's thread moves there for sbi's calls only. Each round records the simulating
+processes not on those CPUs after it (``off_pinned_cpus``, 0 when the pinning held).
+
     python bench/sim_one_core_paired.py --out paired.json [--cores 1] [--pairs 15] [--seconds 1.5]
+        [--pin]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -35,13 +47,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_scaling import (  # sets OMP_NUM_THREADS=1 before torch's import
     Writer,
+    descendants,
     hardware,
+    off_cpus,
+    pin_simulators,
+    pinned_cpus,
+    ray_worker,
     serial_seconds_per_simulation,
     software,
     stage_section,
 )
 
 METHODS = ("trainforge", "sbi_batched", "sbi_batch_1")
+
+
+def simulator(command: str) -> bool:
+    """A process that simulates for one side: a Ray worker, or one of joblib's (loky's)."""
+    return ray_worker(command) or "loky" in command
 
 
 def median_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -58,6 +80,7 @@ def main() -> int:
     parser.add_argument("--cores", type=int, default=1, help="CPUs of the stage and of sbi")
     parser.add_argument("--seconds", type=float, default=1.5, help="a call at linear scaling")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no round after")
+    parser.add_argument("--pin", action="store_true", help="both sides on the same CPUs")
     args = parser.parse_args()
 
     import ray
@@ -74,6 +97,7 @@ def main() -> int:
         "bench": "sim_one_core_paired", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hardware": hardware(), "software": software(), "serial_ms_per_simulation": cost * 1e3,
         "cores": args.cores, "num_simulations": n, "rounds": [], "complete": False,
+        "pinned": args.pin,
     }  # fmt: skip
     writer = Writer(args.out, document)
     scratch = Path(tempfile.mkdtemp(prefix="sim_paired_"))
@@ -104,17 +128,26 @@ def main() -> int:
             outside["stage_outside_s"] = wall * args.cores - sum(chunk_seconds)
         return wall
 
+    simulating, rest = pinned_cpus(args.cores)
+
     def sbi_call(seed: int, batch: int) -> float:
+        if args.pin:  # at one core sbi simulates in this thread
+            os.sched_setaffinity(0, simulating)
         began = time.perf_counter()
         simulate_for_sbi(sir.simulate, prior, n, num_workers=args.cores, seed=seed,
                          simulation_batch_size=batch, show_progress_bar=False)  # fmt: skip
-        return time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        if args.pin:
+            os.sched_setaffinity(0, rest)
+        return seconds
 
     calls = {
         "trainforge": stage,
         "sbi_batched": lambda seed: sbi_call(seed, max(1, n // (4 * args.cores))),
         "sbi_batch_1": lambda seed: sbi_call(seed, 1),
     }
+    if args.pin:
+        os.sched_setaffinity(0, rest)  # Ray's processes, and this one's threads, inherit it
     connect(local_only=True, num_cpus=args.cores, num_gpus=0)
     try:
         for method in METHODS:  # warm-up: the stage's workers start and import; SciPy's too
@@ -127,8 +160,16 @@ def main() -> int:
                 break
             shift = round_ % len(METHODS)
             order = METHODS[shift:] + METHODS[:shift]
+            if args.pin:  # a worker started since the last round moves too
+                pin_simulators(simulating, rest, simulator)
             rates = {method: n / calls[method](round_) for method in order}
-            document["rounds"].append({"order": list(order), "simulations_per_s": rates, **outside})
+            pinning = {}
+            if args.pin:
+                pids = [pid for pid, command in descendants() if simulator(command)]
+                pinning = {"off_pinned_cpus": off_cpus(pids, simulating)}
+            document["rounds"].append(
+                {"order": list(order), "simulations_per_s": rates, **outside, **pinning}
+            )
             writer.save()
             print(f"[paired] round {round_}: " + ", ".join(
                 f"{m} {rates[m]:,.0f}/s" for m in METHODS), flush=True)  # fmt: skip
