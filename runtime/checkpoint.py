@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainforge import ray_compat, storage
+from trainforge import log, ray_compat, storage
 from trainforge.atomic import replacing
 from trainforge.errors import NoValidCheckpoint
 
@@ -121,7 +121,8 @@ class Found:
             return None
         step = "nothing" if self.state is None else f"step {self.state['global_step']}"
         return (
-            f"skipped {len(self.skipped)} checkpoint(s) that failed verification "
+            f"skipped {log.counted(len(self.skipped), 'checkpoint', 'checkpoints')} that failed "
+            "verification "
             f"({'; '.join(self.skipped)}); resuming from {step}"
         )
 

@@ -33,6 +33,11 @@ def phase(name: str, text: str, since: float) -> None:
     say(f"{name}: {text} ({max(0.0, time.time() - since):.1f} s)")
 
 
+def counted(n: int, one: str, many: str) -> str:
+    """``n`` and the noun that fits it: ``1 epoch``, ``2 epochs``."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def say(text: str) -> None:
     """One progress line on stdout (not under -q)."""
     if _verbosity >= 0:

@@ -41,13 +41,15 @@ class Progress:
         facts = ", ".join(f"{k}={v}" for k, v in self.facts.items())
         resumed = f", resuming at epoch {position.epoch + 1} step {position.global_step}"
         length = (
-            f"{self.total_steps} steps over {self.epochs} epochs"
+            f"{log.counted(self.total_steps, 'step', 'steps')} over "
+            f"{log.counted(self.epochs or 0, 'epoch', 'epochs')}"
             if self.total_steps is not None
             else "until early stopping ends the run"
         )
         self._print(
             f"training {length} on "
-            f"{self.ctx.world_size} worker(s) ({self.ctx.device.type}), global batch "
+            f"{log.counted(self.ctx.world_size, 'worker', 'workers')} ({self.ctx.device.type}), "
+            "global batch "
             f"{self.global_batch}{resumed if position.global_step else ''}; {facts}"
         )
 

@@ -365,7 +365,10 @@ def _members(
             started.append((member, gpu))
         members.append(member)
     if replaced:
-        log.say(f"workers: replacing {len(replaced)} warm worker(s) ({replaced[0]})")
+        log.say(
+            f"workers: replacing {log.counted(len(replaced), 'warm worker', 'warm workers')} "
+            f"({replaced[0]})"
+        )
     if len(started) > taken:
         log.say(f"workers: starting {len(started) - taken} (they stay warm for later runs)")
     if started:  # their imports, in parallel; an import error surfaces here

@@ -36,7 +36,7 @@ def test_lines_from_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     lines.note("early stop")
     lines.finish(Position(2, 0, 50))
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("[trainforge] training 100 steps over 4 epochs on 2 worker(s) (cpu)")
+    assert out[0].startswith("[trainforge] training 100 steps over 4 epochs on 2 workers (cpu)")
     assert "global batch 64, resuming at epoch 2 step 30; model=simple_cnn" in out[0]
     assert out[1].startswith("[trainforge] epoch 2/4 step 35/100 loss 0.5000 lr 1.00e-03 ")
     assert " eta ≤ " in out[1]  # with early stopping the planned steps are an upper bound
@@ -52,3 +52,12 @@ def test_other_ranks_are_quiet(capsys: pytest.CaptureFixture[str]) -> None:
     lines.note("early stop")
     lines.finish(Position())
     assert capsys.readouterr().out == ""
+
+
+def test_one_epoch_on_one_worker_is_said_in_the_singular(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=CPU)
+    Progress(ctx, 18, 1, 200, {}).start(Position(0, 0, 0))
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("[trainforge] training 18 steps over 1 epoch on 1 worker (cpu), ")

@@ -251,7 +251,7 @@ def test_epochs_null_trains_until_early_stopping_ends_the_run(
     stopped = re.search(r"early stop after epoch (\d+)", out)
     assert stopped is not None, out
     assert 2 <= int(stopped[1]) == epochs[-1]["epoch"] <= 20
-    assert "training until early stopping ends the run on 1 worker(s)" in out
+    assert "training until early stopping ends the run on 1 worker (cpu)" in out
     assert re.search(r"epoch 1 step 20 loss \S+ .* eta early stop\n", out)
     assert "[trainforge] epoch 1 done: " in out  # no "/<epochs>" to a run without one
 

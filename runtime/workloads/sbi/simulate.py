@@ -478,7 +478,7 @@ class Progress:
             eta = f", ETA {(self.total - self.done) / rate:.0f} s" if rate > 0 else ""
             self.say(
                 f"simulations: {self.done:,}/{self.total:,} ({self.done / self.total:.0%})"
-                f"{pace} on {_count(len(self.workers), 'process', 'processes')}{eta}"
+                f"{pace} on {log.counted(len(self.workers), 'process', 'processes')}{eta}"
             )
 
     def pace(self, now: float) -> float:
@@ -502,15 +502,11 @@ class Progress:
             self.say(
                 f"simulations: {self.simulated:,} in {seconds:.1f} s "
                 f"({self.simulated / max(seconds, 1e-9):,.0f}/s) by "
-                f"{_count(len(self.workers), 'process', 'processes')} on "
-                f"{_count(len(nodes), 'node', 'nodes')}"
+                f"{log.counted(len(self.workers), 'process', 'processes')} on "
+                f"{log.counted(len(nodes), 'node', 'nodes')}"
             )
         if manifest["invalid"]:
             self.say(f"simulations: {invalid_summary(manifest)}")
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
 
 
 def invalid_summary(manifest: dict[str, Any]) -> str:
