@@ -58,10 +58,28 @@ def timed(theta: torch.Tensor, niceness: int | None = None) -> float:
     return time.perf_counter() - started
 
 
-def in_subprocess(theta_file: Path) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(REPO / "bench"), str(theta_file)],
+def child_says(code: str, theta_file: Path | str) -> str:
+    """The last line a fresh Python process running ``code`` prints, given bench/ and
+    ``theta_file`` as its arguments."""
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "bench"), str(theta_file)],
                          capture_output=True, text=True, check=True)  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def in_subprocess(theta_file: Path) -> float:
+    return float(child_says(CHILD, theta_file))
+
+
+def sir_theta(simulations: int) -> tuple[torch.Tensor, Path]:
+    """The SIR prior's first ``simulations`` draws (seed 0), and a file holding them for a
+    fresh process to read."""
+    from trainforge.workloads.sbi.examples import sir
+
+    torch.manual_seed(0)
+    theta = sir.prior().sample((simulations,))
+    theta_file = Path(tempfile.mkdtemp()) / "theta.pt"
+    torch.save(theta, theta_file)
+    return theta, theta_file
 
 
 def main() -> int:
@@ -75,12 +93,8 @@ def main() -> int:
     import ray
 
     from trainforge.driver.cluster import connect
-    from trainforge.workloads.sbi.examples import sir
 
-    torch.manual_seed(0)
-    theta = sir.prior().sample((args.simulations,))
-    theta_file = Path(tempfile.mkdtemp()) / "theta.pt"
-    torch.save(theta, theta_file)
+    theta, theta_file = sir_theta(args.simulations)
     connect(local_only=True, num_cpus=1, num_gpus=0)  # a private Ray, as sim_scaling.py's
     task = ray.remote(num_cpus=1)(timed)
     worker_niceness = ray.get(

@@ -32,9 +32,7 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -45,9 +43,9 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_one_core import child_says, sir_theta
 from sim_scaling import hardware, software
 
-BENCH = Path(__file__).resolve().parent
 # a fresh process: imports torch and this file, times one plain call as ``measured`` does
 CHILD = """
 import json, sys, torch
@@ -161,11 +159,9 @@ def measured(theta: torch.Tensor, variant: str) -> dict[str, Any]:
     }
 
 
-def in_subprocess(theta_file: str) -> dict[str, Any]:
+def in_subprocess(theta_file: Path) -> dict[str, Any]:
     """``measured(θ, "plain")`` in a fresh process started by the calling one."""
-    out = subprocess.run([sys.executable, "-c", CHILD, str(BENCH), theta_file],
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(child_says(CHILD, theta_file))
 
 
 def main() -> int:
@@ -179,12 +175,8 @@ def main() -> int:
     import ray
 
     from trainforge.driver.cluster import connect
-    from trainforge.workloads.sbi.examples import sir
 
-    torch.manual_seed(0)
-    theta = sir.prior().sample((args.simulations,))
-    theta_file = str(Path(tempfile.mkdtemp()) / "theta.pt")
-    torch.save(theta, theta_file)
+    theta, theta_file = sir_theta(args.simulations)
     connect(local_only=True, num_cpus=1, num_gpus=0)  # a private Ray, as sim_scaling.py's
     remote_measured = ray.remote(num_cpus=1)(measured)
     remote_facts = ray.remote(num_cpus=1)(facts)
