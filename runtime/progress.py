@@ -42,8 +42,8 @@ class Progress:
         resumed = f", resuming at epoch {position.epoch + 1} step {position.global_step}"
         length = (
             f"{log.counted(self.total_steps, 'step', 'steps')} over "
-            f"{log.counted(self.epochs or 0, 'epoch', 'epochs')}"
-            if self.total_steps is not None
+            f"{log.counted(self.epochs, 'epoch', 'epochs')}"
+            if self.total_steps is not None and self.epochs is not None
             else "until early stopping ends the run"
         )
         self._print(
