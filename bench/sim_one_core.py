@@ -70,15 +70,19 @@ def in_subprocess(theta_file: Path) -> float:
     return float(child_says(CHILD, theta_file))
 
 
-def sir_theta(simulations: int) -> tuple[torch.Tensor, Path]:
-    """The SIR prior's first ``simulations`` draws (seed 0), and a file holding them for a
-    fresh process to read."""
+def one_core_setup(simulations: int) -> tuple[torch.Tensor, Path]:
+    """The SIR prior's first ``simulations`` draws (seed 0) and a file holding them for a fresh
+    process to read, with this process on one torch thread and connected to a private Ray of
+    one CPU (as sim_scaling.py's)."""
+    from trainforge.driver.cluster import connect
     from trainforge.workloads.sbi.examples import sir
 
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     theta = sir.prior().sample((simulations,))
     theta_file = Path(tempfile.mkdtemp()) / "theta.pt"
     torch.save(theta, theta_file)
+    connect(local_only=True, num_cpus=1, num_gpus=0)
     return theta, theta_file
 
 
@@ -88,14 +92,10 @@ def main() -> int:
     parser.add_argument("--simulations", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    torch.set_num_threads(1)
 
     import ray
 
-    from trainforge.driver.cluster import connect
-
-    theta, theta_file = sir_theta(args.simulations)
-    connect(local_only=True, num_cpus=1, num_gpus=0)  # a private Ray, as sim_scaling.py's
+    theta, theta_file = one_core_setup(args.simulations)
     task = ray.remote(num_cpus=1)(timed)
     worker_niceness = ray.get(
         ray.remote(num_cpus=1)(lambda: os.getpriority(os.PRIO_PROCESS, 0)).remote()

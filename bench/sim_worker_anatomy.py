@@ -43,7 +43,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_one_core import child_says, sir_theta
+from sim_one_core import child_says, one_core_setup
 from sim_scaling import hardware, software
 
 # a fresh process: imports torch and this file, times one plain call as ``measured`` does
@@ -170,14 +170,10 @@ def main() -> int:
     parser.add_argument("--simulations", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    torch.set_num_threads(1)
 
     import ray
 
-    from trainforge.driver.cluster import connect
-
-    theta, theta_file = sir_theta(args.simulations)
-    connect(local_only=True, num_cpus=1, num_gpus=0)  # a private Ray, as sim_scaling.py's
+    theta, theta_file = one_core_setup(args.simulations)
     remote_measured = ray.remote(num_cpus=1)(measured)
     remote_facts = ray.remote(num_cpus=1)(facts)
     kinds = {f"here_{v}": (lambda v=v: measured(theta, v)) for v in ("plain", "gc_off")}
