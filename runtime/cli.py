@@ -283,9 +283,11 @@ def _cluster(action: str, num_cpus: int | None) -> int:
                     f"Ray {running.ray_version}")  # fmt: skip
             resources, workers = _cluster_view(running)
         log.say(f"resources: {resources}")
-        log.say(f"warm workers: {len(workers) or 'none'}")
-        for line in workers:
-            log.say(f"  {line}")
+        for kind, what in (("worker", "workers"), ("simulator", "simulators")):
+            lines = [line for line in workers if line.startswith(f"{kind}-")]
+            log.say(f"warm {what}: {len(lines) or 'none'}")
+            for line in lines:
+                log.say(f"  {line}")
         return 0
     state = local_cluster.read_state()
     stale = state is not None and local_cluster.why_stale(state) is not None
@@ -304,8 +306,8 @@ def _cluster(action: str, num_cpus: int | None) -> int:
 
 
 def _cluster_view(state: Any) -> tuple[str, list[str]]:
-    """The lasting cluster's CPUs and GPUs, and its warm workers (``driver/warm_pool.py``), a
-    line each."""
+    """The lasting cluster's CPUs and GPUs, and its warm workers and simulators
+    (``driver/warm_pool.py``), a line each."""
     import logging
 
     import ray

@@ -18,6 +18,12 @@ between runs; each ends after ``TRAINFORGE_WARM_IDLE_S`` unused (its memory back
 machine). A GPU run's warm workers are bound to one GPU each (slot ``n`` to the ``n``-th of
 the machine's GPUs) and join an NCCL group; they keep their CUDA context between runs. Remote
 storage and clusters joined through RAY_ADDRESS keep Ray Train's worker group.
+
+The pool's other kind: warm simulators (``simulators``), one per CPU slot, which run the CPU
+simulation stage's tasks (a user's simulator) for one command after another, so the stage
+does not start and import new worker processes every time (Ray gives each command's tasks
+processes of their own). Their slots and names (``simulator-<slot>``) are apart from the
+workers', so a stage never takes a run's worker, bound to a GPU or not.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ IDLE_ENV = "TRAINFORGE_WARM_IDLE_S"
 """How long a warm worker waits unused before it ends (its memory back to the machine)."""
 DEFAULT_IDLE_S = 600.0
 NAMESPACE = "trainforge-warm"
+WORKER, SIMULATOR = "worker", "simulator"  # the pool's two kinds of actor, named <kind>-<slot>
 
 
 class WorkersFailed(Exception):
@@ -205,15 +212,16 @@ def with_restarts(
 
 
 def describe() -> list[str]:
-    """A line per warm worker of the connected cluster, for ``trainforge cluster status``."""
+    """A line per warm worker and warm simulator of the connected cluster, for ``trainforge
+    cluster status``."""
     import ray
 
     lines = []
-    for name in (f"worker-{slot}" for slot in sorted(living_slots())):
+    for name in [f"{kind}-{n}" for kind in (WORKER, SIMULATOR) for n in sorted(living_slots(kind))]:
         try:
             info = ray.get(ray.get_actor(name, namespace=NAMESPACE).info.remote(), timeout=2)
         except ray.exceptions.GetTimeoutError:
-            lines.append(f"{name}: in a run")
+            lines.append(f"{name}: busy (a run or a simulation stage)")
             continue
         except Exception as exc:  # ended between the listing and the question
             lines.append(f"{name}: gone ({type(exc).__name__})")
@@ -225,14 +233,15 @@ def describe() -> list[str]:
     return lines
 
 
-def living_slots() -> set[int]:
-    """The slots whose warm worker (``worker-<slot>``) is on the connected cluster."""
+def living_slots(kind: str = WORKER) -> set[int]:
+    """The slots whose warm worker (``worker-<slot>``), or warm simulator (``kind``
+    ``simulator``: ``simulator-<slot>``), is on the connected cluster."""
     import ray
 
     return {
         int(actor["name"].rsplit("-", 1)[-1])
         for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["namespace"] == NAMESPACE
+        if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"{kind}-")
     }
 
 
@@ -396,11 +405,17 @@ def _new_worker(ray: Any, name: str, gpu: str | None) -> Any:
     from trainforge.worker.warm import WarmWorker
 
     sys_path, _, pid, idle_s = _claim()
-    actor = ray.remote(WarmWorker).options(
+    return _detached(ray, WarmWorker, name).remote(sys_path, pid, idle_s, gpu)
+
+
+def _detached(ray: Any, cls: type, name: str) -> Any:
+    """``cls`` as a named actor of the pool: it outlives the command, holds no Ray resources
+    (a simulation stage or Ray Train may use every core between runs) and is never restarted
+    by Ray (a dead one is replaced by the next command)."""
+    return ray.remote(cls).options(
         name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0,
         get_if_exists=False,
     )  # fmt: skip
-    return actor.remote(sys_path, pid, idle_s, gpu)
 
 
 ANSWER_S = 30.0
@@ -431,20 +446,71 @@ def _ask(ray: Any, ref: Any) -> str | None:
             return f"it did not answer in {ANSWER_S:.0f} s"
 
 
+def simulators_unavailable(on_lasting_cluster: bool) -> str | None:
+    """Why this command's simulation stage cannot use warm simulators (None: it can)."""
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV}=0"
+    if not on_lasting_cluster:
+        return "not on the lasting local cluster"
+    return None
+
+
 @contextlib.contextmanager
-def claimed_slots(count: int, living: Collection[int] = (), gpus: int = 0) -> Iterator[list[int]]:
+def simulators(count: int) -> Iterator[tuple[list[Any], str]]:
+    """``count`` warm simulators (``worker/warm.py``, ``WarmSimulator``) for one command's
+    simulation stage, and a few words on how they were found; their slots are held until the
+    stage ends. Those living and fit to serve this command are taken, others started: the
+    stage's first tasks queue behind their imports. Like a run's warm workers, they hold no
+    Ray resources and end after ``TRAINFORGE_WARM_IDLE_S`` unused. A command whose stage
+    finds every slot held by another's gets new processes in new slots."""
+    import ray
+
+    from trainforge.worker.warm import WarmSimulator
+
+    claim = _claim()
+    with claimed_slots(count, living_slots(SIMULATOR), prefix=SIMULATOR) as slots:
+        members, started, replaced = [], 0, []
+        for slot in slots:
+            name = f"{SIMULATOR}-{slot}"
+            member = _named(ray, name)
+            if member is not None:
+                why = _ask(ray, member.serve.remote(*claim, None))
+                if why is None:
+                    members.append(member)
+                    continue
+                replaced.append(why)
+                with contextlib.suppress(Exception):
+                    ray.kill(member, no_restart=True)
+            sys_path, _, pid, idle_s = claim
+            member = _detached(ray, WarmSimulator, name).remote(sys_path, pid, idle_s)
+            member.serve.remote(*claim, None)  # this command's folder, before its tasks
+            members.append(member)
+            started += 1
+        warm = len(members) - started
+        how = [log.counted(warm, "warm simulator", "warm simulators")] if warm else []
+        if started:
+            how.append(f"starting {started}; they stay warm for later commands")
+        if replaced:
+            how.append(f"{len(replaced)} replaced: {replaced[0]}")
+        yield members, ", ".join(how)
+
+
+@contextlib.contextmanager
+def claimed_slots(count: int, living: Collection[int] = (), gpus: int = 0,
+                  prefix: str = "slot") -> Iterator[list[int]]:  # fmt: skip
     """``count`` slot numbers no other command holds, held until the run ends: the lowest free
     ones, except that a free slot whose warm worker lives (``living``) takes the place of one
     whose worker does not, where both have the same GPU (slot n has GPU n mod ``gpus``; 0: a
     CPU run, any place). A background start that found slots 0-3 held by a running command
     rehearsed its worker in slot 4: the next one-GPU command takes that worker (GPU 0) instead
-    of starting another in slot 0."""
+    of starting another in slot 0. ``prefix``: the lock files' (``simulator``: the warm
+    simulators' slots, apart from the workers')."""
     folder = local_cluster.folder() / "warm"
     folder.mkdir(parents=True, exist_ok=True)
     held: dict[int, IO[str]] = {}
 
     def take(slot: int) -> bool:
-        handle = open(folder / f"slot-{slot}.lock", "a")  # noqa: SIM115 - closed below
+        handle = open(folder / f"{prefix}-{slot}.lock", "a")  # noqa: SIM115 - closed below
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

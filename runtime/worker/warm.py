@@ -30,7 +30,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,6 +44,9 @@ CHECK_S = 1.0
 
 class WarmWorker:
     """The actor class (``driver/warm_pool.py`` makes it a detached Ray actor)."""
+
+    LOOP = "trainforge.worker.trainer"
+    """What every process of this class imports (once): the loop."""
 
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float,
                  gpu: str | None,
@@ -66,9 +69,7 @@ class WarmWorker:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 
-        import trainforge.worker.trainer  # noqa: F401 - the loop's imports, once per process
-
-        for module in imports:
+        for module in (self.LOOP, *imports):
             importlib.import_module(module)
         if gpu is not None:
             torch.zeros(1, device="cuda")  # the CUDA context (a second or more), made once
@@ -209,6 +210,35 @@ class WarmWorker:
             self.loaded = _module_files()  # what this run imported is checked next time too
 
 
+class WarmSimulator(WarmWorker):
+    """A warm simulator: a process of the lasting cluster's pool that simulates the chunks of one
+    command's simulation stage after another's (``simulate.py``), so a stage does not pay again
+    for a new process and its imports (torch, SciPy, the user's simulator: ~2.5 s of this
+    project's CPU, before the first chunk). It is kept fresh as a warm worker is (``serve``):
+    a simulator whose module changed on disk is replaced, never run from an old import."""
+
+    LOOP = "trainforge.workloads.sbi.simulate"
+
+    def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float) -> None:
+        super().__init__(sys_path, driver_pid, idle_s, None, imports=())
+
+    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]],
+                 device: str) -> dict[str, Any]:  # fmt: skip
+        """One task of the stage: ``simulate.simulate_chunks`` in this process. Should the
+        command die meanwhile, the process ends (``_watch``): its chunks are nobody's."""
+        from trainforge.workloads.sbi import simulate
+
+        self.running = True
+        try:
+            return simulate.simulate_chunks(cfg, seed, chunks, device)
+        finally:
+            self.running = False
+            # the modules the chunks imported (the user's simulator), with their times now:
+            # those imported before keep theirs, so an edit since then is still seen
+            new = [name for name in sys.modules if name not in self.loaded]
+            self.loaded |= _module_files(new)
+
+
 def release_run_memory() -> None:
     """Collect the last run's garbage, then freeze what survived (imported modules, caches) out
     of later collections. A full collection walks every tracked object: in a process that has
@@ -290,11 +320,11 @@ def _inside(path: str, entry: str) -> bool:
     return os.path.abspath(path).startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def _module_files() -> dict[str, tuple[str, float | None]]:
-    """Every imported module's file and its modification time now."""
+def _module_files(names: Collection[str] | None = None) -> dict[str, tuple[str, float | None]]:
+    """Every imported module's file (or those of ``names``) and its modification time now."""
     files = {}
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
+    for name in list(sys.modules) if names is None else names:
+        path = getattr(sys.modules.get(name), "__file__", None)
         if isinstance(path, str) and os.path.isabs(path):  # torch.ops says "_ops.py"
             files[name] = (path, _mtime(path))
     return files

@@ -153,8 +153,11 @@ def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         "workers of other than one GPU each"
     )
     assert warm_pool.unavailable(recipe(), "s3://bucket/runs", True) == "remote storage"  # type: ignore[arg-type]
+    assert warm_pool.simulators_unavailable(on_lasting_cluster=True) is None
+    assert warm_pool.simulators_unavailable(False) == "not on the lasting local cluster"
     monkeypatch.setenv(warm_pool.ENV, "0")
     assert warm_pool.unavailable(recipe(), local, True) == f"{warm_pool.ENV}=0"  # type: ignore[arg-type]
+    assert warm_pool.simulators_unavailable(True) == f"{warm_pool.ENV}=0"
 
 
 def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
@@ -264,6 +267,11 @@ def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
         assert (mine, theirs) == ([4], [0])  # held: the next command takes another
     with warm_pool.claimed_slots(2) as slots:
         assert slots == [0, 1]  # none living: the lowest free
+    with (
+        warm_pool.claimed_slots(2) as workers,
+        warm_pool.claimed_slots(2, prefix=warm_pool.SIMULATOR) as simulators,
+    ):
+        assert workers == simulators == [0, 1]  # warm simulators' slots are apart from workers'
 
 
 def test_a_gpu_worker_gets_one_cuda_work_queue_unless_the_user_chose() -> None:

@@ -22,12 +22,13 @@ CUDA generators give different streams).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,14 +324,31 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
     progress.slots = slots
     where = f"{slots} GPUs" if device == "cuda" else f"{cluster.get('CPU', 0):g} CPUs"
-    say(
-        f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} to "
-        f"simulate for {total:,} {source.name} simulations on {where} → {job.folder}"
-        + (f" (resuming: {progress.done:,} done)" if progress.done else "")
-    )
-    done = _spread(cfg, seed, job, todo, slots, progress)
+    with _simulators(device, slots) as (members, how):
+        say(
+            f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} "
+            f"to simulate for {total:,} {source.name} simulations on {where}"
+            + (f" ({how})" if how else "")
+            + f" → {job.folder}"
+            + (f" (resuming: {progress.done:,} done)" if progress.done else "")
+        )
+        done = _spread(cfg, seed, job, todo, slots, progress, members)
     progress.finish(finish(job, done))
     return job.folder
+
+
+@contextlib.contextmanager
+def _simulators(device: str, slots: int) -> Iterator[tuple[list[Any], str]]:
+    """The lasting local cluster's warm simulators for a CPU stage (``warm_pool.simulators``),
+    one per slot, and how they were found; else none: the stage's Ray tasks start new worker
+    processes, which last as long as this command."""
+    from trainforge.driver import cluster, warm_pool
+
+    if device != "cpu" or warm_pool.simulators_unavailable(cluster.on_lasting_cluster()):
+        yield [], ""
+        return
+    with warm_pool.simulators(slots) as found:
+        yield found
 
 
 def _make_here(cfg: Any, seed: int, job: Plan, progress: Progress, name: str) -> None:
@@ -390,20 +408,18 @@ def facts(cfg: Any) -> catalogue.SourceFacts | sources.SimulationSource:
 
 
 def _spread(
-    cfg: Any, seed: int, job: Plan, todo: list[tuple[int, int]], slots: int, progress: Progress
-) -> dict[int, dict[str, Any]]:
-    """Every missing chunk through Ray tasks, at most IN_FLIGHT per slot, each task sized by
-    ``chunking.TaskSizer``; each finished chunk is written as it arrives, by a few writer
-    threads (each file is flushed to disk, milliseconds apiece: one thread could not keep up
-    with many cores). Returns what the manifest needs of each chunk simulated (so it need not
-    read them back). Leaving, it waits for the writes: what was simulated is on disk."""
+    cfg: Any, seed: int, job: Plan, todo: list[tuple[int, int]], slots: int, progress: Progress,
+    members: list[Any],
+) -> dict[int, dict[str, Any]]:  # fmt: skip
+    """Every missing chunk through Ray tasks (or the warm simulators ``members``:
+    ``Launcher``), at most IN_FLIGHT per slot, each task sized by ``chunking.TaskSizer``;
+    each finished chunk is written as it arrives, by a few writer threads (each file is
+    flushed to disk, milliseconds apiece: one thread could not keep up with many cores).
+    Returns what the manifest needs of each chunk simulated (so it need not read them back).
+    Leaving, it waits for the writes: what was simulated is on disk."""
     import ray
 
-    if job.device == "cuda":
-        remote = ray.remote(num_gpus=1)(simulate_chunks)
-    else:
-        remote = ray.remote(num_cpus=cfg.simulation.cpus_per_chunk)(simulate_chunks)
-    cfg_ref = ray.put(cfg)  # the section is a plain dataclass: Ray pickles it as it is
+    launcher = Launcher(ray, cfg, seed, job.device, members)
     queue = deque(todo)
     sizer = chunking.TaskSizer(slots, job.rows_per_chunk)
     pending: dict[Any, list[tuple[int, int]]] = {}
@@ -413,10 +429,18 @@ def _spread(
         while queue or pending:
             while queue and len(pending) < chunking.IN_FLIGHT * slots:
                 chunks = [queue.popleft() for _ in range(sizer.next_size(len(queue)))]
-                pending[remote.remote(cfg_ref, seed, chunks, job.device)] = chunks
+                pending[launcher.submit(chunks)] = chunks
             ready, _ = ray.wait(list(pending), num_returns=1)
             chunks = pending.pop(ready[0])
-            results = unpack(_result(ray, ready[0], chunks, pending))
+            try:
+                results = unpack(_result(ray, ready[0], chunks, pending))
+            except ray.exceptions.RayActorError:
+                if not launcher.lost(ready[0]):
+                    raise
+                queue.extendleft(reversed(chunks))  # a warm simulator ended: they go again
+                continue
+            finally:
+                launcher.returned(ready[0])
             for (index, _), result in zip(chunks, results, strict=True):
                 writes.append(writers.submit(save_chunk, result, job.chunk_path(index)))
                 done[index] = chunk_facts(result)
@@ -429,6 +453,48 @@ def _spread(
         for write in writes:
             write.result()  # a write that failed fails the stage
     return done
+
+
+class Launcher:
+    """Where the stage's tasks run: Ray tasks, each holding its chunks' CPUs (or a GPU), or the
+    warm simulators ``members``, which run one task at a time each: a task goes to the one with
+    the fewest in flight. A simulator that ends (killed, out of memory) is dropped and its
+    tasks are given again; with none left, the rest go to Ray tasks."""
+
+    def __init__(self, ray: Any, cfg: Any, seed: int, device: str, members: list[Any]) -> None:
+        self.ray, self.seed, self.device = ray, seed, device
+        self.members = {member: 0 for member in members}  # member: its tasks in flight
+        self.of: dict[Any, Any] = {}  # task: its member
+        if device == "cuda":
+            self.task = ray.remote(num_gpus=1)(simulate_chunks)
+        else:
+            self.task = ray.remote(num_cpus=cfg.simulation.cpus_per_chunk)(simulate_chunks)
+        self.cfg_ref = ray.put(cfg)  # the section is a plain dataclass: Ray pickles it as it is
+
+    def submit(self, chunks: list[tuple[int, int]]) -> Any:
+        if not self.members:
+            return self.task.remote(self.cfg_ref, self.seed, chunks, self.device)
+        member = min(self.members, key=self.members.__getitem__)
+        ref = member.simulate.remote(self.cfg_ref, self.seed, chunks, self.device)
+        self.members[member] += 1
+        self.of[ref] = member
+        return ref
+
+    def returned(self, ref: Any) -> None:
+        """``ref`` is done: its simulator may take another."""
+        member = self.of.pop(ref, None)
+        if member in self.members:
+            self.members[member] -= 1
+
+    def lost(self, ref: Any) -> bool:
+        """``ref`` failed with its actor: was it a warm simulator's? It is dropped."""
+        member = self.of.get(ref)
+        if member is None:
+            return False
+        if self.members.pop(member, None) is not None:  # once, whatever of its tasks failed
+            log.say(f"simulations: a warm simulator ended; its chunks go to "
+                    f"{'the others' if self.members else 'new Ray workers'}")  # fmt: skip
+        return True
 
 
 def _result(

@@ -1,0 +1,121 @@
+"""Warm simulators (``driver/warm_pool.py``, ``worker/warm.py``): on the lasting local cluster a
+custom simulator's stage runs in processes that outlive the command and serve the next one's
+stage, never from an old import of the user's code, giving the same simulations as Ray's
+tasks; one that dies mid-stage loses nothing. Real ``trainforge`` commands in a home of their
+own (its own lasting cluster), as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.test_local_cluster import env_for, run, trainforge
+from trainforge.workloads.sbi import simulate
+
+pytestmark = pytest.mark.ray
+
+SIR = Path(__file__).resolve().parents[2] / "runtime" / "workloads" / "sbi" / "examples" / "sir.py"
+
+
+@pytest.fixture
+def home(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("home")
+    yield path
+    subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
+
+
+def recipe(n: int, cache: str = "sims") -> list[str]:
+    """``trainforge simulate`` of the user's own copy of the SIR example (``mysim.py``)."""
+    return ["simulate", "sir_custom", "workload.prior=mysim:prior",
+            "workload.simulator=mysim:simulate", f"workload.simulation.num_simulations={n}",
+            f"workload.simulation.cache_dir={cache}"]  # fmt: skip
+
+
+def stage(folder: Path, n: int, cache: str = "sims") -> tuple[Path, set[int]]:
+    """The cache entry of ``recipe(n, cache)`` and the pids of the processes that simulated it."""
+    (entry,) = [e for e in (folder / cache).iterdir()
+                if simulate.read_manifest(e)["num_simulations"] == n]  # fmt: skip
+    files = [simulate.chunk_file(entry, i) for i in range(simulate.read_manifest(entry)["chunks"])]
+    workers = [torch.load(f, weights_only=True)["worker"] for f in files]  # "node:pid"
+    return entry, {int(worker.rsplit(":", 1)[1]) for worker in workers}
+
+
+def same_simulations(one: Path, other: Path) -> bool:
+    chunks = simulate.read_manifest(one)["chunks"]
+    assert chunks == simulate.read_manifest(other)["chunks"]
+    for i in range(chunks):
+        mine = simulate.read_chunk(simulate.chunk_file(one, i))
+        theirs = simulate.read_chunk(simulate.chunk_file(other, i))
+        if not all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)):
+            return False
+    return True
+
+
+# Six commands and a cluster start: ~60 s alone here
+@pytest.mark.timeout(900)
+def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
+    home: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "mysim.py").write_text(SIR.read_text())
+
+    first = run(home, *recipe(400), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "on 2 CPUs (starting 2; they stay warm for later commands) →" in first.stdout
+    _, started = stage(tmp_path, 400)
+    assert len(started) == 2
+
+    second = run(home, *recipe(401), cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "on 2 CPUs (2 warm simulators) →" in second.stdout
+    warm_entry, served = stage(tmp_path, 401)
+    assert served == started  # the same two processes, no new ones
+
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert "[trainforge] warm simulators: 2" in status.stdout, status.stdout
+    assert "[trainforge] warm workers: none" in status.stdout
+
+    # the same stage on Ray's tasks (new worker processes of this command): the same data
+    cold = run(home, *recipe(401, "cold"), cwd=tmp_path, TRAINFORGE_WARM_WORKERS="0")
+    assert cold.returncode == 0, cold.stdout + cold.stderr
+    assert "on 2 CPUs →" in cold.stdout
+    cold_entry, ray_workers = stage(tmp_path, 401, "cold")
+    assert not ray_workers & started
+    assert same_simulations(warm_entry, cold_entry)
+
+    # the user edits the simulator: never run from the old import
+    with open(tmp_path / "mysim.py", "a") as module:
+        module.write("\n# edited\n")
+    edited = run(home, *recipe(402), cwd=tmp_path)
+    assert edited.returncode == 0, edited.stdout + edited.stderr
+    assert (
+        "(starting 2; they stay warm for later commands, 2 replaced: module mysim changed on disk)"
+        in edited.stdout
+    )
+    _, replacements = stage(tmp_path, 402)
+    assert len(replacements) == 2 and not replacements & started
+
+    # one of them killed mid-stage: its chunks go to the other, nothing is lost
+    process = subprocess.Popen(
+        [*trainforge(), *recipe(3000)], env=env_for(home), cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "simulations: 188 of 188 chunks" in line:
+            break
+    os.kill(min(replacements), signal.SIGKILL)
+    lines += process.stdout.readlines()
+    assert process.wait(timeout=120) == 0, "".join(lines)
+    console = "".join(lines)
+    assert "simulations: a warm simulator ended; its chunks go to the others" in console
+    entry, finished_by = stage(tmp_path, 3000)
+    assert max(replacements) in finished_by
+    _, x = simulate.load(entry, drop_invalid=True)
+    assert len(x) + simulate.read_manifest(entry)["invalid"] == 3000  # every chunk is there
