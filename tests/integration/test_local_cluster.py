@@ -225,10 +225,11 @@ def training(home: Path, cwd: Path, name: str) -> tuple[subprocess.Popen[str], l
     return process, seen
 
 
-def warm_workers(home: Path, doing: str = "") -> list[str]:
-    """This home's cluster's warm worker processes (doing ``.run``: running a loop). Ray titles
-    an actor's process after its class and the method it runs; the process is a child of the
-    cluster's raylet, whose arguments name the cluster's temp dir."""
+def warm_workers(home: Path, doing: str = "", kind: str = "WarmWorker") -> list[str]:
+    """This home's cluster's warm worker processes (doing ``.run``: running a loop; ``kind``
+    ``WarmSimulator``: its warm simulators). Ray titles an actor's process after its class and
+    the method it runs; the process is a child of the cluster's raylet, whose arguments name
+    the cluster's temp dir."""
     temp_dir = state_of(home)["temp_dir"]
     ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True,
                         text=True)  # fmt: skip  # -ww: whole lines, whatever COLUMNS says
@@ -245,7 +246,7 @@ def warm_workers(home: Path, doing: str = "") -> list[str]:
         return False
 
     return [args for pid, (_, args) in table.items()
-            if args.startswith(f"ray::WarmWorker{doing}") and of_this_cluster(pid)]  # fmt: skip
+            if args.startswith(f"ray::{kind}{doing}") and of_this_cluster(pid)]  # fmt: skip
 
 
 def processes_of(gcs_address: str) -> list[str]:

@@ -6,15 +6,17 @@ own (its own lasting cluster), as a user runs them."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.test_local_cluster import env_for, run, trainforge
+from tests.integration.test_local_cluster import env_for, run, trainforge, warm_workers
 from trainforge.workloads.sbi import simulate
 
 pytestmark = pytest.mark.ray
@@ -45,6 +47,26 @@ def stage(folder: Path, n: int, cache: str = "sims") -> tuple[Path, set[int]]:
     return entry, {int(worker.rsplit(":", 1)[1]) for worker in workers}
 
 
+def launched(home: Path, folder: Path, n: int) -> subprocess.Popen[str]:
+    """``recipe(n)`` started, read until its stage has begun (its simulators at work)."""
+    process = subprocess.Popen(
+        [*trainforge(), *recipe(n)], env=env_for(home), cwd=folder, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:
+        if " chunks of 16 to simulate for " in line:
+            break
+    deadline = time.monotonic() + 60
+    while not any(
+        json.loads(spec.read_text())["num_simulations"] == n and any(spec.parent.glob("chunk-*"))
+        for spec in (folder / "sims").glob("*/spec.json")
+    ):  # under way: a chunk is written
+        assert process.poll() is None and time.monotonic() < deadline, "no chunk was written"
+        time.sleep(0.05)
+    return process
+
+
 def same_simulations(one: Path, other: Path) -> bool:
     chunks = simulate.read_manifest(one)["chunks"]
     assert chunks == simulate.read_manifest(other)["chunks"]
@@ -56,7 +78,7 @@ def same_simulations(one: Path, other: Path) -> bool:
     return True
 
 
-# Six commands and a cluster start: ~60 s alone here
+# Nine commands and a cluster start: ~56 s alone here
 @pytest.mark.timeout(900)
 def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     home: Path, tmp_path: Path
@@ -100,22 +122,26 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     assert len(replacements) == 2 and not replacements & started
 
     # one of them killed mid-stage: its chunks go to the other, nothing is lost
-    process = subprocess.Popen(
-        [*trainforge(), *recipe(3000)], env=env_for(home), cwd=tmp_path, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    assert process.stdout is not None
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if "simulations: 188 of 188 chunks" in line:
-            break
+    process = launched(home, tmp_path, 3000)
     os.kill(min(replacements), signal.SIGKILL)
-    lines += process.stdout.readlines()
-    assert process.wait(timeout=120) == 0, "".join(lines)
-    console = "".join(lines)
+    assert process.stdout is not None
+    console = process.stdout.read()
+    assert process.wait(timeout=120) == 0, console
     assert "simulations: a warm simulator ended; its chunks go to the others" in console
     entry, finished_by = stage(tmp_path, 3000)
     assert max(replacements) in finished_by
     _, x = simulate.load(entry, drop_invalid=True)
     assert len(x) + simulate.read_manifest(entry)["invalid"] == 3000  # every chunk is there
+
+    # the command killed mid-stage: its simulators stop simulating; the next command resumes
+    process = launched(home, tmp_path, 3001)
+    assert warm_workers(home, ".simulate", kind="WarmSimulator")  # busy with its chunks
+    process.kill()
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while warm_workers(home, ".simulate", kind="WarmSimulator") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_workers(home, ".simulate", kind="WarmSimulator") == []
+    again = run(home, *recipe(3001), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "done)" in again.stdout and "(resuming: " in again.stdout, again.stdout
