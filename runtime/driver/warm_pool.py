@@ -469,12 +469,15 @@ def simulators(count: int) -> Iterator[tuple[list[Any], str]]:
 
     claim = _claim()
     with claimed_slots(count, living_slots(SIMULATOR), prefix=SIMULATOR) as slots:
+        found = {slot: _named(ray, f"{SIMULATOR}-{slot}") for slot in slots}
+        # asked all at once: on a 64-core machine one by one would add up
+        asked = {slot: m.serve.remote(*claim, None) for slot, m in found.items() if m is not None}
         members, started, replaced = [], 0, []
         for slot in slots:
             name = f"{SIMULATOR}-{slot}"
-            member = _named(ray, name)
+            member = found[slot]
             if member is not None:
-                why = _ask(ray, member.serve.remote(*claim, None))
+                why = _ask(ray, asked[slot])
                 if why is None:
                     members.append(member)
                     continue
