@@ -213,8 +213,9 @@ class WarmWorker:
 class WarmSimulator(WarmWorker):
     """A warm simulator: a process of the lasting cluster's pool that simulates the chunks of one
     command's simulation stage after another's (``simulate.py``), so a stage does not pay again
-    for a new process and its imports (torch, SciPy, the user's simulator: ~2.5 s of this
-    project's CPU, before the first chunk). It is kept fresh as a warm worker is (``serve``):
+    for new processes and their imports (torch, SciPy, the user's simulator: ~3 s of this
+    project's CPU before the first chunk; 7 s of a 16-core GPU host's stage, bench/results,
+    forty-sixth session). It is kept fresh as a warm worker is (``serve``):
     a simulator whose module changed on disk is replaced, never run from an old import."""
 
     LOOP = "trainforge.workloads.sbi.simulate"

@@ -5,10 +5,12 @@ many machines ran them (``chunking.py``: chunk sizes depend on N and the recipe 
 simulate them — each holding one CPU (``cpus_per_chunk``) for ordinary simulators, one GPU for
 vectorised torch simulators when the cluster has GPUs — a few chunks per task, sized from the
 cluster's slots and the simulator's measured cost so that every core of every node stays busy
-to the end. The driver writes each finished chunk to ``<cache>/<key>/chunk-NNNNNN.pt`` (write
-to a temporary name, then rename, so a file that exists is complete). ``manifest.json`` is
-written last: its presence means the entry is whole. Interrupted, the stage resumes by
-simulating only the missing chunks.
+to the end; on the lasting local cluster a CPU stage's tasks run in its warm simulators
+instead (``warm_pool.simulators``: processes that serve one command's stage after another's,
+where Ray would start new ones for every command). The driver writes each finished chunk to
+``<cache>/<key>/chunk-NNNNNN.pt`` (write to a temporary name, then rename, so a file that
+exists is complete). ``manifest.json`` is written last: its presence means the entry is
+whole. Interrupted, the stage resumes by simulating only the missing chunks.
 
 A simulation is invalid when its x holds NaN or inf, or when a per-sample simulator raised on
 its parameters (``sources.Failures``: x is stored as NaN); the manifest counts both, and the
