@@ -102,6 +102,17 @@ class WarmWorker:
         self.claimed_by, self.idle_s, self.last_used = driver_pid, idle_s, time.monotonic()
         return None
 
+    def note_imports(self) -> None:
+        """Check the modules imported since the last look (by a run, a simulation task) at
+        later commands too, with their modification times now. Those seen before keep the
+        time they had: a module edited while a run used it was imported before the edit, and
+        the next command must not be served from that import (until the forty-sixth session
+        every time was taken anew after each run, and it was). Left open: a module edited
+        during the very run that first imported it; marking every module modified since the
+        run began would also retire a worker for each file a run generates and imports."""
+        new = [name for name in sys.modules if name not in self.loaded]
+        self.loaded |= _module_files(new)
+
     def info(self) -> dict[str, Any]:
         """What ``trainforge cluster status`` shows of this process (asked only between runs:
         an actor's calls wait for the run in progress)."""
@@ -207,7 +218,7 @@ class WarmWorker:
                 import torch
 
                 torch.cuda.empty_cache()  # the GPU's memory back to other processes
-            self.loaded = _module_files()  # what this run imported is checked next time too
+            self.note_imports()
 
 
 class WarmSimulator(WarmWorker):
@@ -234,10 +245,7 @@ class WarmSimulator(WarmWorker):
             return simulate.simulate_chunks(cfg, seed, chunks, device)
         finally:
             self.running = False
-            # the modules the chunks imported (the user's simulator), with their times now:
-            # those imported before keep theirs, so an edit since then is still seen
-            new = [name for name in sys.modules if name not in self.loaded]
-            self.loaded |= _module_files(new)
+            self.note_imports()  # the user's simulator, at the first task
 
 
 def release_run_memory() -> None:

@@ -79,6 +79,33 @@ def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
     assert worker.serve(path, *this_command) == "module user_model_for_warm_test changed on disk"
 
 
+def test_a_module_edited_while_a_run_used_it_retires_the_warm_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_unfrozen: None
+) -> None:
+    """A run imports the user's module, the user edits it while the run trains, the run ends:
+    the next command must get a new process, not the import from before the edit."""
+    user_code = tmp_path / "project"
+    user_code.mkdir()
+    module = user_code / "user_simulator_for_warm_test.py"
+    module.write_text("RATE = 1\n")
+    monkeypatch.syspath_prepend(str(user_code))
+    path = [entry for entry in sys.path if entry]
+    worker = WarmWorker(path, os.getpid(), idle_s=600, gpu=None)
+    this_command = (os.getcwd(), os.getpid(), 600, None)
+
+    import user_simulator_for_warm_test  # noqa: F401 - what the run imports
+
+    worker.note_imports()  # a first run ends: its import is checked from now on
+    assert worker.serve(path, *this_command) is None
+    module.write_text("RATE = 2\n")  # edited during the next run
+    later = time.time() + 5
+    os.utime(module, (later, later))
+    worker.note_imports()  # that run ends
+    assert worker.serve(path, *this_command) == (
+        "module user_simulator_for_warm_test changed on disk"
+    )
+
+
 def snapshot(folder: Path, step: int) -> Path:
     """A real checkpoint folder (weights, manifest) at ``step``."""
     model = nn.Linear(2, 1)
