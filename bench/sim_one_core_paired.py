@@ -26,8 +26,14 @@ every round its workers and joblib's (by command line) move to the simulating CP
 process's thread moves there for sbi's calls only. Each round records the simulating
 processes not on those CPUs after it (``off_pinned_cpus``, 0 when the pinning held).
 
+``--warm``: the stage a second way in every round, ``trainforge_warm``: through warm simulators
+(``warm_pool.simulators``, as on the lasting local cluster, where a user's commands run), the
+private Ray standing in for that cluster (the stage is told it joined one; the simulators'
+slot locks go to a temporary ``TRAINFORGE_HOME``). Their calls queue in the simulator
+process, where Ray's tasks are each given a worker.
+
     python bench/sim_one_core_paired.py --out paired.json [--cores 1] [--pairs 15] [--seconds 1.5]
-        [--pin]
+        [--pin] [--warm]
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from sim_scaling import (  # sets OMP_NUM_THREADS=1 before torch's import
     stage_section,
 )
 
-METHODS = ("trainforge", "sbi_batched", "sbi_batch_1")
+SBI_METHODS = ("sbi_batched", "sbi_batch_1")
 
 
 def simulator(command: str) -> bool:
@@ -81,7 +87,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.5, help="a call at linear scaling")
     parser.add_argument("--budget-s", type=float, default=400.0, help="start no round after")
     parser.add_argument("--pin", action="store_true", help="both sides on the same CPUs")
+    parser.add_argument("--warm", action="store_true", help="the stage on warm simulators too")
     args = parser.parse_args()
+    stages = ("trainforge", "trainforge_warm") if args.warm else ("trainforge",)
+    methods = (*stages, *SBI_METHODS)
+    if args.warm:
+        os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="sim_paired_home_")
 
     import ray
     from sbi.inference import simulate_for_sbi
@@ -118,14 +129,15 @@ def main() -> int:
 
         simulate.unpack = counted
 
-    def stage(seed: int) -> float:
-        section = stage_section(n, scratch / str(seed))  # read before the clock, as a command does
+    def stage(seed: int, outside_key: str = "stage_outside_s") -> float:
+        # read before the clock, as a command does; a folder of its own (a cache of its own)
+        section = stage_section(n, scratch / f"{outside_key}-{seed}")
         chunk_seconds.clear()
         began = time.perf_counter()
         simulate.run(section, seed, str(scratch), quiet=True)
         wall = time.perf_counter() - began
         if chunk_seconds:
-            outside["stage_outside_s"] = wall * args.cores - sum(chunk_seconds)
+            outside[outside_key] = wall * args.cores - sum(chunk_seconds)
         return wall
 
     simulating, rest = pinned_cpus(args.cores)
@@ -141,8 +153,18 @@ def main() -> int:
             os.sched_setaffinity(0, rest)
         return seconds
 
+    def warm_stage(seed: int) -> float:
+        from trainforge.driver import cluster
+
+        cluster._joined_lasting = True  # the stage takes the lasting cluster's warm simulators
+        try:
+            return stage(seed, "warm_stage_outside_s")
+        finally:
+            cluster._joined_lasting = False
+
     calls = {
         "trainforge": stage,
+        "trainforge_warm": warm_stage,
         "sbi_batched": lambda seed: sbi_call(seed, max(1, n // (4 * args.cores))),
         "sbi_batch_1": lambda seed: sbi_call(seed, 1),
     }
@@ -150,7 +172,7 @@ def main() -> int:
         os.sched_setaffinity(0, rest)  # Ray's processes, and this one's threads, inherit it
     connect(local_only=True, num_cpus=args.cores, num_gpus=0)
     try:
-        for method in METHODS:  # warm-up: the stage's workers start and import; SciPy's too
+        for method in methods:  # warm-up: the stage's workers start and import; SciPy's too
             calls[method](10_000)
         print(f"[paired] {n} SIR simulations a call on {args.cores} cores "
               f"({cost * 1e3:.2f} ms each serially)")  # fmt: skip
@@ -158,8 +180,8 @@ def main() -> int:
             if time.perf_counter() - started > args.budget_s:
                 document["stopped_early"] = f"budget of {args.budget_s:.0f} s"
                 break
-            shift = round_ % len(METHODS)
-            order = METHODS[shift:] + METHODS[:shift]
+            shift = round_ % len(methods)
+            order = methods[shift:] + methods[:shift]
             if args.pin:  # a worker started since the last round moves too
                 pin_simulators(simulating, rest, simulator)
             rates = {method: n / calls[method](round_) for method in order}
@@ -172,7 +194,7 @@ def main() -> int:
             )
             writer.save()
             print(f"[paired] round {round_}: " + ", ".join(
-                f"{m} {rates[m]:,.0f}/s" for m in METHODS), flush=True)  # fmt: skip
+                f"{m} {rates[m]:,.0f}/s" for m in methods), flush=True)  # fmt: skip
         else:
             document["complete"] = True
     finally:
@@ -180,18 +202,20 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     rounds = [r["simulations_per_s"] for r in document["rounds"]]
     summary: dict[str, Any] = {
-        m: {"median_per_s": statistics.median(r[m] for r in rounds)} for m in METHODS
+        m: {"median_per_s": statistics.median(r[m] for r in rounds)} for m in methods
     }
-    for other in METHODS[1:]:
-        ratios = [r["trainforge"] / r[other] for r in rounds]
+    pairs = [(mine, other) for mine in stages for other in methods if other != mine]
+    for mine, other in pairs:
+        ratios = [r[mine] / r[other] for r in rounds]
         low, high = median_interval(ratios)
-        summary[f"trainforge_over_{other}"] = {
+        summary[f"{mine}_over_{other}"] = {
             "median": statistics.median(ratios), "interval_95": [low, high],
             "rounds_at_or_above": sum(x >= 1.0 for x in ratios), "rounds": len(ratios),
         }  # fmt: skip
-    spent = [r["stage_outside_s"] for r in document["rounds"] if "stage_outside_s" in r]
-    if spent:
-        summary["stage_outside_s"] = {"median": statistics.median(spent), "min": min(spent)}
+    for key in ("stage_outside_s", "warm_stage_outside_s"):
+        spent = [r[key] for r in document["rounds"] if key in r]
+        if spent:
+            summary[key] = {"median": statistics.median(spent), "min": min(spent)}
     document["summary"] = summary
     document["wall_s"] = time.perf_counter() - started
     writer.save()
