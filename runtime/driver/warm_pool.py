@@ -74,10 +74,9 @@ class Finished:
 
 def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str | None:
     """Why this run cannot use warm workers (None: it can)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return f"{ENV}=0"
-    if not on_lasting_cluster:
-        return "not on the lasting local cluster"
+    why = simulators_unavailable(on_lasting_cluster)  # the pool's own switch and place
+    if why is not None:
+        return why
     if cfg.scaling.use_gpu == "true" and cfg.scaling.resources_per_worker.get("GPU", 1) != 1:
         return "workers of other than one GPU each"
     if storage.local_folder(storage_path) is None:
@@ -447,7 +446,8 @@ def _ask(ray: Any, ref: Any) -> str | None:
 
 
 def simulators_unavailable(on_lasting_cluster: bool) -> str | None:
-    """Why this command's simulation stage cannot use warm simulators (None: it can)."""
+    """Why this command's simulation stage cannot use warm simulators (None: it can): the
+    pool is switched off or not there; a run's warm workers are ruled out by these too."""
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return f"{ENV}=0"
     if not on_lasting_cluster:
@@ -468,6 +468,7 @@ def simulators(count: int) -> Iterator[tuple[list[Any], str]]:
     from trainforge.worker.warm import WarmSimulator
 
     claim = _claim()
+    sys_path, _, pid, idle_s = claim
     with claimed_slots(count, living_slots(SIMULATOR), prefix=SIMULATOR) as slots:
         found = {slot: _named(ray, f"{SIMULATOR}-{slot}") for slot in slots}
         # asked all at once: on a 64-core machine one by one would add up
@@ -484,7 +485,6 @@ def simulators(count: int) -> Iterator[tuple[list[Any], str]]:
                 replaced.append(why)
                 with contextlib.suppress(Exception):
                     ray.kill(member, no_restart=True)
-            sys_path, _, pid, idle_s = claim
             member = _detached(ray, WarmSimulator, name).remote(sys_path, pid, idle_s)
             member.serve.remote(*claim, None)  # this command's folder, before its tasks
             members.append(member)
