@@ -135,7 +135,11 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
 
     # the command killed mid-stage: its simulators stop simulating; the next command resumes
     process = launched(home, tmp_path, 3001)
-    assert warm_workers(home, ".simulate", kind="WarmSimulator")  # busy with its chunks
+    # busy with its chunks (polled: a written chunk's task may have ended, the next not begun)
+    deadline = time.monotonic() + 30
+    while not warm_workers(home, ".simulate", kind="WarmSimulator") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert warm_workers(home, ".simulate", kind="WarmSimulator")
     process.kill()
     process.wait(timeout=30)
     deadline = time.monotonic() + 15
