@@ -42,6 +42,10 @@ DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
 # batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s, so that a kill
 # seen to land in epoch 2 lands before its end
 STEPS_PER_EPOCH = 89
+# The process-group timeout of the hang tests. Rank 1 has no MLflow to open and waits for rank
+# 0's set-up in the first collective: 10 s failed a CI run (2 cores shared with other tests) in
+# which rank 1 timed out there, before any fault.
+HANG_TIMEOUT = "scaling.timeout_s=30"
 COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
           "tracking.system_metrics=false"]  # fmt: skip
 
@@ -192,12 +196,12 @@ def test_a_worker_that_stops_in_a_collective_times_out_in_one_line_and_the_run_r
 ) -> None:
     """Rank 1 stops before step 100 (epoch 2); rank 0 waits for it in the step's all-reduce
     until gloo gives up after scaling.timeout_s."""
-    command = ["train", str(DIGITS), "run.name=hung", "scaling.timeout_s=10", *COMMON]
+    command = ["train", str(DIGITS), "run.name=hung", HANG_TIMEOUT, *COMMON]
     monkeypatch.setenv(faults.HANG_AT_STEP_ENV, str(STEPS_PER_EPOCH + 11))
     line, workers = fails_in_one_line(command, capsys)
     assert line == (
-        "[trainforge] training failed: rank 0 waited scaling.timeout_s=10 s in a collective "
-        f"for a worker {WHY}"
+        f"[trainforge] training failed: rank 0 waited {HANG_TIMEOUT} s in a collective for a "
+        f"worker {WHY}"
     )
     run = the_mlflow_run("hung")
     assert run.info.status == "FAILED"
@@ -225,12 +229,12 @@ def test_a_worker_that_never_reaches_a_checkpoint_report_times_out_in_one_line(
     """Rank 1 stops before reporting epoch 1's checkpoint, after the step's collectives; rank
     0 saved it and waits in Ray Train's report barrier, which has no timeout of its own (it
     waited forever before the driver gave it scaling.timeout_s)."""
-    command = ["train", str(DIGITS), "run.name=unreported", "scaling.timeout_s=10", *COMMON]
+    command = ["train", str(DIGITS), "run.name=unreported", HANG_TIMEOUT, *COMMON]
     monkeypatch.setenv(faults.HANG_AT_REPORT_ENV, str(STEPS_PER_EPOCH))
     line, workers = fails_in_one_line(command, capsys)
     assert line == (
-        "[trainforge] training failed: rank 0 waited scaling.timeout_s=10 s at a checkpoint "
-        f"report (ray.train.report) for rank 1, a worker {WHY}"
+        f"[trainforge] training failed: rank 0 waited {HANG_TIMEOUT} s at a checkpoint report "
+        f"(ray.train.report) for rank 1, a worker {WHY}"
     )
     assert the_mlflow_run("unreported").info.status == "FAILED"
     assert_none_left(workers)
