@@ -275,6 +275,13 @@ def _cluster(action: str, num_cpus: int | None) -> int:
 
     if action == "status":
         with local_cluster.looked_at() as running:  # it cannot stop itself while we look
+            # a command that ran without the cluster starts it as it ends (own_workers.py)
+            background = local_cluster.background_start_running()
+            log_path = local_cluster.folder() / "background.log"
+            if running is None and background:
+                log.say(f"the local cluster is being started in the background, for later "
+                        f"commands (its log: {log_path})")  # fmt: skip
+                return 1
             if running is None:
                 log.say("no local cluster is running; the next local command starts one")
                 return 1
@@ -283,6 +290,8 @@ def _cluster(action: str, num_cpus: int | None) -> int:
                     f"Ray {running.ray_version}")  # fmt: skip
             resources, workers = _cluster_view(running)
         log.say(f"resources: {resources}")
+        if background:
+            log.say(f"a background start is still readying warm workers (its log: {log_path})")
         for kind, what in (("worker", "workers"), ("simulator", "simulators")):
             lines = [line for line in workers if line.startswith(f"{kind}-")]
             log.say(f"warm {what}: {len(lines) or 'none'}")

@@ -248,7 +248,8 @@ def start_cluster_in_background(cfg: Recipe) -> None:
     later commands, in a detached process (``main``), and say so; this command does not wait.
     The process holds ``background.lock`` until it is done (``wait_for_background``). Where
     another command's background start still runs, this one starts nothing: its cluster serves
-    both, and this command does not wait for it to end."""
+    both, and this command does not wait for it to end. Where a cluster came up while this
+    command ran, the process only readies this recipe's warm workers there."""
     home = local_cluster.folder()
     home.mkdir(parents=True, exist_ok=True)
     with (
@@ -261,6 +262,7 @@ def start_cluster_in_background(cfg: Recipe) -> None:
             log.say("ray: the local cluster is being started in the background by another "
                     "command; later commands use it")  # fmt: skip
             return
+        started_meanwhile = local_cluster.running()
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(lock.fileno())],
             stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
@@ -269,11 +271,21 @@ def start_cluster_in_background(cfg: Recipe) -> None:
         assert process.stdin is not None
         with process.stdin:
             process.stdin.write(pickle.dumps((cfg, sys.path)))
+    log.say(background_start_line(cfg.scaling.num_workers, started_meanwhile))
+
+
+def background_start_line(num_workers: int, running: local_cluster.ClusterState | None) -> str:
+    """What a command says of the background start it made: ``running`` is the lasting cluster
+    where one came up while the command ran (``trainforge cluster start``, another command's
+    background start), which only gets this recipe's warm workers."""
+    workers = log.counted(num_workers, "warm worker", "warm workers")
+    if running is not None:
+        return (f"ray: the local cluster at {running.gcs_address} came up while this command "
+                f"ran; readying {workers} there in the background for later commands")  # fmt: skip
     idle_min = local_cluster.idle_stop_s() / 60
-    workers = cfg.scaling.num_workers
-    log.say(f"ray: starting the local cluster and {workers} warm worker{'s' * (workers > 1)} in "
-            f"the background; later commands use them, the cluster stops after {idle_min:.0f} "
-            "min unused or on `trainforge cluster stop`")  # fmt: skip
+    return (f"ray: starting the local cluster and {workers} in the background; later commands "
+            f"use them, the cluster stops after {idle_min:.0f} min unused or on `trainforge "
+            "cluster stop`")  # fmt: skip
 
 
 def wait_for_background(timeout_s: float) -> bool:

@@ -403,6 +403,11 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert "(TrainforgeWorker rank=0 " in (run_dir / "worker-output.log").read_text()
     assert not list(run_dir.glob(".worker-lines-*"))
 
+    # the background start takes Ray's start and a rehearsal (tens of seconds): status says so
+    status = run(home, "cluster", "status", cwd=tmp_path).stdout
+    assert "the local cluster is being started in the background" in status or (
+        "a background start is still readying warm workers" in status
+    ), status
     wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
     waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
     assert waited.returncode == 0

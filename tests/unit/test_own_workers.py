@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainforge import cli
 from trainforge import home as trainforge_home
 from trainforge.driver import local_cluster, own_workers
 from trainforge.errors import NonFiniteLoss
@@ -126,6 +127,40 @@ def test_a_background_start_under_way_is_not_waited_for(
     assert "being started in the background by another command" in capsys.readouterr().out
     assert not (home / "background.log").read_bytes()  # no process of this command wrote there
     assert own_workers.wait_for_background(1)
+
+
+def test_cluster_status_during_a_background_start_says_it_is_being_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Right after a command that ran without the cluster, its background start is bringing
+    Ray up: `cluster status` says so (it said no cluster runs), still with exit 1."""
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    home = local_cluster.folder()
+    home.mkdir(parents=True)
+    with open(home / "background.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the command's background process does
+        assert cli.main(["cluster", "status"]) == 1
+    assert capsys.readouterr().out == (
+        "[trainforge] the local cluster is being started in the background, for later commands "
+        f"(its log: {home / 'background.log'})\n"
+    )
+    assert cli.main(["cluster", "status"]) == 1  # the start ended without a cluster
+    assert "no local cluster is running" in capsys.readouterr().out
+
+
+def test_a_command_says_whether_its_background_start_starts_the_cluster_or_found_it() -> None:
+    assert own_workers.background_start_line(2, None) == (
+        "ray: starting the local cluster and 2 warm workers in the background; later commands "
+        "use them, the cluster stops after 30 min unused or on `trainforge cluster stop`"
+    )
+    came_up = local_cluster.ClusterState(
+        gcs_address="127.0.0.1:6380", dashboard_url="", supervisor_pid=1, temp_dir="",
+        python="", ray_version="", started_at=0.0,
+    )  # fmt: skip
+    assert own_workers.background_start_line(1, came_up) == (
+        "ray: the local cluster at 127.0.0.1:6380 came up while this command ran; readying 1 "
+        "warm worker there in the background for later commands"
+    )
 
 
 def test_a_warm_worker_busy_with_a_rehearsal_is_waited_for_and_a_hung_one_replaced(
