@@ -301,6 +301,11 @@ def _cluster(action: str, num_cpus: int | None) -> int:
     state = local_cluster.read_state()
     stale = state is not None and local_cluster.why_stale(state) is not None
     if action == "stop":
+        from trainforge.driver import own_workers
+
+        if local_cluster.background_start_running():  # else it could bring one up after this
+            log.say("a background start of the local cluster is under way: ending it first")
+            own_workers.stop_background()
         stopped = local_cluster.stop()
         log.say("local cluster stopped" if stopped else "no local cluster was running")
         return 0

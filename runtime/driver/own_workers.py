@@ -263,11 +263,14 @@ def start_cluster_in_background(cfg: Recipe) -> None:
                     "command; later commands use it")  # fmt: skip
             return
         started_meanwhile = local_cluster.running()
+        lock.truncate(0)  # the last start's pid
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(lock.fileno())],
             stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, pass_fds=(lock.fileno(),),
         )  # fmt: skip
+        lock.write(f"{process.pid}\n")  # whom `trainforge cluster stop` asks to end
+        lock.flush()
         assert process.stdin is not None
         with process.stdin:
             process.stdin.write(pickle.dumps((cfg, sys.path)))
@@ -299,21 +302,80 @@ def wait_for_background(timeout_s: float) -> bool:
     return True
 
 
+def stop_background(timeout_s: float = local_cluster.START_TIMEOUT_S + 30) -> None:
+    """End a background start under way (``trainforge cluster stop`` does, before it stops the
+    cluster): its process is asked with SIGTERM and waited for; a cluster start it began is
+    let finish first (``StopAsked``), so that the cluster stopped after this is never one that
+    comes up later."""
+    if not local_cluster.background_start_running():
+        return  # the lock's pid is an ended process's: never signalled
+    deadline = time.monotonic() + 2  # its pid is written just after the process starts
+    while (pid := _background_pid()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if not wait_for_background(timeout_s) and pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        wait_for_background(STOP_WAIT_S)
+
+
+def _background_pid() -> int | None:
+    try:
+        return int(local_cluster.background_lock_path().read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class StopAsked(KeyboardInterrupt):
+    """SIGTERM to a background start (``stop_background``): raised in its main thread as a
+    Ctrl-C is, so that what it started on the cluster stops the way a command's run does."""
+
+
+class _StopOnTerm:
+    """SIGTERM raises ``StopAsked``, except while the cluster starts: then it is raised once
+    the start is over (``start_done``), so that the cluster is up for its stop and not left to
+    come up after it (its supervisor is a process apart, which goes on starting Ray)."""
+
+    def __init__(self) -> None:
+        self.asked, self.starting = False, True
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.asked = True
+        if not self.starting:
+            raise StopAsked()
+
+    def start_done(self) -> None:
+        self.starting = False
+        if self.asked:
+            raise StopAsked()
+
+
 def main(lock_fd: int) -> int:
     """The background start: the lasting cluster (``cluster.connect`` starts it, or joins one
     started meanwhile), then the warm workers a command of this recipe would take, and their
     first run, a rehearsal of this recipe (``rehearsal.py``), so the next command finds them
-    as warm as workers that have run once."""
+    as warm as workers that have run once. `trainforge cluster stop` ends it (SIGTERM)."""
+    stop = _StopOnTerm()
     cfg, sys_path = pickle.load(sys.stdin.buffer)
     sys.path[:] = sys_path  # the command's: the warm workers take it on
-    from trainforge.driver import rehearsal
-    from trainforge.driver.cluster import connect
+    try:
+        from trainforge.driver import rehearsal
+        from trainforge.driver.cluster import connect
 
-    connect()
-    started = warm_pool.prestart(cfg)
-    code = rehearsal.rehearse(cfg, started)
-    if code is not None:
-        log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")
+        connect()
+        stop.start_done()
+        started = warm_pool.prestart(cfg)
+        code = rehearsal.rehearse(cfg, started)  # a stop there ends the rehearsal's run
+        if code is not None and not stop.asked:
+            log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")
+    except KeyboardInterrupt:  # StopAsked, or Ray's own for it where it waited in ray.get
+        if not stop.asked:
+            raise
+    if stop.asked:
+        log.say("background start ended by `trainforge cluster stop`")
     os.close(lock_fd)
     return 0
 

@@ -457,7 +457,8 @@ def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> N
 def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Path) -> None:
     """With a core beside its one worker, the command makes the run's MLflow calls and sends
     what rank 0 writes to the run folder (``tracking/relay.py``), and samples the system: the
-    run is whole, and nothing of the relay stays in the run folder."""
+    run is whole, and nothing of the relay stays in the run folder. Then `cluster stop` ends
+    the background start the command made."""
     from mlflow.tracking import MlflowClient
 
     out = run(home, "train", str(DIGITS), "run.name=lone", "train.epochs=2",
@@ -487,9 +488,23 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     assert [m.source_run_id for m in models] == [run_id]
     run_dir = tmp_path / "runs" / "lone"
     assert [p.name for p in run_dir.iterdir() if p.name.startswith("tracking-")] == []
-    wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
-    waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
-    assert waited.returncode == 0  # the fixture's stop finds the cluster it started
+
+    # A stop while the command's background start is at work (Ray's start, the workers, the
+    # rehearsal: tens of seconds) ends that start, then the cluster it made: nothing comes up
+    # after the stop (a stop used to find no cluster yet, and one came up a moment later).
+    stopped = run(home, "cluster", "stop", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "a background start of the local cluster is under way: ending it first" in (
+        stopped.stdout
+    )
+    background = (home / "local-cluster" / "background.log").read_text()
+    assert background.rstrip().endswith("background start ended by `trainforge cluster stop`")
+    address = re.findall(r"ray: started a local cluster at (\S+) \(", background)[-1]
+    deadline = time.monotonic() + 10
+    while processes_of(address) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(address) == []
+    assert not (home / "local-cluster" / "state.json").exists()
 
 
 def own_workers_in(folder: Path) -> list[int]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -146,6 +148,30 @@ def test_cluster_status_during_a_background_start_says_it_is_being_started(
     )
     assert cli.main(["cluster", "status"]) == 1  # the start ended without a cluster
     assert "no local cluster is running" in capsys.readouterr().out
+
+
+STOPPED_WHILE_STARTING = """
+import os, signal
+from trainforge.driver.own_workers import StopAsked, _StopOnTerm
+stop = _StopOnTerm()
+os.kill(os.getpid(), signal.SIGTERM)  # while the cluster starts: only noted
+print("went on", flush=True)
+try:
+    stop.start_done()
+except StopAsked:
+    print("stopped once started", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # later: at once
+"""
+
+
+def test_a_stop_asked_while_the_background_start_starts_the_cluster_waits_for_that_start() -> None:
+    """`trainforge cluster stop` SIGTERMs a background start: in the cluster's start it ends
+    once that start is over (the supervisor, a process apart, would bring Ray up after the
+    stop), anywhere else at once, as a Ctrl-C would."""
+    done = subprocess.run([sys.executable, "-c", STOPPED_WHILE_STARTING], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.stdout == "went on\nstopped once started\n", done.stdout + done.stderr
+    assert done.returncode == 1 and done.stderr.rstrip().endswith("StopAsked"), done.stderr
 
 
 def test_a_command_says_whether_its_background_start_starts_the_cluster_or_found_it() -> None:
