@@ -55,7 +55,8 @@ def folder() -> Path:
 
 
 def background_lock_path() -> Path:
-    """Held by a background start (``own_workers.start_cluster_in_background``) until it ends."""
+    """Held by a background start (``own_workers.start_cluster_in_background``) until it ends;
+    it holds the pid of that start's process (``own_workers.stop_background``)."""
     return folder() / "background.lock"
 
 
