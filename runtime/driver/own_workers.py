@@ -361,6 +361,9 @@ def main(lock_fd: int) -> int:
     stop = _StopOnTerm()
     cfg, sys_path = pickle.load(sys.stdin.buffer)
     sys.path[:] = sys_path  # the command's: the warm workers take it on
+    workers = log.counted(cfg.scaling.num_workers, "warm worker", "warm workers")
+    log.say(f"background start (pid {os.getpid()}): the local cluster and {workers} for later "
+            "commands")  # fmt: skip
     try:
         from trainforge.driver import rehearsal
         from trainforge.driver.cluster import connect

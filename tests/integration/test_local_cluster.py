@@ -492,13 +492,20 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     # A stop while the command's background start is at work (Ray's start, the workers, the
     # rehearsal: tens of seconds) ends that start, then the cluster it made: nothing comes up
     # after the stop (a stop used to find no cluster yet, and one came up a moment later).
+    # Asked once the start says it began (before, a SIGTERM ends its Python as it imports).
+    log_path = home / "local-cluster" / "background.log"
+    pid = (home / "local-cluster" / "background.lock").read_text().strip()
+    began = f"background start (pid {pid})"
+    deadline = time.monotonic() + 60
+    while began not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "a background start of the local cluster is under way: ending it first" in (
         stopped.stdout
     )
-    background = (home / "local-cluster" / "background.log").read_text()
-    assert background.rstrip().endswith("background start ended by `trainforge cluster stop`")
+    background = log_path.read_text().rsplit(began, 1)[-1]  # this start's lines
+    assert "background start ended by `trainforge cluster stop`" in background, background
     address = re.findall(r"ray: started a local cluster at (\S+) \(", background)[-1]
     deadline = time.monotonic() + 10
     while processes_of(address) and time.monotonic() < deadline:
