@@ -27,6 +27,7 @@ class RayNodes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen] = []
+        self.starting_log: Path | None = None  # the log of the `ray start` being waited for
         self.gcs_port = free_port()
         self.dashboard_port = free_port()
         # Ray >= 2.60 heads use token auth; each cluster here gets a token of its own, so it
@@ -112,6 +113,7 @@ class RayNodes:
                 if attempt == attempts or not self._may_start_again("node"):
                     raise
                 failed = self.processes.pop()
+                self.starting_log = None  # its exit is waited for next, not its start
                 self._end(failed)
                 # Its raylet may have registered late: wait until the head has let it go, so
                 # that the next attempt is not counted by it.
@@ -190,17 +192,26 @@ class RayNodes:
         return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr
 
     def _start(self, args: list[str], name: str) -> None:
-        log = (self.log_dir / f"ray-{name}-{len(self.processes)}.log").open("wb")
+        self.starting_log = self.log_dir / f"ray-{name}-{len(self.processes)}.log"
+        log = self.starting_log.open("wb")
         self.processes.append(
             subprocess.Popen(
                 args, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         )
 
+    def _gave_up(self) -> bool:
+        """Ray's `ray start` gave up on its raylet's registration (its fixed 30 s) but its
+        process lingers: seen in CI, the head's log said so at 66 s and the wait went on to its
+        120 s, where a new start would have been made."""
+        log = self.starting_log
+        text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
+        return "The current node timed out during startup" in text
+
     def _wait(self, ready, what: str, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.processes):
+            if any(p.poll() is not None for p in self.processes) or self._gave_up():
                 raise RuntimeError(f"{what} exited; logs in {self.log_dir}")
             try:
                 if ready():
