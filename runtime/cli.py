@@ -277,7 +277,7 @@ def _cluster(action: str, num_cpus: int | None) -> int:
         with local_cluster.looked_at() as running:  # it cannot stop itself while we look
             # a command that ran without the cluster starts it as it ends (own_workers.py)
             background = local_cluster.background_start_running()
-            log_path = local_cluster.folder() / "background.log"
+            log_path = local_cluster.background_log_path()
             if running is None and background:
                 log.say(f"the local cluster is being started in the background, for later "
                         f"commands (its log: {log_path})")  # fmt: skip

@@ -60,6 +60,11 @@ def background_lock_path() -> Path:
     return folder() / "background.lock"
 
 
+def background_log_path() -> Path:
+    """What a background start says, for `trainforge cluster status` to point at."""
+    return folder() / "background.log"
+
+
 def background_start_running() -> bool:
     """Whether a background start holds its lock now. Probed with a shared lock, held for an
     instant: a background start that tries its exclusive lock at that very instant starts

@@ -250,11 +250,10 @@ def start_cluster_in_background(cfg: Recipe) -> None:
     another command's background start still runs, this one starts nothing: its cluster serves
     both, and this command does not wait for it to end. Where a cluster came up while this
     command ran, the process only readies this recipe's warm workers there."""
-    home = local_cluster.folder()
-    home.mkdir(parents=True, exist_ok=True)
+    local_cluster.folder().mkdir(parents=True, exist_ok=True)
     with (
         open(local_cluster.background_lock_path(), "a") as lock,
-        open(home / "background.log", "ab") as out,
+        open(local_cluster.background_log_path(), "ab") as out,
     ):
         try:  # taken here, so no one finds it free before the start
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

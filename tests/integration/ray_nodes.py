@@ -79,11 +79,10 @@ class RayNodes:
                 raise
         raise AssertionError("unreachable")
 
-    def _may_start_again(self, name: str = "head") -> bool:
-        log = self.log_dir / f"ray-{name}-{len(self.processes) - 1}.log"
-        text = log.read_text(errors="replace") if log.is_file() else ""
+    def _may_start_again(self) -> bool:
+        text = self._starting_text()
         lost_a_port = "Address already in use" in text or "Failed to bind" in text
-        return lost_a_port or "The current node timed out during startup" in text
+        return lost_a_port or self._gave_up()
 
     @staticmethod
     def _agent_ports() -> list[str]:
@@ -110,7 +109,7 @@ class RayNodes:
                 self._wait(lambda: self.node_count() > before, "the second Ray node")
                 return
             except RuntimeError:
-                if attempt == attempts or not self._may_start_again("node"):
+                if attempt == attempts or not self._may_start_again():
                     raise
                 failed = self.processes.pop()
                 self.starting_log = None  # its exit is waited for next, not its start
@@ -204,9 +203,11 @@ class RayNodes:
         """Ray's `ray start` gave up on its raylet's registration (its fixed 30 s) but its
         process lingers: seen in CI, the head's log said so at 66 s and the wait went on to its
         120 s, where a new start would have been made."""
+        return "The current node timed out during startup" in self._starting_text()
+
+    def _starting_text(self) -> str:
         log = self.starting_log
-        text = log.read_text(errors="replace") if log is not None and log.is_file() else ""
-        return "The current node timed out during startup" in text
+        return log.read_text(errors="replace") if log is not None and log.is_file() else ""
 
     def _wait(self, ready, what: str, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
