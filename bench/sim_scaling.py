@@ -12,7 +12,7 @@ process; then for each core count N (1, all, then 2, 4, … in between):
   sbi        — ``simulate_for_sbi(simulate, prior, M_N, num_workers=N)`` as sbi's docs call
                it (simulation_batch_size=1, its default), and with batches of M_N / (4 N)
                (``--sbi-batch 1,auto``: a tuned call), each after a warm-up call that starts
-               joblib's workers.
+               joblib's workers and a task on each of them (each imports the simulator).
   processes  — the host's own scaling, no framework: N fresh processes, each given M_N / N
                parameters, started and warmed up, then all released at once; the time until
                the last one finishes. Hyper-threads, turbo clocks and shared caches make this
@@ -305,6 +305,7 @@ def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int, pin: bool)
     simulate_for_sbi(sir.simulate, prior, warmup, num_workers=cores,
                      simulation_batch_size=min(batch, warmup), seed=1,
                      show_progress_bar=False)  # fmt: skip
+    warmed = warm_joblib_workers(cores) if cores > 1 else 1
     first_call_s = time.perf_counter() - started
     if pin:  # loky keeps its workers between calls: those from an earlier core count too
         pin_simulators(simulating, rest, lambda command: True)
@@ -316,7 +317,32 @@ def sbi_joblib(cores: int, simulations: int, warmup: int, batch: int, pin: bool)
     seconds = time.perf_counter() - started
     os.sched_setaffinity(0, simulating | rest)
     assert x.shape == (simulations, 10), x.shape
-    return {"seconds": seconds, "first_call_s": first_call_s, "simulation_batch_size": batch}
+    return {"seconds": seconds, "first_call_s": first_call_s, "simulation_batch_size": batch,
+            "warm_joblib_workers": warmed}  # fmt: skip
+
+
+def warm_joblib_workers(cores: int) -> int:
+    """How many of joblib's ``cores`` workers simulated before the timed call. sbi's warm-up
+    call alone leaves most of them idle (at the tuned batch size it has fewer batches than
+    workers), and an idle one imports torch and the simulator inside the timed call: the
+    forty-eighth session's first sbi call at each core count took up to twice its second. Each
+    warm task holds its worker for a second, so the tasks spread over all of them."""
+    from joblib import Parallel, delayed
+
+    pids: set[int] = set()
+    for _ in range(3):  # a worker still starting may miss a round; the next one finds it
+        pids |= set(Parallel(n_jobs=cores)(delayed(_warm_joblib_worker)() for _ in range(cores)))
+        if len(pids) >= cores:
+            break
+    return len(pids)
+
+
+def _warm_joblib_worker() -> int:
+    from trainforge.workloads.sbi.examples import sir
+
+    sir.simulate(sir.prior().sample((2,)))
+    time.sleep(1.0)
+    return os.getpid()
 
 
 def _plain_process(theta: Any, barrier: Any, finished: Any) -> None:
