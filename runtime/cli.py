@@ -80,7 +80,8 @@ def parser() -> argparse.ArgumentParser:
         "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 gives each command a private Ray instead.",
     )
     cluster.add_argument("action", choices=("start", "status", "stop"))
-    cluster.add_argument("--num-cpus", type=int, help="CPUs Ray may schedule (default: all)")
+    cluster.add_argument("--num-cpus", type=_at_least_one, metavar="N",
+                         help="CPUs Ray may schedule, for `start` (default: all)")  # fmt: skip
     add(
         "recipes",
         help="list the recipes shipped with trainforge (use a name wherever a recipe path goes)",
@@ -107,6 +108,17 @@ def parser() -> argparse.ArgumentParser:
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     ui.add_argument("--port", type=int, default=5000)
     return root
+
+
+def _at_least_one(text: str) -> int:
+    """A count of CPUs: a whole number, 1 or more (a cluster of 0 CPUs would run nothing)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,8 +300,10 @@ def _cluster(action: str, num_cpus: int | None) -> int:
             log.say(f"local cluster at {running.gcs_address}, dashboard "
                     f"{running.dashboard_url}, supervisor pid {running.supervisor_pid}, "
                     f"Ray {running.ray_version}")  # fmt: skip
-            resources, workers = _cluster_view(running)
-        log.say(f"resources: {resources}")
+            cpus, gpus, workers = _cluster_view(running)
+        log.say(
+            f"resources: {log.counted(cpus, 'CPU', 'CPUs')}, {log.counted(gpus, 'GPU', 'GPUs')}"
+        )
         if background:
             log.say(f"a background start is still readying warm workers (its log: {log_path})")
         for kind, what in (("worker", "workers"), ("simulator", "simulators")):
@@ -298,20 +312,32 @@ def _cluster(action: str, num_cpus: int | None) -> int:
             for line in lines:
                 log.say(f"  {line}")
         return 0
-    state = local_cluster.read_state()
-    stale = state is not None and local_cluster.why_stale(state) is not None
-    if action == "stop":
-        from trainforge.driver import own_workers
+    from trainforge.driver import own_workers
 
-        if local_cluster.background_start_running():  # else it could bring one up after this
+    # A command that ran without the cluster starts it as it ends (own_workers.py): a stop
+    # ends that start first, else it could bring a cluster up after the stop; so does a start
+    # asked for other CPUs than that start's.
+    background = local_cluster.background_start_running()
+    if action == "stop":
+        if background:
             log.say("a background start of the local cluster is under way: ending it first")
             own_workers.stop_background()
         stopped = local_cluster.stop()
         log.say("local cluster stopped" if stopped else "no local cluster was running")
         return 0
-    if state is not None and not stale:
-        log.say(f"a local cluster runs already at {state.gcs_address}")
+    if background and num_cpus is None:
+        log.say("a background start of the local cluster is under way: waiting for its cluster")
+        state = local_cluster.start()  # waits for that start's own; starts one if it made none
+        log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}")
         return 0
+    if background:
+        log.say(f"a background start of the local cluster is under way: ending it first, to "
+                f"start one with {log.counted(num_cpus, 'CPU', 'CPUs')}")  # fmt: skip
+        own_workers.stop_background()
+        local_cluster.stop()
+    state = local_cluster.read_state()
+    if state is not None and local_cluster.why_stale(state) is None:
+        return _cluster_runs_already(state, num_cpus)
     if state is not None:
         local_cluster.stop(state)
     state = local_cluster.start(num_cpus=num_cpus)
@@ -319,7 +345,29 @@ def _cluster(action: str, num_cpus: int | None) -> int:
     return 0
 
 
-def _cluster_view(state: Any) -> tuple[str, list[str]]:
+def _cluster_runs_already(state: Any, num_cpus: int | None) -> int:
+    """`trainforge cluster start` found the cluster running: fine, unless it was asked for
+    other CPUs than the cluster has (then 1: a cluster's CPUs are fixed at its start)."""
+    from trainforge.driver import local_cluster
+
+    if num_cpus is None:
+        log.say(f"a local cluster runs already at {state.gcs_address}")
+        return 0
+    with local_cluster.looked_at() as running:  # it cannot stop itself while we look
+        cpus = _cluster_view(running)[0] if running is not None else None
+    if cpus is None:  # it stopped itself, idle, just before the look: start the one asked for
+        return _cluster("start", num_cpus)
+    if cpus == num_cpus:
+        cpus_text = log.counted(num_cpus, "CPU", "CPUs")
+        log.say(f"a local cluster runs already at {state.gcs_address}, with {cpus_text}")
+        return 0
+    log.say(f"a local cluster runs already at {state.gcs_address} with "
+            f"{log.counted(cpus, 'CPU', 'CPUs')}, not the {num_cpus} asked for: "
+            f"`trainforge cluster stop` first to start one with {num_cpus}")  # fmt: skip
+    return 1
+
+
+def _cluster_view(state: Any) -> tuple[int, int, list[str]]:
     """The lasting cluster's CPUs and GPUs, and its warm workers and simulators
     (``driver/warm_pool.py``), a line each."""
     import logging
@@ -333,9 +381,7 @@ def _cluster_view(state: Any) -> tuple[str, list[str]]:
     ray.init(address=state.gcs_address, logging_level=logging.WARNING, log_to_driver=False)
     try:
         total = ray.cluster_resources()
-        cpus, gpus = int(total.get("CPU", 0)), int(total.get("GPU", 0))
-        resources = f"{cpus} CPU{'s' * (cpus != 1)}, {gpus} GPU{'s' * (gpus != 1)}"
-        return resources, warm_pool.describe()
+        return int(total.get("CPU", 0)), int(total.get("GPU", 0)), warm_pool.describe()
     finally:
         ray.shutdown()
 

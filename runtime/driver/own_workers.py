@@ -303,9 +303,9 @@ def wait_for_background(timeout_s: float) -> bool:
 
 def stop_background(timeout_s: float = local_cluster.START_TIMEOUT_S + 30) -> None:
     """End a background start under way (``trainforge cluster stop`` does, before it stops the
-    cluster): its process is asked with SIGTERM and waited for; a cluster start it began is
-    let finish first (``StopAsked``), so that the cluster stopped after this is never one that
-    comes up later."""
+    cluster, and ``cluster start --num-cpus``, before it starts its own): its process is asked
+    with SIGTERM and waited for; a cluster start it began is let finish first (``StopAsked``),
+    so that the cluster stopped after this is never one that comes up later."""
     if not local_cluster.background_start_running():
         return  # the lock's pid is an ended process's: never signalled
     deadline = time.monotonic() + 2  # its pid is written just after the process starts
@@ -377,7 +377,7 @@ def main(lock_fd: int) -> int:
         if not stop.asked:
             raise
     if stop.asked:
-        log.say("background start ended by `trainforge cluster stop`")
+        log.say("background start ended by `trainforge cluster stop` (or `start --num-cpus`)")
     os.close(lock_fd)
     return 0
 

@@ -403,11 +403,17 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert "(TrainforgeWorker rank=0 " in (run_dir / "worker-output.log").read_text()
     assert not list(run_dir.glob(".worker-lines-*"))
 
-    # the background start takes Ray's start and a rehearsal (tens of seconds): status says so
+    # the background start takes Ray's start and a rehearsal (tens of seconds): `cluster
+    # start` waits for its cluster (it used to say it started one), status says what is left
+    started = run(home, "cluster", "start", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert started.stdout.startswith(
+        "[trainforge] a background start of the local cluster is under way: waiting for its "
+        "cluster\n[trainforge] local cluster at 127.0.0.1:"
+    ), started.stdout
     status = run(home, "cluster", "status", cwd=tmp_path).stdout
-    assert "the local cluster is being started in the background" in status or (
-        "a background start is still readying warm workers" in status
-    ), status
+    assert "a background start is still readying warm workers" in status, status
+    assert f"local cluster at {state_of(home)['gcs_address']}" in started.stdout
     wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
     waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
     assert waited.returncode == 0
@@ -421,6 +427,14 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"ray: connected to the local cluster at {state_of(home)['gcs_address']}" in again.stdout
     assert "workers: 2 warm, process group up (" in again.stdout  # the background's workers
+    # a cluster's CPUs are set at its start: asked for others, `cluster start` says so
+    cpus = int(re.search(r"resources: (\d+) CPU", status)[1])
+    other = run(home, "cluster", "start", f"--num-cpus={cpus + 1}", cwd=tmp_path)
+    assert other.returncode == 1 and other.stdout == (
+        f"[trainforge] a local cluster runs already at {state_of(home)['gcs_address']} with "
+        f"{cpus} CPU{'s' * (cpus != 1)}, not the {cpus + 1} asked for: `trainforge cluster "
+        f"stop` first to start one with {cpus + 1}\n"
+    ), other.stdout + other.stderr
     # the rehearsal is no run of the user's: not in the MLflow store the commands use
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         names = {name for (name,) in db.execute("SELECT name FROM runs")}
@@ -457,8 +471,8 @@ def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> N
 def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Path) -> None:
     """With a core beside its one worker, the command makes the run's MLflow calls and sends
     what rank 0 writes to the run folder (``tracking/relay.py``), and samples the system: the
-    run is whole, and nothing of the relay stays in the run folder. Then `cluster stop` ends
-    the background start the command made."""
+    run is whole, and nothing of the relay stays in the run folder. Then `cluster start
+    --num-cpus 1` ends the background start the command made and starts a cluster of 1 CPU."""
     from mlflow.tracking import MlflowClient
 
     out = run(home, "train", str(DIGITS), "run.name=lone", "train.epochs=2",
@@ -489,21 +503,23 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     run_dir = tmp_path / "runs" / "lone"
     assert [p.name for p in run_dir.iterdir() if p.name.startswith("tracking-")] == []
 
-    # A stop while the command's background start is at work (Ray's start, the workers, the
-    # rehearsal: tens of seconds) ends that start, then the cluster it made: nothing comes up
-    # after the stop (a stop used to find no cluster yet, and one came up a moment later).
-    # Asked once the start says it began (before, a SIGTERM ends its Python as it imports).
+    # A start of one CPU while the command's background start is at work (Ray's start, the
+    # workers, the rehearsal: tens of seconds) ends that start and the cluster it made, as
+    # `cluster stop` does (tests/unit/test_own_workers.py), then starts the one asked for:
+    # nothing of the background's comes up after it. Asked once the start says it began
+    # (before, a SIGTERM ends its Python as it imports).
     log_path = home / "local-cluster" / "background.log"
     pid = (home / "local-cluster" / "background.lock").read_text().strip()
     began = f"background start (pid {pid})"
     deadline = time.monotonic() + 60
     while began not in log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
-    stopped = run(home, "cluster", "stop", cwd=tmp_path)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert "a background start of the local cluster is under way: ending it first" in (
-        stopped.stdout
-    )
+    started = run(home, "cluster", "start", "--num-cpus", "1", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert started.stdout.startswith(
+        "[trainforge] a background start of the local cluster is under way: ending it first, "
+        "to start one with 1 CPU\n[trainforge] local cluster started at "
+    ), started.stdout
     background = log_path.read_text().rsplit(began, 1)[-1]  # this start's lines
     assert "background start ended by `trainforge cluster stop`" in background, background
     address = re.findall(r"ray: started a local cluster at (\S+) \(", background)[-1]
@@ -511,6 +527,12 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     while processes_of(address) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_of(address) == []
+    assert state_of(home)["gcs_address"] != address
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert "[trainforge] resources: 1 CPU, 0 GPUs" in status.stdout, status.stdout
+    assert "a background start" not in status.stdout
+    stopped = run(home, "cluster", "stop", cwd=tmp_path)
+    assert stopped.stdout == "[trainforge] local cluster stopped\n", stopped.stdout
     assert not (home / "local-cluster" / "state.json").exists()
 
 

@@ -461,3 +461,18 @@ def test_other_dropped_exceptions_are_still_printed() -> None:
                           env=_subprocess_env(), timeout=60)  # fmt: skip
     assert done.stdout.strip() == "went on"
     assert "Exception ignored" in done.stderr and "ValueError: in __del__" in done.stderr
+
+
+@pytest.mark.parametrize("given", ["0", "-2", "two"])
+def test_a_cluster_of_no_cpus_is_refused_in_one_line(
+    given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cluster start --num-cpus 0` would start a Ray that runs nothing (each command would
+    then wait for CPUs): refused before anything starts, naming the value."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["cluster", "start", "--num-cpus", given])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"trainforge cluster: error: argument --num-cpus: a whole number of at least 1, "
+        f"not '{given}'"
+    )

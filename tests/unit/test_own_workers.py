@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -148,6 +149,46 @@ def test_cluster_status_during_a_background_start_says_it_is_being_started(
     )
     assert cli.main(["cluster", "status"]) == 1  # the start ended without a cluster
     assert "no local cluster is running" in capsys.readouterr().out
+
+
+BACKGROUND_START = """
+import fcntl, os, sys, time
+lock = open(sys.argv[1], "a")
+fcntl.flock(lock, fcntl.LOCK_EX)
+lock.truncate(0)
+lock.write(f"{os.getpid()}\\n")
+lock.flush()
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_cluster_stop_during_a_background_start_ends_that_start_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A process holds the background start's lock with its pid in it, as a command's
+    background start does: `cluster stop` says it ends that start, SIGTERMs the process, waits
+    for its lock, then stops the cluster (none here). The whole way, with a real background
+    start and `cluster start --num-cpus`, is in tests/integration/test_local_cluster.py."""
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    local_cluster.folder().mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", BACKGROUND_START, str(local_cluster.background_lock_path())],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        began = time.monotonic()
+        assert cli.main(["cluster", "stop"]) == 0
+        assert holder.wait(timeout=5) == -signal.SIGTERM
+        assert time.monotonic() - began < 10
+    finally:
+        holder.kill()
+    assert capsys.readouterr().out == (
+        "[trainforge] a background start of the local cluster is under way: ending it first\n"
+        "[trainforge] no local cluster was running\n"
+    )
+    assert not local_cluster.background_start_running()
 
 
 STOPPED_WHILE_STARTING = """
