@@ -79,7 +79,11 @@ def parser() -> argparse.ArgumentParser:
         "them starts; it stops itself after TRAINFORGE_CLUSTER_IDLE_S seconds unused "
         "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 gives each command a private Ray instead.",
     )
-    cluster.add_argument("action", choices=("start", "status", "stop"))
+    cluster.add_argument(
+        "action", choices=("start", "status", "stop"),
+        help="start it now (else the first local command does), show it and its warm workers, "
+        "or stop it",
+    )  # fmt: skip
     cluster.add_argument("--num-cpus", type=_at_least_one, metavar="N",
                          help="CPUs Ray may schedule, for `start` (default: all)")  # fmt: skip
     add(

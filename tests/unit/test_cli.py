@@ -133,6 +133,8 @@ def test_recipes_lists_every_shipped_recipe_with_a_description(
     assert "cnn/digits_simple_cnn" in names
     digits = lines[names.index("cnn/digits_simple_cnn")]
     assert "digits" in digits.split(None, 1)[1]  # the recipe's first comment line
+    cut = [line for line in lines if not line.endswith(".")]  # a line that runs on is cut
+    assert cut == [], cut
 
 
 @pytest.mark.parametrize("name", ["cnn/digits_simple_cnn", "digits_simple_cnn"])
