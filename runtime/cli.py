@@ -260,6 +260,8 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
     from trainforge.tracking.spool import replay, spool_path
 
     path = spool_path(run_dir)
+    if not path.parent.is_dir():
+        raise RecipeError(f"no run folder {run_dir} (give the folder a run wrote, runs/NAME)")
     if not path.is_file():
         raise RecipeError(f"nothing to sync: {path} does not exist (everything was sent)")
     configure_client_env()

@@ -478,3 +478,15 @@ def test_a_cluster_of_no_cpus_is_refused_in_one_line(
         f"trainforge cluster: error: argument --num-cpus: a whole number of at least 1, "
         f"not '{given}'"
     )
+
+
+def test_tracking_sync_tells_a_missing_run_folder_from_one_with_nothing_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["tracking-sync", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (
+        f"trainforge: error: no run folder {tmp_path / 'nope'} (give the folder a run wrote, "
+        "runs/NAME)\n"
+    )
+    assert cli.main(["tracking-sync", str(tmp_path)]) == 2  # a run folder, all of it sent
+    assert "nothing to sync: " in capsys.readouterr().err
