@@ -167,13 +167,17 @@ class OwnRun:
         ``WorkersFailed``, or KeyboardInterrupt after stopping the workers and showing their last
         lines: what the command says next (interrupted, failed) comes after them."""
         try:
-            return warm_pool.with_restarts(
+            finished = warm_pool.with_restarts(
                 self.cfg.run.max_failures, self._run_once, self._stop, self._start, self.payload
             )
         except BaseException:
             self._stop()
             self._end_relay()
             raise
+        # their last lines (an SBI run's evaluation) before the command's closing table: the
+        # relay reads their file every 0.1 s, and the table once followed them
+        self._end_relay()
+        return finished
 
     def _run_once(self) -> warm_pool.Finished | dict[int, BaseException]:
         port = local_cluster.free_port()

@@ -129,6 +129,7 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
         assert phase in console
     assert "epoch 2/2 step" in console  # plain step lines when not a terminal
     assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
+    assert_worker_lines_come_before_the_table(lines, "own")
     kept = (tmp_path / "runs" / "first" / "worker-output.log").read_text()
     assert "(TrainforgeWorker rank=0 " in kept  # every worker line is kept, shown or not
     assert not list((tmp_path / "runs" / "first").glob(".worker-lines-*"))  # relayed, removed
@@ -397,6 +398,7 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     for phase in phases:
         assert phase in console, phase
     assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
+    assert_worker_lines_come_before_the_table(lines, "own")
     assert "ray: connected" not in console and "ray: started" not in console  # no Ray waited for
     run_dir = tmp_path / "runs" / "own"
     assert list(run_dir.glob("checkpoint_*"))
@@ -483,6 +485,7 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     strangers = [line for line in lines if not OWN_LINE.match(line)]
     assert strangers == [], strangers  # nothing of MLflow's model logging in the command
+    assert_worker_lines_come_before_the_table(lines, "lone")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (found,) = client.search_runs(
         [client.get_experiment_by_name("trainforge").experiment_id],
@@ -534,6 +537,15 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
     assert stopped.stdout == "[trainforge] local cluster stopped\n", stopped.stdout
     assert not (home / "local-cluster" / "state.json").exists()
+
+
+def assert_worker_lines_come_before_the_table(lines: list[str], run_name: str) -> None:
+    """Rank 0's last line (``finished at step``; an SBI run's evaluation after it) is shown
+    before the command's closing table, which it once followed: the workers' lines come
+    through a file read every 0.1 s."""
+    last_worker_line = max(i for i, line in enumerate(lines) if "] finished at step " in line)
+    table = next(i for i, line in enumerate(lines) if f"run '{run_name}' finished in " in line)
+    assert last_worker_line < table, lines[last_worker_line - 2 :]
 
 
 def own_workers_in(folder: Path) -> list[int]:
