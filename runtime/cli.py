@@ -291,6 +291,9 @@ def _ensemble(members: list[str], out: str) -> int:
 def _cluster(action: str, num_cpus: int | None) -> int:
     from trainforge.driver import local_cluster
 
+    if num_cpus is not None and action != "start":  # else silently not what was asked
+        raise RecipeError(f"--num-cpus is for `trainforge cluster start`, not `{action}`")
+
     if action == "status":
         with local_cluster.looked_at() as running:  # it cannot stop itself while we look
             # a command that ran without the cluster starts it as it ends (own_workers.py)

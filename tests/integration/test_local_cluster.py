@@ -129,7 +129,7 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
         assert phase in console
     assert "epoch 2/2 step" in console  # plain step lines when not a terminal
     assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
-    assert_worker_lines_come_before_the_table(lines, "own")
+    assert_worker_lines_come_before_the_table(lines, "first")
     kept = (tmp_path / "runs" / "first" / "worker-output.log").read_text()
     assert "(TrainforgeWorker rank=0 " in kept  # every worker line is kept, shown or not
     assert not list((tmp_path / "runs" / "first").glob(".worker-lines-*"))  # relayed, removed

@@ -480,6 +480,16 @@ def test_a_cluster_of_no_cpus_is_refused_in_one_line(
     )
 
 
+@pytest.mark.parametrize("action", ["status", "stop"])
+def test_cpus_given_to_another_action_than_start_are_refused(
+    action: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["cluster", action, "--num-cpus", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"trainforge: error: --num-cpus is for `trainforge cluster start`, not `{action}`\n"
+    )
+
+
 def test_tracking_sync_tells_a_missing_run_folder_from_one_with_nothing_left(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
