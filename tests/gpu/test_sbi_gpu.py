@@ -18,7 +18,7 @@ from trainforge.driver import launch
 from trainforge.optim import build_optimizer
 from trainforge.precision import Precision
 from trainforge.worker.step import GraphedStep, optimizer_step
-from trainforge.workloads.sbi import load_posterior
+from trainforge.workloads.sbi import load_posterior, simulate
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import get_task
 from trainforge.workloads.sbi.workload import SBIWorkload
@@ -183,6 +183,10 @@ def test_sbi_recipe_on_one_gpu_with_cuda_graphs(ray_cluster, in_tmp: Path) -> No
     assert outcome.metrics["val/loss"] < 0.5  # two_moons NPE starts near 1.4
     assert outcome.metrics["c2st/obs1"] < 0.9
     posterior = load_posterior(in_tmp / "runs" / "sbi-graphs" / "posterior.pt")
+    # the stage's tasks ran in one process for the GPU (a new one each took seconds apiece)
+    (entry,) = (in_tmp / "runs" / "simulations").iterdir()
+    ran_on = simulate.read_manifest(entry)["ran_on"]
+    assert [node["processes"] for node in ran_on.values()] == [1], ran_on
     _, x_obs = get_task("two_moons").observation(1)
     assert posterior.sample((100,), x=x_obs, show_progress_bars=False).shape == (100, 2)
 

@@ -4,7 +4,9 @@ C2ST and exported to sbi, and a user's simulator named by import path."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -224,3 +226,26 @@ def test_a_user_simulator_by_import_path_trains_end_to_end(
     samples = posterior.sample((50,), x=torch.tensor([0.5, 0.1]), show_progress_bars=False)
     assert samples.shape == (50, 2) and bool(samples.abs().le(2).all())
     sys.modules.pop("user_sim_e2e", None)
+
+
+def test_a_stage_on_processes_of_its_own_runs_every_task_there_and_ends_them(
+    ray_cluster, in_tmp: Path
+) -> None:
+    """A GPU stage's tasks run in one process per GPU for the whole stage (a GPU task of Ray's
+    would get a new process each: torch's import and a CUDA context every time), ended with the
+    stage so the run's workers get the GPUs. The same mechanism with CPUs here."""
+    import ray
+
+    cfg = _workload("workload.simulation.num_simulations=600", "workload.simulation.chunk_size=100")
+    with simulate.stage_processes(2, num_cpus=1) as members:
+        launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
+        tasks = [launcher.submit([(index, 100)]) for index in range(6)]
+        workers = {simulate.unpack(result)[0]["worker"] for result in ray.get(tasks)}
+        pids = ray.get([member.__ray_call__.remote(lambda self: os.getpid()) for member in members])
+    assert {worker.rsplit(":", 1)[1] for worker in workers} == {str(pid) for pid in pids}
+    assert len(set(pids)) == 2  # six tasks, two processes
+    for pid in pids:  # ended with the stage
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists()
