@@ -336,19 +336,19 @@ def _cluster(action: str, num_cpus: int | None) -> int:
         return 0
     if background and num_cpus is None:
         log.say("a background start of the local cluster is under way: waiting for its cluster")
-        state = local_cluster.start()  # waits for that start's own; starts one if it made none
-        log.say(f"local cluster at {state.gcs_address}, dashboard {state.dashboard_url}")
+        came_up = local_cluster.start()  # waits for that start's own; starts one if it made none
+        log.say(f"local cluster at {came_up.gcs_address}, dashboard {came_up.dashboard_url}")
         return 0
-    if background:
+    if background and num_cpus is not None:
         log.say(f"a background start of the local cluster is under way: ending it first, to "
                 f"start one with {log.counted(num_cpus, 'CPU', 'CPUs')}")  # fmt: skip
         own_workers.stop_background()
         local_cluster.stop()
-    state = local_cluster.read_state()
-    if state is not None and local_cluster.why_stale(state) is None:
-        return _cluster_runs_already(state, num_cpus)
-    if state is not None:
-        local_cluster.stop(state)
+    found = local_cluster.read_state()
+    if found is not None and local_cluster.why_stale(found) is None:
+        return _cluster_runs_already(found, num_cpus)
+    if found is not None:
+        local_cluster.stop(found)
     state = local_cluster.start(num_cpus=num_cpus)
     log.say(f"local cluster started at {state.gcs_address}, dashboard {state.dashboard_url}")
     return 0

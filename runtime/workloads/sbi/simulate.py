@@ -374,13 +374,13 @@ class StageSimulator:
 
 
 @contextlib.contextmanager
-def stage_processes(count: int, **resources: float) -> Iterator[list[Any]]:
-    """``count`` ``StageSimulator`` processes, each holding ``resources`` for as long as the
-    stage runs; ended with it, so that the GPUs are free for the run's workers."""
+def stage_processes(count: int, num_cpus: float, num_gpus: float = 0) -> Iterator[list[Any]]:
+    """``count`` ``StageSimulator`` processes, each holding ``num_cpus`` and ``num_gpus`` for
+    as long as the stage runs; ended with it, so that the GPUs are free for the run's workers."""
     import ray
 
-    simulator = ray.remote(**resources)(StageSimulator)
-    members = [simulator.remote() for _ in range(count)]
+    simulator = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(StageSimulator)
+    members: list[Any] = [simulator.remote() for _ in range(count)]
     try:
         yield members
     finally:
