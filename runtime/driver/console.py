@@ -137,8 +137,10 @@ def attach(run_folder: Path | None, run_name: str) -> Console | None:
     return output
 
 
-# what the closing summary shows of the final metrics, in this order; the rest is in MLflow
+# what the closing summary shows of the final metrics, in this order, with every val/, test/
+# and best/ metric after them and an SBI run's scores last; the rest is in MLflow
 SUMMARY_KEYS = ("epoch", "train/loss", "val/loss", "val/accuracy", "perf/samples_per_s")
+SCORE_KEYS = ("c2st/mean", "sbc/ks_pvalue_min", "sbc/max_ecdf_deviation")
 
 
 def summary(
@@ -151,8 +153,15 @@ def summary(
     from trainforge.tracking.client import redact
 
     shown = [k for k in SUMMARY_KEYS if k in metrics]
-    shown += sorted(k for k in metrics if k.startswith(("val/", "test/", "best/", "c2st"))
-                    and k not in shown)  # fmt: skip
+    shown += sorted(
+        k for k in metrics if k.startswith(("val/", "test/", "best/")) and k not in shown
+    )
+    shown += [k for k in SCORE_KEYS if k in metrics]
+    # each observation's C2ST in the observations' order (obs2 before obs10), where there are
+    # several: one is the mean's
+    observations = sorted((k for k in metrics if k.startswith("c2st/obs")),
+                          key=lambda k: int(k.removeprefix("c2st/obs")))  # fmt: skip
+    shown += observations if len(observations) > 1 else []
     rows = [(key, _value(metrics[key])) for key in shown]
     if checkpoint:
         rows.append(("checkpoint", checkpoint))

@@ -214,6 +214,35 @@ def test_summary_table(capsys: pytest.CaptureFixture) -> None:
     assert "trainforge ui" not in text  # a server: the user opens it themselves
 
 
+def test_summary_shows_an_sbi_runs_scores_once_each(capsys: pytest.CaptureFixture) -> None:
+    metrics = {
+        "epoch": 40,
+        "val/loss": -2.13,
+        "c2st/obs10": 0.61,
+        "c2st/obs2": 0.58,
+        "c2st/mean": 0.595,
+        "c2st/seconds": 5.9,  # how long, not how good: in MLflow only
+        "sbc/ks_pvalue_dim0": 0.26,  # one per parameter: the smallest is shown
+        "sbc/ks_pvalue_min": 0.26,
+        "sbc/max_ecdf_deviation": 0.14,
+    }
+    console.summary("sbi", metrics, None, None)
+    keys = [line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert keys == [
+        "epoch",
+        "val/loss",
+        "c2st/mean",
+        "sbc/ks_pvalue_min",
+        "sbc/max_ecdf_deviation",
+        "c2st/obs2",
+        "c2st/obs10",
+    ]
+    one = {key: value for key, value in metrics.items() if key != "c2st/obs10"}
+    console.summary("sbi", one, None, None)
+    text = capsys.readouterr().out
+    assert "c2st/mean" in text and "c2st/obs2" not in text  # the mean is its value
+
+
 @pytest.mark.parametrize("uri", ["sqlite:///runs/mlflow.db", "postgresql://user:pw@db/mlflow"])
 def test_summary_says_how_to_open_a_store(uri: str, capsys: pytest.CaptureFixture) -> None:
     log.set_verbosity(-1)  # the outcome is shown even under -q

@@ -68,6 +68,7 @@ def run_posterior(
     from trainforge.workloads.sbi.observations import Observations
 
     device = device or torch.device("cpu")
+    started_at = time.perf_counter()
     metrics: dict[str, float] = {}
     files: list[Path] = []
     scores = []
@@ -118,6 +119,8 @@ def run_posterior(
     if cfg.sbc_runs > 0:
         metrics |= sbc(posterior, source, cfg, seed, folder / "sbc.png", labels, device)
         files.append(folder / "sbc.png")
+    conclude(metrics, numbers, observed.label if observed is not None else "", cfg,
+             time.perf_counter() - started_at)  # fmt: skip
     return metrics, files
 
 
@@ -135,6 +138,28 @@ def announce(numbers: list[int], label: str, cfg: Any) -> None:
         parts.append(f"SBC over {cfg.sbc_runs} runs")
     if parts:
         say("evaluation: " + "; ".join(parts))
+
+
+def conclude(metrics: dict[str, float], numbers: list[int], label: str, cfg: Any,
+             seconds: float) -> None:  # fmt: skip
+    """The evaluation's last line: its outcome in words, each number once (the closing table
+    and MLflow hold every metric). Nothing asked, nothing said."""
+    parts = []
+    if "c2st/mean" in metrics:
+        parts.append(
+            f"C2ST {metrics['c2st/mean']:.3f} at {label} observation {numbers[0]}"
+            if len(numbers) == 1
+            else f"C2ST mean {metrics['c2st/mean']:.3f} over {len(numbers)} {label} observations"
+        )
+        parts[-1] += " (0.5: its samples cannot be told from the reference's)"
+    if "sbc/ks_pvalue_min" in metrics:
+        parts.append(
+            f"SBC over {cfg.sbc_runs} runs: smallest rank KS p-value "
+            f"{metrics['sbc/ks_pvalue_min']:.3f}, largest rank ECDF deviation "
+            f"{metrics['sbc/max_ecdf_deviation']:.3f}"
+        )
+    if parts:
+        say(f"evaluation done in {seconds:.0f} s: " + "; ".join(parts))
 
 
 def sbc(
