@@ -249,3 +249,44 @@ def test_a_stage_on_processes_of_its_own_runs_every_task_there_and_ends_them(
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not Path(f"/proc/{pid}").exists()
+
+
+class _Holder:
+    """Holds a CPU, as another run's worker would hold a GPU."""
+
+
+def test_a_stage_on_processes_of_its_own_uses_what_is_free_and_never_waits_on_held_resources(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With one of the cluster's two CPUs held by other work, a stage asking for two processes
+    goes on with one (a GPU stage beside a training run: a process given tasks while it waits
+    for a busy GPU would hold them up until that run ends). With every CPU held it says what it
+    waits for, and starts once one is free."""
+    import threading
+
+    import ray
+
+    monkeypatch.setattr(simulate, "STAGE_PROCESS_START_S", 3.0)  # the free count may lag
+    cfg = _workload("workload.simulation.num_simulations=600", "workload.simulation.chunk_size=100")
+    holder = ray.remote(num_cpus=1)(_Holder).remote()
+    ray.get(holder.__ray_ready__.remote())
+    try:
+        with simulate.stage_processes(2, num_cpus=1) as members:
+            assert len(members) == 1
+            launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
+            results = ray.get([launcher.submit([(index, 100)]) for index in range(6)], timeout=60)
+        assert {simulate.unpack(result)[0]["worker"] for result in results} == {
+            simulate.unpack(results[0])[0]["worker"]
+        }
+        other = ray.remote(num_cpus=1)(_Holder).remote()  # now both CPUs are held
+        ray.get(other.__ray_ready__.remote())
+        threading.Timer(5.0, ray.kill, [other]).start()  # the other work ends after a while
+        with simulate.stage_processes(2, num_cpus=1) as members:
+            assert len(members) == 1
+            ray.get(members[0].__ray_ready__.remote(), timeout=60)
+        assert (
+            "simulations: waiting for CPUs that other work holds on the cluster"
+            in capsys.readouterr().out
+        )
+    finally:
+        ray.kill(holder)

@@ -325,11 +325,13 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
         _make_here(cfg, seed, job, progress, source.name)
         return job.folder
     slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
-    progress.slots = slots
     cpus = cluster.get("CPU", 0)
-    where = (log.counted(slots, "GPU", "GPUs") if device == "cuda"
-             else f"{cpus:g} CPU{'s' * (cpus != 1)}")  # fmt: skip
     with _simulators(device, slots) as (members, how):
+        if device == "cuda":
+            slots = len(members)  # the GPUs free at the stage's start (``stage_processes``)
+        progress.slots = slots
+        where = (log.counted(slots, "GPU", "GPUs") if device == "cuda"
+                 else f"{cpus:g} CPU{'s' * (cpus != 1)}")  # fmt: skip
         say(
             f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} "
             f"to simulate for {total:,} {source.name} simulations on {where}"
@@ -373,20 +375,46 @@ class StageSimulator:
         return simulate_chunks(cfg, seed, chunks, device)
 
 
+STAGE_PROCESS_START_S = 30.0
+"""How long a stage's processes are given to start before those that have not are dropped:
+one still waiting then waits for CPUs or a GPU that other work holds."""
+
+
 @contextlib.contextmanager
 def stage_processes(count: int, num_cpus: float, num_gpus: float = 0) -> Iterator[list[Any]]:
-    """``count`` ``StageSimulator`` processes, each holding ``num_cpus`` and ``num_gpus`` for
-    as long as the stage runs; ended with it, so that the GPUs are free for the run's workers."""
+    """Up to ``count`` ``StageSimulator`` processes, each holding ``num_cpus`` and ``num_gpus``
+    for as long as the stage runs; ended with it, so that the GPUs are free for the run's
+    workers. As many as the cluster has free at the start, and at least one, which waits for
+    its resources: a process waiting for a GPU another run trains on would hold up every task
+    given to it until that run ended, where the stage can go on with the free GPUs."""
     import ray
 
     simulator = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus)(StageSimulator)
-    members: list[Any] = [simulator.remote() for _ in range(count)]
+    free = ray.available_resources()
+    fits = min(
+        free.get("CPU", 0) // num_cpus if num_cpus else count,
+        free.get("GPU", 0) // num_gpus if num_gpus else count,
+    )
+    started: list[Any] = [simulator.remote() for _ in range(max(1, min(count, int(fits))))]
     try:
-        yield members
+        yield _started(ray, started, "a GPU" if num_gpus else "CPUs")
     finally:
-        for member in members:
+        for member in started:
             with contextlib.suppress(Exception):  # one that ended already
                 ray.kill(member, no_restart=True)
+
+
+def _started(ray: Any, members: list[Any], what: str) -> list[Any]:
+    """Those of ``members`` that start within ``STAGE_PROCESS_START_S``, or, where none does,
+    the first to start (saying what it waits for): the free resources counted before their
+    start may have been taken since."""
+    readiness = {member.__ray_ready__.remote(): member for member in members}
+    ready, _ = ray.wait(list(readiness), num_returns=len(readiness),
+                        timeout=STAGE_PROCESS_START_S)  # fmt: skip
+    if not ready:
+        log.say(f"simulations: waiting for {what} that other work holds on the cluster")
+        ready, _ = ray.wait(list(readiness), num_returns=1)
+    return [readiness[ref] for ref in ready]
 
 
 def _make_here(cfg: Any, seed: int, job: Plan, progress: Progress, name: str) -> None:
