@@ -397,22 +397,26 @@ def stage_processes(count: int, num_cpus: float, num_gpus: float = 0) -> Iterato
     )
     started: list[Any] = [simulator.remote() for _ in range(max(1, min(count, int(fits))))]
     try:
-        yield _started(ray, started, "a GPU" if num_gpus else "CPUs")
+        yield _started(ray, started, "a GPU" if num_gpus else "CPUs", said=fits < 1)
     finally:
         for member in started:
             with contextlib.suppress(Exception):  # one that ended already
                 ray.kill(member, no_restart=True)
 
 
-def _started(ray: Any, members: list[Any], what: str) -> list[Any]:
+def _started(ray: Any, members: list[Any], what: str, said: bool) -> list[Any]:
     """Those of ``members`` that start within ``STAGE_PROCESS_START_S``, or, where none does,
-    the first to start (saying what it waits for): the free resources counted before their
-    start may have been taken since."""
+    the first to start: the free resources counted before their start may have been taken
+    since. Says what it waits for, at once where nothing was free (``said``)."""
+    waiting = f"simulations: waiting for {what} that other work holds on the cluster"
+    if said:
+        log.say(waiting)
     readiness = {member.__ray_ready__.remote(): member for member in members}
     ready, _ = ray.wait(list(readiness), num_returns=len(readiness),
                         timeout=STAGE_PROCESS_START_S)  # fmt: skip
     if not ready:
-        log.say(f"simulations: waiting for {what} that other work holds on the cluster")
+        if not said:
+            log.say(waiting)
         ready, _ = ray.wait(list(readiness), num_returns=1)
     return [readiness[ref] for ref in ready]
 
