@@ -270,9 +270,24 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
     except Exception as exc:
         log.error(f"MLflow still unreachable, {path} kept: {exc}")
         return 1
-    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    summary = ", ".join(
+        log.counted(n, *SPOOLED.get(kind, (f"{kind} record", f"{kind} records")))
+        for kind, n in sorted(counts.items())
+    )
     log.say(f"synced {path}: {summary}")
     return 0
+
+
+# what a run spooled, record by record (``tracking/spool.py``), named for the sync's line
+SPOOLED = {
+    "artifact": ("file", "files"),
+    "dataset": ("dataset", "datasets"),
+    "metrics": ("batch of metrics", "batches of metrics"),
+    "params": ("batch of params", "batches of params"),
+    "status": ("run status", "run statuses"),
+    "tags": ("set of tags", "sets of tags"),
+    "text": ("text file", "text files"),
+}
 
 
 def _ensemble(members: list[str], out: str) -> int:

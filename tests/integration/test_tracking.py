@@ -12,6 +12,7 @@ import contextlib
 import getpass
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -245,6 +246,9 @@ def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(
     sync = subprocess.run([sys.executable, "-m", "trainforge", "tracking-sync", str(spool.parent)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert sync.returncode == 0, sync.stderr
+    # what was sent, in words: the plots and model files, the metrics' batches, the run's end
+    assert re.search(r"synced .*: \d+ files?, \d+ batch(es)? of metrics, 1 run status",
+                     sync.stdout), sync.stdout  # fmt: skip
     try:
         (run,) = client.search_runs(
             [client.get_experiment_by_name("trainforge").experiment_id],
