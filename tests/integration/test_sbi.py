@@ -228,62 +228,54 @@ def test_a_user_simulator_by_import_path_trains_end_to_end(
     sys.modules.pop("user_sim_e2e", None)
 
 
-def test_a_stage_on_processes_of_its_own_runs_every_task_there_and_ends_them(
-    ray_cluster, in_tmp: Path
-) -> None:
-    """A GPU stage's tasks run in one process per GPU for the whole stage (a GPU task of Ray's
-    would get a new process each: torch's import and a CUDA context every time), ended with the
-    stage so the run's workers get the GPUs. The same mechanism with CPUs here."""
-    import ray
-
-    cfg = _workload("workload.simulation.num_simulations=600", "workload.simulation.chunk_size=100")
-    with simulate.stage_processes(2, num_cpus=1) as members:
-        launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
-        tasks = [launcher.submit([(index, 100)]) for index in range(6)]
-        workers = {simulate.unpack(result)[0]["worker"] for result in ray.get(tasks)}
-        pids = ray.get([member.__ray_call__.remote(lambda self: os.getpid()) for member in members])
-    assert {worker.rsplit(":", 1)[1] for worker in workers} == {str(pid) for pid in pids}
-    assert len(set(pids)) == 2  # six tasks, two processes
-    for pid in pids:  # ended with the stage
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not Path(f"/proc/{pid}").exists()
-
-
 class _Holder:
     """Holds a CPU, as another run's worker would hold a GPU."""
 
 
-def test_a_stage_on_processes_of_its_own_uses_what_is_free_and_never_waits_on_held_resources(
+def test_a_stage_on_processes_of_its_own_runs_its_tasks_there_on_what_is_free(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """With one of the cluster's two CPUs held by other work, a stage asking for two processes
-    goes on with one (a GPU stage beside a training run: a process given tasks while it waits
-    for a busy GPU would hold them up until that run ends). With every CPU held it says what it
-    waits for, and starts once one is free."""
+    """A GPU stage's tasks run in one process per GPU for the whole stage (a GPU task of Ray's
+    would get a new process each: torch's import and a CUDA context every time), ended with the
+    stage so the run's workers get the GPUs; the same mechanism with CPUs here. Only on what is
+    free: with one of the cluster's two CPUs held by other work, the stage goes on with one
+    process (a process given tasks while it waits for a GPU that a training run holds would hold
+    them up until that run ends); with both held it says what it waits for, and starts once one
+    is free."""
     import threading
 
     import ray
 
     monkeypatch.setattr(simulate, "STAGE_PROCESS_START_S", 3.0)  # Ray's free count may lag
     cfg = _workload("workload.simulation.num_simulations=600", "workload.simulation.chunk_size=100")
+
+    def stage(processes: int) -> tuple[set[str], list[int]]:
+        """Six one-chunk tasks on a stage of up to ``processes``: (who simulated, their pids)."""
+        with simulate.stage_processes(processes, num_cpus=1) as members:
+            launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
+            tasks = [launcher.submit([(index, 100)]) for index in range(6)]
+            workers = {simulate.unpack(r)[0]["worker"] for r in ray.get(tasks, timeout=120)}
+            pids = ray.get([m.__ray_call__.remote(lambda self: os.getpid()) for m in members])
+        return {worker.rsplit(":", 1)[1] for worker in workers}, pids
+
+    simulated_by, pids = stage(2)
+    assert simulated_by == {str(pid) for pid in pids} and len(set(pids)) == 2
+    for pid in pids:  # ended with the stage
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists()
+
     holder = ray.remote(num_cpus=1)(_Holder).remote()
     ray.get(holder.__ray_ready__.remote())
     try:
-        with simulate.stage_processes(2, num_cpus=1) as members:
-            assert len(members) == 1
-            launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
-            results = ray.get([launcher.submit([(index, 100)]) for index in range(6)], timeout=60)
-        assert {simulate.unpack(result)[0]["worker"] for result in results} == {
-            simulate.unpack(results[0])[0]["worker"]
-        }
+        simulated_by, pids = stage(2)
+        assert len(pids) == 1 and simulated_by == {str(pids[0])}  # all six, on the free CPU
         other = ray.remote(num_cpus=1)(_Holder).remote()  # now both CPUs are held
         ray.get(other.__ray_ready__.remote())
-        threading.Timer(5.0, ray.kill, [other]).start()  # the other work ends after a while
-        with simulate.stage_processes(2, num_cpus=1) as members:
-            assert len(members) == 1
-            ray.get(members[0].__ray_ready__.remote(), timeout=60)
+        threading.Timer(2.0, ray.kill, [other]).start()  # the other work ends after a while
+        simulated_by, pids = stage(2)
+        assert len(pids) == 1 and simulated_by == {str(pids[0])}
         said = capsys.readouterr().out
         assert said.count("simulations: waiting for CPUs that other work holds") == 1, said
     finally:
