@@ -209,7 +209,12 @@ def unreachable(address: str | None, reason: str) -> RecipeError:
         fix = "$RAY_ADDRESS (the head's dashboard, e.g. http://HEAD:8265)"
     else:
         where = "the local Ray cluster"
-        fix = "`ray status` (a cluster that stopped leaves a stale address) or pass --address"
+        # not trainforge's own local cluster: a job's relative run folder and MLflow store would
+        # land in the temporary copy of its working_dir
+        fix = (
+            "`ray status` (a cluster that stopped leaves a stale address) or pass --address; to "
+            "run a recipe on this machine, `trainforge train` needs no Ray cluster"
+        )
     return RecipeError(f"cannot reach {where} ({reason}); check {fix}")
 
 

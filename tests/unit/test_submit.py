@@ -195,6 +195,9 @@ def test_a_stale_local_cluster_file_is_one_line_within_the_timeout(
     assert err.splitlines() == [err.strip()], err
     assert err.startswith("trainforge: error: cannot reach the local Ray cluster (")
     assert "check `ray status`" in err
+    assert err.rstrip().endswith(
+        "to run a recipe on this machine, `trainforge train` needs no Ray cluster"
+    )
     assert took < submit.CONNECT_TIMEOUT_S + 15  # start-up and imports included
 
 
