@@ -192,6 +192,34 @@ def test_sbi_recipe_on_one_gpu_with_cuda_graphs(ray_cluster, in_tmp: Path) -> No
 
 
 @pytest.mark.ray
+def test_a_gpu_stage_waits_for_a_gpu_that_other_work_holds_and_says_so(
+    ray_cluster, in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every GPU held by other work (another run's worker): the stage starts one process, which
+    says what it waits for and simulates once the GPU is free. (With some GPUs free it goes on
+    with those: tests/integration/test_sbi.py, with CPUs.)"""
+    import threading
+
+    import ray
+
+    cfg = config.load(
+        DEBUG, ["workload.simulation.device=cuda", "workload.simulation.num_simulations=5000"]
+    )
+    # any actor of an importable class holds a GPU as another run's worker would
+    holder = ray.remote(num_gpus=1)(simulate.StageSimulator)
+    holders = [holder.remote() for _ in range(torch.cuda.device_count())]
+    ray.get([held.__ray_ready__.remote() for held in holders])
+    for held in holders:
+        threading.Timer(5.0, ray.kill, [held]).start()  # the other work ends after a while
+    entry = launch.prepare_data(cfg).simulation.path
+    said = capsys.readouterr().out
+    assert "simulations: waiting for a GPU that other work holds on the cluster" in said, said
+    assert "to simulate for 5,000 two_moons simulations on 1 GPU" in said, said
+    ran_on = simulate.read_manifest(Path(entry))["ran_on"]
+    assert [node["processes"] for node in ran_on.values()] == [1], ran_on
+
+
+@pytest.mark.ray
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_sbi_recipe_on_two_gpus_over_nccl(
     ray_cluster, in_tmp: Path, cuda_graphs: bool, capfd: pytest.CaptureFixture[str]
