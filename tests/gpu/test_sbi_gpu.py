@@ -214,7 +214,9 @@ def test_a_gpu_stage_waits_for_a_gpu_that_other_work_holds_and_says_so(
     entry = launch.prepare_data(cfg).simulation.path
     said = capsys.readouterr().out
     assert "simulations: waiting for a GPU that other work holds on the cluster" in said, said
-    assert "to simulate for 5,000 two_moons simulations on 1 GPU" in said, said
+    gpus = torch.cuda.device_count()
+    got = "1 GPU" if gpus == 1 else f"1 GPU of {gpus} (the others held by other work at its start)"
+    assert f"to simulate for 5,000 two_moons simulations on {got} →" in said, said
     ran_on = simulate.read_manifest(Path(entry))["ran_on"]
     assert [node["processes"] for node in ran_on.values()] == [1], ran_on
 

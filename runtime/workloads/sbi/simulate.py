@@ -327,11 +327,13 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
     slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
     cpus = cluster.get("CPU", 0)
     with _simulators(device, slots) as (members, how):
-        if device == "cuda":
-            slots = len(members)  # the GPUs free at the stage's start (``stage_processes``)
+        where = f"{cpus:g} CPU{'s' * (cpus != 1)}"
+        if device == "cuda":  # the GPUs free at the stage's start (``stage_processes``)
+            where = log.counted(len(members), "GPU", "GPUs")
+            if len(members) < slots:
+                where += f" of {slots} (the others held by other work at its start)"
+            slots = len(members)
         progress.slots = slots
-        where = (log.counted(slots, "GPU", "GPUs") if device == "cuda"
-                 else f"{cpus:g} CPU{'s' * (cpus != 1)}")  # fmt: skip
         say(
             f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} "
             f"to simulate for {total:,} {source.name} simulations on {where}"
