@@ -257,7 +257,7 @@ def set_loudness(level: int) -> None:
 
 def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
     from trainforge.tracking.client import configure_client_env
-    from trainforge.tracking.spool import replay, spool_path
+    from trainforge.tracking.spool import described, replay, spool_path
 
     path = spool_path(run_dir)
     if not path.parent.is_dir():
@@ -270,24 +270,8 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
     except Exception as exc:
         log.error(f"MLflow still unreachable, {path} kept: {exc}")
         return 1
-    summary = ", ".join(
-        log.counted(n, *SPOOLED.get(kind, (f"{kind} record", f"{kind} records")))
-        for kind, n in sorted(counts.items())
-    )
-    log.say(f"synced {path}: {summary}")
+    log.say(f"synced {path}: {described(counts)}")
     return 0
-
-
-# what a run spooled, record by record (``tracking/spool.py``), named for the sync's line
-SPOOLED = {
-    "artifact": ("file", "files"),
-    "dataset": ("dataset", "datasets"),
-    "metrics": ("batch of metrics", "batches of metrics"),
-    "params": ("batch of params", "batches of params"),
-    "status": ("run status", "run statuses"),
-    "tags": ("set of tags", "sets of tags"),
-    "text": ("text file", "text files"),
-}
 
 
 def _ensemble(members: list[str], out: str) -> int:

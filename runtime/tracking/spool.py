@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from trainforge.log import counted
 from trainforge.tracking.client import RunHandle, find_or_create_run, redact
 from trainforge.tracking.datasets import TrainingData
 
@@ -78,6 +79,26 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
         counts[kind] = counts.get(kind, 0) + 1
     path.unlink()
     return counts
+
+
+# each kind of record ``send`` takes, named for what ``tracking-sync`` says it sent
+KIND_NAMES = {
+    "artifact": ("file", "files"),
+    "dataset": ("dataset", "datasets"),
+    "metrics": ("batch of metrics", "batches of metrics"),
+    "params": ("batch of params", "batches of params"),
+    "status": ("run status", "run statuses"),
+    "tags": ("set of tags", "sets of tags"),
+    "text": ("text file", "text files"),
+}
+
+
+def described(counts: dict[str, int]) -> str:
+    """``replay``'s counts in words: ``2 files, 14 batches of metrics, 1 run status``."""
+    return ", ".join(
+        counted(n, *KIND_NAMES.get(kind, (f"{kind} record", f"{kind} records")))
+        for kind, n in sorted(counts.items())
+    )
 
 
 def send(client: Any, run_id: str, record: dict[str, Any]) -> str:
