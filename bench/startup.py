@@ -8,7 +8,10 @@ Each repeat runs, in one invocation on one machine and in this order:
   cold_ray — the same, TRAINFORGE_COLD_WORKERS=ray: the command starts the lasting cluster
              first and trains on its new warm workers (what `cold` was before)
   warm     — the same command again: it connects to that cluster
-  private  — TRAINFORGE_KEEP_CLUSTER=0: a private Ray started and stopped by the command
+  private  — TRAINFORGE_KEEP_CLUSTER=0: no cluster kept; the command trains on processes of
+             its own and starts nothing afterwards (before the fiftieth session: a private Ray)
+  private_ray — the same, TRAINFORGE_COLD_WORKERS=ray: a private Ray started and stopped by the
+             command, and Ray Train's new worker group (what `private` was before)
   raytrain — the cluster up, TRAINFORGE_WARM_WORKERS=0: Ray Train's new worker group per run
              (what `warm` was before warm workers, driver/warm_pool.py)
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
@@ -255,8 +258,10 @@ def main() -> None:
                 stop_cluster(env)
             if mode == "cold_ray":
                 mode_env = {**env, "TRAINFORGE_COLD_WORKERS": "ray"}
-            if mode in ("private", "baseline"):
+            if mode in ("private", "private_ray", "baseline"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
+            if mode == "private_ray":
+                mode_env["TRAINFORGE_COLD_WORKERS"] = "ray"
             if mode in ("baseline", "baseline_cold", "baseline_warm", "baseline_resume"):
                 mode_env = with_baseline(mode_env, args.baseline)
             if mode == "raytrain":

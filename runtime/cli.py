@@ -77,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
         help="the local Ray cluster that trainforge keeps between commands",
         description="Local commands (no RAY_ADDRESS) share one Ray cluster that the first of "
         "them starts; it stops itself after TRAINFORGE_CLUSTER_IDLE_S seconds unused "
-        "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 gives each command a private Ray instead.",
+        "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 keeps none: each command trains on processes "
+        "of its own, or starts a private Ray where it needs one, which ends with it.",
     )
     cluster.add_argument(
         "action", choices=("start", "status", "stop"),

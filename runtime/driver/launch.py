@@ -95,7 +95,7 @@ def train(cfg: Recipe) -> Outcome:
     resumed_from = check_existing_run(cfg, root)  # verified once: its files are hashed here
     start_workload_data(cfg.workload, cfg.run.seed, root)  # what needs no cluster, while Ray starts
     if own_workers.unavailable(cfg, root) is None:  # no cluster runs: none is waited for
-        log.say("ray: no local cluster runs; this run's workers are processes of this command")
+        log.say(own_workers.phase_line())
         return _train_on_own_workers(cfg, root, resumed_from)
     import ray
 
@@ -151,7 +151,8 @@ def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> 
                 worker_output.close()
     finally:
         team.close()
-    if outcome.exit_code != 130:  # a run was made, and not given up: more may follow
+    # a run was made, and not given up: more may follow, unless no cluster is to be kept
+    if outcome.exit_code != 130 and local_cluster.keep_cluster():
         own_workers.start_cluster_in_background(cfg)
     return outcome
 

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from trainforge import home
 
-KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": a private Ray that ends with the command
+KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": none kept; a private Ray where a command needs Ray
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
 DEFAULT_IDLE_STOP_S = 1800.0
 START_ATTEMPTS = 3  # supervisors started, each with new ports, before `start` gives up
@@ -46,7 +46,8 @@ START_TIMEOUT_S = 120.0
 
 
 def keep_cluster() -> bool:
-    """Whether local commands use the lasting cluster (the default) or a private Ray."""
+    """Whether local commands use the lasting cluster (the default), or keep none: their own
+    worker processes (``own_workers.py``), or a private Ray where they need Ray."""
     return os.environ.get(KEEP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 

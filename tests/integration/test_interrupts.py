@@ -114,8 +114,8 @@ def test_a_ctrl_c_says_so_at_once_while_the_mlflow_run_is_still_being_made(
     server = SlowMlflow(hold_s=10.0)
     env = {**os.environ, "TRAINFORGE_HOME": str(tmp_path / "home"),
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
-    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER"):
-        env.pop(key, None)
+    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_COLD_WORKERS"):
+        env.pop(key, None)  # a user's command: none of the test session's settings (conftest)
     process = subprocess.Popen(
         [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=slow",
          "train.epochs=50", "scaling.num_workers=1", f"tracking.tracking_uri={server.uri}"],

@@ -69,10 +69,13 @@ def trainforge() -> list[str]:
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "TRAINFORGE_HOME": str(home), "TRAINFORGE_KEEP_CLUSTER": "1", **extra}
-    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+    """A user's environment, with their own home: no cluster named, none of the test session's
+    settings for Ray (conftest.py); ``extra`` on top."""
+    env = dict(os.environ)
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE",
+                "TRAINFORGE_COLD_WORKERS"):  # fmt: skip
         env.pop(key, None)
-    return env
+    return {**env, "TRAINFORGE_HOME": str(home), "TRAINFORGE_KEEP_CLUSTER": "1", **extra}
 
 
 def state_of(home: Path) -> dict:
@@ -537,6 +540,45 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
     assert stopped.stdout == "[trainforge] local cluster stopped\n", stopped.stdout
     assert not (home / "local-cluster" / "state.json").exists()
+
+
+def test_with_no_cluster_kept_a_command_trains_on_its_own_processes_and_leaves_nothing(
+    home: Path, tmp_path: Path
+) -> None:
+    """TRAINFORGE_KEEP_CLUSTER=0: a command that needs no Ray starts none (it once started a
+    private Ray and Ray Train's workers: 38 s of the 2-epoch digits command here, against 9 s),
+    trains on processes of its own, and starts no cluster as it ends: nothing of it runs
+    afterwards, nothing of a cluster is in its home."""
+    out = run(home, "train", str(DIGITS), "run.name=kept-none", *SHORT, cwd=tmp_path,
+              TRAINFORGE_KEEP_CLUSTER="0")  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    console = out.stdout + out.stderr
+    assert (
+        "[trainforge] ray: none for this command (TRAINFORGE_KEEP_CLUSTER=0: nothing "
+        "outlives it); this run's workers are processes of this command"
+    ) in console
+    assert "workers: 2 started, process group up (" in console
+    assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # trained: the closing table
+    assert "ray: start" not in console and "background" not in console, console
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        (status,) = db.execute("SELECT status FROM runs WHERE name = 'kept-none'").fetchone()
+    assert status == "FINISHED"
+    cluster = home / "local-cluster"
+    assert not (cluster / "state.json").exists() and not (cluster / "background.log").exists()
+    deadline = time.monotonic() + 10  # its workers end with it
+    while own_workers_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert own_workers_in(tmp_path) == []
+    made_by_it = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                  if f"TRAINFORGE_HOME={home}".encode() in environ_of(pid)]  # fmt: skip
+    assert made_by_it == []  # no Ray process either: each would carry the command's home
+
+
+def environ_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # ended meanwhile, or not ours to read
+        return b""
 
 
 def assert_worker_lines_come_before_the_table(lines: list[str], run_name: str) -> None:

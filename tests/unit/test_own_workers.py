@@ -32,12 +32,20 @@ def recipe(kind: str = "cnn", use_gpu: str = "auto", **resources: float) -> Simp
     )
 
 
+def a_users_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A command as a user runs it: a home where no cluster runs, none of the test session's
+    settings (conftest.py), no Ray joined in its process (a Ray test before this one in the
+    same test process joined this session's: a command's process has joined none)."""
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(own_workers, "_connected_to_ray", lambda: False)
+
+
 def test_which_commands_train_on_their_own_workers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))  # no cluster runs there
-    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
-        monkeypatch.delenv(name, raising=False)
+    a_users_command(monkeypatch, tmp_path)
     monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
     local = str(tmp_path / "runs")
 
@@ -57,8 +65,25 @@ def test_which_commands_train_on_their_own_workers(
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert why() == "RAY_ADDRESS names a cluster"
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setenv(local_cluster.KEEP_ENV, "0")
-    assert why() == "a private Ray (TRAINFORGE_KEEP_CLUSTER=0)"
+    monkeypatch.setenv(local_cluster.KEEP_ENV, "0")  # no cluster kept: none is needed either
+    assert why() is None
+    monkeypatch.setenv(own_workers.ENV, "ray")
+    assert why() == f"{own_workers.ENV}=ray"
+
+
+@pytest.mark.ray
+def test_a_process_connected_to_ray_trains_there(
+    ray_cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A script or notebook that called ``ray.init`` before ``launch.train``: its run goes to
+    that Ray, not to processes of its own."""
+    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    for keep in ("0", "1"):
+        monkeypatch.setenv(local_cluster.KEEP_ENV, keep)
+        why = own_workers.unavailable(recipe(), str(tmp_path / "runs"))  # type: ignore[arg-type]
+        assert why == "this process is connected to Ray"
 
 
 def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
@@ -67,10 +92,8 @@ def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     from tests.conftest import RECIPES
     from trainforge import config
 
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    a_users_command(monkeypatch, tmp_path)
     monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
-    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
-        monkeypatch.delenv(name, raising=False)
     built_in = config.load(RECIPES / "sbi" / "two_moons_debug.yaml")  # seconds of one core
     custom = RECIPES / "sbi" / "sir_custom.yaml"  # a user's simulator: its cost is unknown
     spread, here = config.load(custom), config.load(custom, ["workload.simulation.where=here"])
