@@ -24,12 +24,16 @@ def resolve(cfg: Recipe, available: Mapping[str, float], storage_root: str) -> R
     return resolve_data(resolve_workers(cfg, available), storage_root)
 
 
-def resolve_workers(cfg: Recipe, available: Mapping[str, float]) -> Recipe:
-    """``cfg`` with the worker count and device decided, checked before any data are made."""
+def resolve_workers(
+    cfg: Recipe, available: Mapping[str, float], where: str = "the Ray cluster"
+) -> Recipe:
+    """``cfg`` with the worker count and device decided, checked before any data are made.
+    ``where``: what offers ``available``, as a refusal names it ("this machine" for a command
+    whose workers are its own processes)."""
     from trainforge.workloads import train_samples  # the registry
 
     graphs = cfg.precision.cuda_graphs == "true"  # auto falls back to eager in the worker
-    scaling = resolve_scaling(cfg.scaling, available, graphs)
+    scaling = resolve_scaling(cfg.scaling, available, graphs, where)
     # before the data stage (which may simulate for minutes), with the recipe's sizes…
     check_batch_fits(cfg.train, scaling.num_workers, train_samples(cfg.workload))
     return dataclasses.replace(cfg, scaling=scaling)
@@ -46,7 +50,10 @@ def resolve_data(cfg: Recipe, storage_root: str) -> Recipe:
 
 
 def resolve_scaling(
-    scaling: ScalingSection, available: Mapping[str, float], cuda_graphs: bool = False
+    scaling: ScalingSection,
+    available: Mapping[str, float],
+    cuda_graphs: bool = False,
+    where: str = "the Ray cluster",
 ) -> ScalingSection:
     """``num_workers`` (from ``use_all_gpus``) and ``use_gpu`` (``auto`` → true or false) for
     this cluster, after checking that it can host the workers."""
@@ -54,16 +61,16 @@ def resolve_scaling(
     num_workers = scaling.num_workers
     if scaling.use_all_gpus:
         if gpus < 1 or scaling.use_gpu == "false":
-            raise RecipeError("scaling.use_all_gpus: true, but the Ray cluster has no GPU to use")
+            raise RecipeError(f"scaling.use_all_gpus: true, but {where} has no GPU to use")
         per_worker = scaling.resources_per_worker.get("GPU", 1)
         if per_worker <= 0 or gpus < per_worker:
             raise RecipeError(
                 f"scaling.use_all_gpus: each worker asks for {per_worker:g} GPU "
-                f"(scaling.resources_per_worker.GPU) and the Ray cluster has {gpus:g}"
+                f"(scaling.resources_per_worker.GPU) and {where} has {gpus:g}"
             )
         num_workers = int(gpus // per_worker)
     if scaling.use_gpu == "true" and gpus == 0:
-        raise RecipeError("scaling.use_gpu: true, but the Ray cluster has no GPU")
+        raise RecipeError(f"scaling.use_gpu: true, but {where} has no GPU")
     use_gpu = scaling.use_gpu == "true" or (scaling.use_gpu == "auto" and gpus > 0)
     if cuda_graphs and not use_gpu:
         raise RecipeError(
@@ -74,7 +81,7 @@ def resolve_scaling(
         if need > have:
             raise RecipeError(
                 f"scaling.num_workers: {num_workers} workers × {amount:g} {resource} "
-                f"need {need:g} {resource}, but the Ray cluster has {have:g}"
+                f"need {need:g} {resource}, but {where} has {have:g}"
             )
     return dataclasses.replace(
         scaling, num_workers=num_workers, use_gpu="true" if use_gpu else "false"

@@ -130,7 +130,7 @@ def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> 
     """The run on the command's own worker processes (``own_workers.py``), started before the
     data stage so that their imports overlap it; the lasting cluster starts in the background
     afterwards, for later commands."""
-    cfg = config.resolve_workers(cfg, own_workers.resources())
+    cfg = config.resolve_workers(cfg, own_workers.resources(), "this machine")
     bytecode.warn_if_workers_compile_torch()
     team = own_workers.OwnRun(cfg)
     try:

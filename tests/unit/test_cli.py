@@ -4,6 +4,7 @@ it runs before any Ray worker starts."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -82,6 +83,26 @@ def test_module_entry_point_reports_bad_override() -> None:
     assert done.stderr.startswith("trainforge: error:")
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
+
+
+def test_train_names_this_machine_where_its_own_workers_would_not_fit(tmp_path: Path) -> None:
+    """With no cluster kept and none named, the command's workers would be processes of its
+    own: a worker count the machine cannot hold is refused naming the machine, before any
+    worker starts."""
+    env = _subprocess_env() | {"TRAINFORGE_HOME": str(tmp_path / "home"),
+                               "TRAINFORGE_KEEP_CLUSTER": "0"}  # fmt: skip
+    env.pop("TRAINFORGE_COLD_WORKERS", None)  # the test session's (conftest)
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainforge", "train", str(DIGITS),
+         "scaling.resources_per_worker.CPU=4096"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    refusal = r"^trainforge: error: scaling\.num_workers: 2 workers × 4096 CPU need 8192 CPU, but "
+    assert re.search(refusal + r"this machine has \d+$", done.stderr, re.M), done.stderr
+    assert "workers: starting" not in done.stdout and "Traceback" not in done.stderr
+    assert list((tmp_path / "runs").glob("*")) == []  # no run folder, nothing half-written
 
 
 def test_version() -> None:

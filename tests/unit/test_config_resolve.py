@@ -118,6 +118,10 @@ def test_resolve_checks_the_cluster(tmp_path: Path) -> None:
         RecipeError, match=r"scaling\.use_gpu: true, but the Ray cluster has no GPU"
     ):
         config.resolve(cfg, {"CPU": 4}, str(tmp_path))
+    # a command whose workers are processes of its own names the machine, not a Ray cluster
+    two = config.load(DIGITS, ["scaling.use_gpu=true", "scaling.num_workers=2"])
+    with pytest.raises(RecipeError, match=r"2 workers × 1 GPU need 2 GPU, but this machine has 1$"):
+        config.resolve_workers(two, {"CPU": 16, "GPU": 1}, "this machine")
 
 
 def test_a_batch_larger_than_the_shard_of_every_gpu_is_refused(tmp_path: Path) -> None:
