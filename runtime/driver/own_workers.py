@@ -71,6 +71,25 @@ def unavailable(cfg: Recipe, storage_path: str) -> str | None:
     return None
 
 
+CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+
+
+def how_it_ended(code: int) -> str:
+    """A worker process's end, from its return code, in the words a user acts on: a SIGKILL
+    nobody here sent is most often the kernel's out-of-memory killer."""
+    if code >= 0:
+        return f"ended with exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"was killed by signal {-code}"
+    if -code == signal.SIGKILL:
+        return "was killed by SIGKILL (out of memory: the kernel's OOM killer; or a kill -9)"
+    if -code in CRASHES:
+        return f"crashed ({name}: a fault in native code, or an abort)"
+    return f"was stopped by {name}"
+
+
 def phase_line() -> str:
     """The command's first line where its workers are its own processes."""
     if local_cluster.keep_cluster():
@@ -227,7 +246,7 @@ class OwnRun:
         code = process.wait()
         output.seek(0)
         tail = output.read().decode(errors="replace").strip().splitlines()[-20:]
-        how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
+        how = how_it_ended(code)
         last = f": {tail[-1]}" if tail else ""  # a traceback's last line names the error
         return RuntimeError(f"worker process {process.pid} (rank {rank}) {how}{last}" +
                             ("\n" + "\n".join(tail) if tail else ""))  # fmt: skip

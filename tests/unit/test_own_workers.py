@@ -104,6 +104,22 @@ def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     assert own_workers.unavailable(made, str(tmp_path)) is None  # nothing to simulate
 
 
+def test_a_worker_process_end_is_said_in_words_a_user_acts_on() -> None:
+    """From a real process's return code: a SIGKILL (the OOM killer's signal) names memory."""
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    assert own_workers.how_it_ended(killed.wait()) == (
+        "was killed by SIGKILL (out of memory: the kernel's OOM killer; or a kill -9)"
+    )
+    crashed = subprocess.run([sys.executable, "-c", "import os; os.abort()"], timeout=60,
+                             capture_output=True)  # fmt: skip
+    assert own_workers.how_it_ended(crashed.returncode) == (
+        "crashed (SIGABRT: a fault in native code, or an abort)"
+    )
+    assert own_workers.how_it_ended(-signal.SIGTERM) == "was stopped by SIGTERM"
+    assert own_workers.how_it_ended(3) == "ended with exit code 3"
+
+
 def test_the_gpus_a_new_process_would_see(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
     assert own_workers.visible_gpus() == ["2", "5"]
