@@ -84,7 +84,7 @@ def how_it_ended(code: int) -> str:
     except ValueError:
         return f"was killed by signal {-code}"
     if -code == signal.SIGKILL:
-        return "was killed by SIGKILL (out of memory: the kernel's OOM killer; or a kill -9)"
+        return f"was killed by SIGKILL ({warm_pool.OUT_OF_MEMORY}; or a kill -9)"
     if -code in CRASHES:
         return f"crashed ({name}: a fault in native code, or an abort)"
     return f"was stopped by {name}"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -50,6 +51,7 @@ IDLE_ENV = "TRAINFORGE_WARM_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 NAMESPACE = "trainforge-warm"
 WORKER, SIMULATOR = "worker", "simulator"  # the pool's two kinds of actor, named <kind>-<slot>
+OUT_OF_MEMORY = "out of memory: the kernel's OOM killer"  # the likeliest cause of a SIGKILL
 
 
 class WorkersFailed(Exception):
@@ -266,12 +268,28 @@ def _run_once(ray: Any, members: list[Any], payload: dict[str, Any]) -> Any:
             try:
                 results[ranks[done[0]]] = ray.get(done[0])
             except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                return {ranks[done[0]]: exc}  # the others may wait in a collective for it
+                rank = ranks[done[0]]
+                return {rank: worded(exc, rank)}  # the others may wait in a collective for it
     except BaseException:  # Ctrl-C, SIGTERM: the workers stop with the command
         _stop(ray, members)
         members.clear()
         raise
     return Finished(results[0]["metrics"], results[0]["checkpoint"])
+
+
+def worded(error: BaseException, rank: int) -> BaseException:
+    """A warm worker whose process died (killed, crashed) as a command's own worker's death is
+    said (``own_workers.how_it_ended``), where Ray's error would say "The actor died
+    unexpectedly before finishing this task." Ray cannot tell the signal: the likely causes are
+    named. Any other error is returned as it is."""
+    import ray
+
+    if not isinstance(error, ray.exceptions.ActorDiedError) or error.actor_init_failed:
+        return error
+    pid = re.search(r"^\s*pid: (\d+)$", str(error), re.MULTILINE)  # in Ray's message, if known
+    process = f"worker process {pid.group(1)}" if pid else "the worker process"
+    return RuntimeError(f"{process} (rank {rank}) ended unexpectedly ({OUT_OF_MEMORY}; a kill "
+                        "-9; or a crash in native code)")  # fmt: skip
 
 
 def _stop(ray: Any, members: list[Any]) -> None:

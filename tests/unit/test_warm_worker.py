@@ -187,6 +187,38 @@ def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert warm_pool.simulators_unavailable(True) == f"{warm_pool.ENV}=0"
 
 
+@pytest.mark.ray
+def test_a_warm_worker_whose_process_was_killed_is_said_in_words(ray_cluster) -> None:
+    """Ray says only "The actor died unexpectedly before finishing this task." of a warm
+    worker SIGKILLed mid-run (the OOM killer's signal): the run's line names the process, the
+    rank and the likely causes, as for a command's own worker. Errors of the run pass as
+    they are."""
+    import signal
+
+    ray = ray_cluster
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def run(self) -> None:
+            time.sleep(120)
+
+    worker = Worker.remote()  # type: ignore[attr-defined]
+    pid = ray.get(worker.pid.remote())
+    running = worker.run.remote()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.ActorDiedError) as died:
+        ray.get(running, timeout=60)
+    assert str(warm_pool.worded(died.value, 1)) == (
+        f"worker process {pid} (rank 1) ended unexpectedly (out of memory: the kernel's OOM "
+        "killer; a kill -9; or a crash in native code)"
+    )
+    error = ValueError("the run's own")
+    assert warm_pool.worded(error, 0) is error
+
+
 def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
     class Wrapped(Exception):  # what Ray's RayTaskError carries: the worker's own exception
         def __init__(self, cause: BaseException) -> None:
