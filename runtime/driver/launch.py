@@ -129,7 +129,7 @@ def train(cfg: Recipe) -> Outcome:
 def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> Outcome:
     """The run on the command's own worker processes (``own_workers.py``), started before the
     data stage so that their imports overlap it; the lasting cluster starts in the background
-    afterwards, for later commands."""
+    afterwards, for later commands, unless none is kept (TRAINFORGE_KEEP_CLUSTER=0)."""
     cfg = config.resolve_workers(cfg, own_workers.resources(), "this machine")
     bytecode.warn_if_workers_compile_torch()
     team = own_workers.OwnRun(cfg)
