@@ -157,6 +157,17 @@ def _train_on_own_workers(cfg: Recipe, root: str, resumed_from: Path | None) -> 
     return outcome
 
 
+def _worker_died(exc: BaseException) -> str | None:
+    """One line where a worker's process died mid-run (the OOM killer, a kill -9, a crash),
+    instead of Ray Train's dump of every rank (the others' errors only follow from it: a
+    collective's peer gone)."""
+    for rank, error in ray_compat.worker_failures(exc).items():
+        died = warm_pool.worded(error, rank)
+        if isinstance(died, warm_pool.WorkerDied):
+            return f"{died}; the same command resumes from the last checkpoint"
+    return None
+
+
 def worker_payload(cfg: Recipe, root: str) -> dict[str, Any]:
     """What every worker is given: the resolved recipe, the run folder, this command's settings."""
     payload: dict[str, Any] = {"recipe": config.to_container(cfg)}
@@ -241,6 +252,7 @@ def run_workers(
                 out_of_memory.explain(exc, cfg)
                 or collective_timeout.explain(exc, cfg)
                 or disk_full.explain(exc, payload["run_dir"])
+                or _worker_died(exc)
             )
             if reason is not None:  # one line with what to change, not the worker's traceback
                 log.error(f"training failed: {reason}")

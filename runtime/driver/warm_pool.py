@@ -54,6 +54,10 @@ WORKER, SIMULATOR = "worker", "simulator"  # the pool's two kinds of actor, name
 OUT_OF_MEMORY = "out of memory: the kernel's OOM killer"  # the likeliest cause of a SIGKILL
 
 
+class WorkerDied(RuntimeError):
+    """A worker's process ended mid-run without an answer (``worded``)."""
+
+
 class WorkersFailed(Exception):
     """The run's workers failed and no restart is left; ``worker_failures`` maps each failed
     rank to its exception (the attribute Ray Train's ``WorkerGroupError`` has too)."""
@@ -278,18 +282,22 @@ def _run_once(ray: Any, members: list[Any], payload: dict[str, Any]) -> Any:
 
 
 def worded(error: BaseException, rank: int) -> BaseException:
-    """A warm worker whose process died (killed, crashed) as a command's own worker's death is
-    said (``own_workers.how_it_ended``), where Ray's error would say "The actor died
-    unexpectedly before finishing this task." Ray cannot tell the signal: the likely causes are
-    named. Any other error is returned as it is."""
+    """A warm worker (or Ray Train's) whose process died (killed, crashed) as a command's own
+    worker's death is said (``own_workers.how_it_ended``), where Ray's error would say "The
+    actor died unexpectedly before finishing this task." Ray cannot tell the signal: the likely
+    causes are named. Any other error is returned as it is."""
+    if "ray" not in sys.modules:  # no Ray error without Ray: a command's own workers' run
+        return error
     import ray
 
+    # Ray Train's worker group finds a dead worker by its health check, which keeps Ray's error
+    error = getattr(error, "health_check_failure", None) or error
     if not isinstance(error, ray.exceptions.ActorDiedError) or error.actor_init_failed:
         return error
     pid = re.search(r"^\s*pid: (\d+)$", str(error), re.MULTILINE)  # in Ray's message, if known
     process = f"worker process {pid.group(1)}" if pid else "the worker process"
-    return RuntimeError(f"{process} (rank {rank}) ended unexpectedly ({OUT_OF_MEMORY}; a kill "
-                        "-9; or a crash in native code)")  # fmt: skip
+    return WorkerDied(f"{process} (rank {rank}) ended unexpectedly ({OUT_OF_MEMORY}; a kill "
+                      "-9; or a crash in native code)")  # fmt: skip
 
 
 def _stop(ray: Any, members: list[Any]) -> None:

@@ -143,6 +143,33 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_as_uninterrupte
     ]  # fmt: skip
 
 
+def test_a_worker_killed_with_no_restart_left_fails_in_one_line_naming_its_process(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ray Train worker SIGKILLed (the OOM killer's signal) with run.max_failures=0: one line
+    naming the process, its rank and the likely causes, not Ray Train's dump of every rank (the
+    other's error, a collective's peer gone, only follows from it)."""
+    run_dir = in_tmp / "runs" / "killed-for-good"
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_rank_0_in_epoch_2, args=(run_dir, done, killed))
+    killer.start()
+    try:
+        line, _ = fails_in_one_line(
+            ["train", str(DIGITS), "run.name=killed-for-good", "run.max_failures=0", *COMMON],
+            capsys,
+        )
+    finally:
+        done.set()
+        killer.join()
+    assert len(killed) == 1
+    assert line == (
+        f"[trainforge] training failed: worker process {killed[0]} (rank 0) ended unexpectedly "
+        "(out of memory: the kernel's OOM killer; a kill -9; or a crash in native code); the "
+        "same command resumes from the last checkpoint"
+    )
+    assert the_mlflow_run("killed-for-good").info.status == "FAILED"
+
+
 WHY = (
     "that stopped responding (a deadlock, a stuck data loader, device or storage); all workers "
     "were stopped. If a worker is only slow at times (a long evaluation or checkpoint on one "
