@@ -188,7 +188,9 @@ def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 @pytest.mark.ray
-def test_a_warm_worker_whose_process_was_killed_is_said_in_words(ray_cluster) -> None:
+def test_a_warm_worker_whose_process_was_killed_is_said_in_words(
+    ray_cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Ray says only "The actor died unexpectedly before finishing this task." of a warm
     worker SIGKILLed mid-run (the OOM killer's signal): the run's line names the process, the
     rank and the likely causes, as for a command's own worker. Errors of the run pass as
@@ -217,6 +219,13 @@ def test_a_warm_worker_whose_process_was_killed_is_said_in_words(ray_cluster) ->
     )
     error = ValueError("the run's own")
     assert warm_pool.worded(error, 0) is error
+    # Ray's raylet says the worker died on this process's console a moment later: read here,
+    # else a later test of this process finds it in its own captured output
+    seen, deadline = "", time.monotonic() + 15
+    while "A worker died" not in seen and time.monotonic() < deadline:
+        captured = capsys.readouterr()
+        seen += captured.out + captured.err
+        time.sleep(0.2)
 
 
 def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
