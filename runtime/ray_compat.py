@@ -112,11 +112,15 @@ def worker_failures(exc: BaseException) -> dict[int, BaseException]:
     """Rank → the exception that worker raised, behind a failed ``fit()``, lowest rank first.
 
     Ray Train V2 raises ``WorkerGroupError`` with ``worker_failures`` (rank → exception); each
-    is Ray's ``RayTaskError``, whose ``cause`` is the exception the worker raised."""
+    is Ray's ``RayTaskError``, whose ``cause`` is the exception the worker raised, or, for a
+    worker whose process died, Ray Train's health-check error, whose ``health_check_failure``
+    is Ray's ``ActorDiedError``."""
     failures = getattr(exc, "worker_failures", None) or {}
-    return {
-        rank: getattr(failures[rank], "cause", None) or failures[rank] for rank in sorted(failures)
-    }
+    found = {}
+    for rank in sorted(failures):
+        error = getattr(failures[rank], "cause", None) or failures[rank]
+        found[rank] = getattr(error, "health_check_failure", None) or error
+    return found
 
 
 def use_auth_token(token_path: str) -> None:

@@ -282,16 +282,15 @@ def _run_once(ray: Any, members: list[Any], payload: dict[str, Any]) -> Any:
 
 
 def worded(error: BaseException, rank: int) -> BaseException:
-    """A warm worker (or Ray Train's) whose process died (killed, crashed) as a command's own
-    worker's death is said (``own_workers.how_it_ended``), where Ray's error would say "The
-    actor died unexpectedly before finishing this task." Ray cannot tell the signal: the likely
-    causes are named. Any other error is returned as it is."""
+    """A warm worker (or Ray Train's, ``ray_compat.worker_failures``) whose process died
+    (killed, crashed) as a command's own worker's death is said (``own_workers.how_it_ended``),
+    where Ray's error would say "The actor died unexpectedly before finishing this task." Ray
+    cannot tell the signal: the likely causes are named. Any other error is returned as it
+    is."""
     if "ray" not in sys.modules:  # no Ray error without Ray: a command's own workers' run
         return error
     import ray
 
-    # Ray Train's worker group finds a dead worker by its health check, which keeps Ray's error
-    error = getattr(error, "health_check_failure", None) or error
     if not isinstance(error, ray.exceptions.ActorDiedError) or error.actor_init_failed:
         return error
     pid = re.search(r"^\s*pid: (\d+)$", str(error), re.MULTILINE)  # in Ray's message, if known

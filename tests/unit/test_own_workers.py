@@ -32,14 +32,17 @@ def recipe(kind: str = "cnn", use_gpu: str = "auto", **resources: float) -> Simp
     )
 
 
-def a_users_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def a_users_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, joined_ray: bool = False
+) -> None:
     """A command as a user runs it: a home where no cluster runs, none of the test session's
-    settings (conftest.py), no Ray joined in its process (a Ray test before this one in the
-    same test process joined this session's: a command's process has joined none)."""
+    settings (conftest.py), and unless ``joined_ray`` no Ray joined in its process (a Ray test
+    before this one in the same test process joined this session's)."""
     monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
     for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(own_workers, "_connected_to_ray", lambda: False)
+    if not joined_ray:
+        monkeypatch.setattr(own_workers, "_connected_to_ray", lambda: False)
 
 
 def test_which_commands_train_on_their_own_workers(
@@ -77,9 +80,7 @@ def test_a_process_connected_to_ray_trains_there(
 ) -> None:
     """A script or notebook that called ``ray.init`` before ``launch.train``: its run goes to
     that Ray, not to processes of its own."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
-    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
-        monkeypatch.delenv(name, raising=False)
+    a_users_command(monkeypatch, tmp_path, joined_ray=True)
     for keep in ("0", "1"):
         monkeypatch.setenv(local_cluster.KEEP_ENV, keep)
         why = own_workers.unavailable(recipe(), str(tmp_path / "runs"))  # type: ignore[arg-type]
