@@ -295,6 +295,17 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _session_commands(session: int) -> list[str]:
+    """The command lines of the processes in a session (a process started in a new one)."""
+    commands = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == session:
+                    commands.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return commands
+
+
 def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
     from mlflow.tracking import MlflowClient as Client
 
@@ -318,6 +329,9 @@ def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
             e.name for e in Client(tracking_uri=f"http://127.0.0.1:{port}").search_experiments()
         ]
         assert "seen-in-ui" in names
+        # MLflow's job runner stays off (eight processes, ~1.8 GB): it starts with the server
+        time.sleep(3)
+        assert not [c for c in _session_commands(ui.pid) if "huey" in c or "_job_runner" in c]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ui.pid, signal.SIGTERM)
