@@ -77,7 +77,15 @@ def find_recipe(recipe: str) -> tuple[Path, str | None]:
         return recipes[matches[0]], matches[0]
     if len(matches) > 1:
         raise RecipeError(f"recipe {recipe!r} is ambiguous: give one of {', '.join(matches)}")
-    hint = did_you_mean(key, [*recipes, *by_stem])
+    # a part of a name ("digits", "resnet", "two_moons"): the names holding it, for difflib may
+    # find none close, or pick one of several
+    holding = [name for name in recipes if key.lower() in name.lower()]
+    if len(holding) == 1:
+        hint = f" (did you mean '{holding[0]}'?)"
+    elif holding:
+        hint = f" (those with {key!r} in their name: {', '.join(holding)})"
+    else:
+        hint = did_you_mean(key, [*recipes, *by_stem])
     raise RecipeError(
         f"recipe {recipe}: no such file, and no shipped recipe by that name{hint}; "
         "`trainforge recipes` lists them"

@@ -92,6 +92,15 @@ def test_unknown_name_suggests_the_closest(shipped: Path) -> None:
         resources.find_recipe("sbi/moon")
 
 
+def test_a_part_of_a_name_lists_the_recipes_holding_it() -> None:
+    with pytest.raises(RecipeError, match=r"recipe digits: .*did you mean 'cnn/digits_simple_cnn'"):
+        resources.find_recipe("digits")
+    with pytest.raises(RecipeError) as refused:
+        resources.find_recipe("two_moons")
+    assert "those with 'two_moons' in their name: " in str(refused.value)
+    assert "sbi/two_moons_debug, sbi/two_moons_parity" in str(refused.value)
+
+
 def test_a_short_name_in_two_folders_is_ambiguous(shipped: Path) -> None:
     with pytest.raises(RecipeError, match=r"ambiguous.*cnn/twin, sbi/twin"):
         resources.find_recipe("twin")
