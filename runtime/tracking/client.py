@@ -1,5 +1,5 @@
 """MLflow client basics shared by the driver, the workers and the spool: where the store is,
-how to reach it without long retries, and how a run is found again by its name."""
+how to reach it without long retries, and which MLflow run a run folder records into."""
 
 from __future__ import annotations
 
@@ -51,11 +51,12 @@ class RunHandle:
     def identity(self) -> dict[str, str]:
         """Enough to find or recreate the run later (what the spool records carry). The URI
         without its credentials: the spool is a plain file beside the checkpoints."""
+        known = {"run_id": self.run_id} if self.run_id else {}
         return {
             "tracking_uri": redact(self.tracking_uri),
             "experiment": self.experiment,
             "run_name": self.run_name,
-        }
+        } | known
 
     def for_workers(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -163,20 +164,73 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
+RUNS_FILE = "mlflow-runs.json"
+"""In a run's folder: the MLflow run its commands record into, per server and experiment."""
+
+
 def find_or_create_run(
-    client: Any, experiment: str, run_name: str, user: str | None = None
+    client: Any,
+    uri: str,
+    experiment: str,
+    run_name: str,
+    folder: Path | None,
+    user: str | None = None,
 ) -> tuple[str, bool]:
-    """(run_id, created) of the run tagged with ``run_name`` in ``experiment``; a new run is
-    created by ``user`` (its ``user_id``, which the UI's "Created by" link searches for)."""
+    """(run_id, created): the MLflow run that the commands of the run ``folder`` record into,
+    reopened; else a new run, created by ``user`` (its ``user_id``, which the UI's "Created by"
+    link searches for) and written down in the folder. A run is not found by its name: the
+    same ``run.name`` in another folder (another project, another user of a shared server, a
+    run folder removed to start again) is another run, and gets its own. By name only where
+    nothing here can keep the record (``folder`` None: the run's storage is remote, s3://…), and
+    for folders of an older trainforge (checkpoints, no record), as then."""
     found_experiment = client.get_experiment_by_name(experiment)
     experiment_id = (
         found_experiment.experiment_id if found_experiment else client.create_experiment(experiment)
     )
-    found = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
-    )
-    if found:
-        return found[0].info.run_id, False
-    tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
-    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
-    return run.info.run_id, True
+    key = f"{redact(uri)} {experiment}"
+    known = _recorded_runs(folder).get(key) if folder is not None else None
+    if known is None and (folder is None or any(folder.glob("checkpoint_*"))):
+        found = client.search_runs(
+            [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
+        )
+        known = found[0].info.run_id if found else None
+    created = known is None or not _active(client, known)
+    if created:
+        tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
+        known = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+    if folder is not None:
+        _record_run(folder, key, known)
+    return known, created
+
+
+def _recorded_runs(folder: Path) -> dict[str, str]:
+    import json
+
+    try:
+        recorded = json.loads((folder / RUNS_FILE).read_text())
+    except (OSError, ValueError):  # none yet; or unreadable: a new run, never a wrong one
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _record_run(folder: Path, key: str, run_id: str) -> None:
+    import json
+
+    from trainforge.atomic import replacing
+
+    runs = _recorded_runs(folder)
+    if runs.get(key) == run_id:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with replacing(folder / RUNS_FILE) as temporary:
+        temporary.write_text(json.dumps(runs | {key: run_id}, indent=1) + "\n")
+
+
+def _active(client: Any, run_id: str) -> bool:
+    """The run still exists and is not deleted (a run deleted in the UI is not reopened)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return bool(client.get_run(run_id).info.lifecycle_stage == "active")
+    except MlflowException:  # no such run on this server
+        return False

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainforge import storage
 from trainforge.log import first_line, warn
 from trainforge.tracking import new_store
 from trainforge.tracking.client import (
@@ -172,7 +173,13 @@ def start_run(
         new_store.seed(uri)  # a new SQLite store without MLflow's migrations
         client = MlflowClient(tracking_uri=uri)
         user = tags["mlflow.user"]
-        run_id, created = find_or_create_run(client, section.experiment, run_name, user)
+        # the run's folder, where it is on this machine (not for s3://…: its spool's is not
+        # the run's, a later command of it may run elsewhere)
+        remote = storage.local_folder(recipe["run"]["storage_path"]) is None
+        folder = None if remote else Path(spool_path).parent
+        run_id, created = find_or_create_run(
+            client, uri, section.experiment, run_name, folder, user
+        )
         handle.run_id, handle.resumed = run_id, not created
         if created:
             items = [Param(k, v) for k, v in params.items()]

@@ -2,8 +2,9 @@
 
 Training never waits for tracking: when the server is unreachable (at start, or mid-run after
 retries), the records go to ``<storage_path>/<run.name>/tracking-spool.jsonl``, one JSON object
-a line. ``trainforge tracking-sync RUN_DIR`` replays them into the run — found by its run name,
-created if the server never saw it — and removes the file once everything is in.
+a line. ``trainforge tracking-sync RUN_DIR`` replays them into the run — the one they were written
+for, else the run folder's (``client.find_or_create_run``), created if the server never saw
+it — and removes the file once everything is in.
 """
 
 from __future__ import annotations
@@ -72,8 +73,11 @@ def replay(path: str | Path, tracking_uri: str | None = None) -> dict[str, int]:
         uri = tracking_uri or with_credentials(run["tracking_uri"])
         client = MlflowClient(tracking_uri=uri)
         key = (uri, run["experiment"], run["run_name"])
-        if key not in run_ids:
-            run_ids[key] = find_or_create_run(client, run["experiment"], run["run_name"])[0]
+        if run.get("run_id") and tracking_uri is None:  # the run it was written for
+            run_ids[key] = run["run_id"]
+        elif key not in run_ids:  # the run folder's run, or a new one (the server never saw it)
+            found = find_or_create_run(client, uri, run["experiment"], run["run_name"], path.parent)
+            run_ids[key] = found[0]
         run_id = run_ids[key]
         kind = send(client, run_id, record)
         counts[kind] = counts.get(kind, 0) + 1

@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 from trainforge import config
 from trainforge.config.schema import TrackingSection
 from trainforge.tracking import driver
-from trainforge.tracking.spool import SPOOL_FILE
+from trainforge.tracking.client import RUNS_FILE, RunHandle
+from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -68,7 +69,7 @@ def test_machine_paths_are_tags_and_the_rest_params() -> None:
     assert kept == {k: v for k, v in params.items() if k not in tags}
 
 
-def _run_recipe(storage: Path, uri: str) -> config.Recipe:
+def _run_recipe(storage: Path | str, uri: str) -> config.Recipe:
     overrides = [f"run.storage_path={storage}", f"tracking.tracking_uri={uri}"]
     return config.load(DIGITS, overrides)
 
@@ -118,6 +119,66 @@ def test_credentials_in_the_tracking_uri_never_reach_the_console_params_or_spool
     for text in (written, err):
         assert "s3cret-pw" not in text and "trainer:" not in text
     assert f"https://***@127.0.0.1:{port}" in written and f"https://***@127.0.0.1:{port}" in err
+
+
+def _start(cfg: config.Recipe, folder: Path) -> RunHandle:
+    """The MLflow run of a run whose folder is ``folder``."""
+    return driver.start_run(
+        cfg.tracking, cfg.run.name, config.to_container(cfg), config.to_yaml(cfg),
+        str(folder / SPOOL_FILE),
+    )  # fmt: skip
+
+
+def test_a_run_folder_reopens_its_own_mlflow_run_and_another_of_the_same_name_gets_its_own(
+    tmp_path: Path,
+) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    cfg = _run_recipe(tmp_path / "runs", uri)
+    mine = tmp_path / "project-a" / "runs" / cfg.run.name
+    first, again = _start(cfg, mine), _start(cfg, mine)
+    assert (first.resumed, again.resumed) == (False, True) and again.run_id == first.run_id
+    # the same run.name elsewhere (another project, another user of the server): another run
+    theirs = _start(cfg, tmp_path / "project-b" / "runs" / cfg.run.name)
+    assert not theirs.resumed and theirs.run_id != first.run_id
+    assert _start(cfg, mine).run_id == first.run_id  # and each folder keeps its own
+    # a run deleted in MLflow is not reopened: the folder's next command makes a new one
+    client.delete_run(first.run_id)
+    fresh = _start(cfg, mine)
+    assert not fresh.resumed and fresh.run_id not in (first.run_id, theirs.run_id)
+    # a folder an older trainforge began (checkpoints, no record) finds its run by name
+    older = tmp_path / "older" / cfg.run.name
+    (older / "checkpoint_000001").mkdir(parents=True)
+    found = _start(cfg, older)
+    assert found.resumed and found.run_id in (theirs.run_id, fresh.run_id)
+    assert _start(cfg, older).run_id == found.run_id
+    # s3:// storage: no folder here is the run's (a later command may run elsewhere), so the
+    # run is found by its name
+    remote = _run_recipe("s3://bucket/runs", uri)
+    spooled_here = tmp_path / "trainforge-spool" / cfg.run.name
+    assert _start(remote, spooled_here).run_id in (theirs.run_id, fresh.run_id)
+    assert not (spooled_here / RUNS_FILE).exists()
+    names = {r.info.run_id for r in client.search_runs([client.get_experiment_by_name(
+        cfg.tracking.experiment).experiment_id])}  # fmt: skip
+    assert names == {theirs.run_id, fresh.run_id}  # nothing made twice
+
+
+def test_a_spool_synced_into_a_new_run_is_the_run_its_folder_reopens(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = _run_recipe(tmp_path / "runs", uri)
+    theirs = _start(cfg, tmp_path / "theirs" / cfg.run.name)  # the same name, on the server
+    folder = tmp_path / "mine" / cfg.run.name
+    # what a command that never reached the server wrote: no run id
+    unseen = RunHandle(uri, cfg.tracking.experiment, cfg.run.name, None, False,
+                       str(folder / SPOOL_FILE))  # fmt: skip
+    Spool.of(unseen).write("params", params={"train.lr": "0.5"})
+    replay(folder / SPOOL_FILE)
+    synced = _start(cfg, folder)  # the run's next command
+    assert synced.resumed and synced.run_id != theirs.run_id
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(synced.run_id).data.params["train.lr"] == "0.5"
+    assert str(cfg.train.lr) != "0.5"
+    assert client.get_run(theirs.run_id).data.params["train.lr"] == str(cfg.train.lr)
 
 
 def test_library_versions_come_from_whichever_distribution_is_installed() -> None:

@@ -24,7 +24,7 @@ from tests.integration.mlflow_server import free_port
 from trainforge import config
 from trainforge.driver.launch import spool_relay_rest
 from trainforge.tracking import driver, relay
-from trainforge.tracking.client import RunHandle, configure_client_env
+from trainforge.tracking.client import RUNS_FILE, RunHandle, configure_client_env
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,8 +143,9 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     torch.testing.assert_close(loaded(torch.from_numpy(example)), model(torch.from_numpy(example)))
     # the command sampled the system as node 0
     assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
-    # all sent: nothing of the relay is left in the run folder, nothing spooled
-    assert sorted(p.name for p in run_dir.iterdir()) == []
+    # all sent: nothing of the relay is left in the run folder, nothing spooled; which MLflow
+    # run the folder records into is kept
+    assert sorted(p.name for p in run_dir.iterdir()) == [RUNS_FILE]
 
 
 def test_records_mlflow_did_not_take_are_spooled_for_tracking_sync(
@@ -256,7 +257,8 @@ def test_an_sbi_posterior_is_handed_over_and_logged_by_the_command(
     loaded = mlflow.pyfunc.load_model(logged.model_uri)
     x = np.zeros((1, 2), dtype=np.float32)
     assert loaded.predict(x, params={"num_samples": 5}).shape == (5, 3)
-    assert sorted(p.name for p in run_dir.iterdir()) == []  # its files went with the relay's
+    # its files went with the relay's
+    assert sorted(p.name for p in run_dir.iterdir()) == [RUNS_FILE]
 
 
 @pytest.mark.parametrize("start", ["unreachable", "failed"])
