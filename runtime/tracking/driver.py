@@ -175,7 +175,7 @@ def start_run(
         user = tags["mlflow.user"]
         # the run's folder, where it is on this machine (not for s3://…: its spool's is not
         # the run's, a later command of it may run elsewhere)
-        remote = storage.local_folder(recipe["run"]["storage_path"]) is None
+        remote = storage.is_uri(str(recipe.get("run", {}).get("storage_path", "")))
         folder = None if remote else Path(spool_path).parent
         run_id, created = find_or_create_run(
             client, uri, section.experiment, run_name, folder, user
