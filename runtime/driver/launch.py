@@ -302,10 +302,13 @@ def start_tracking(
 ) -> Any:
     """Create or reopen the MLflow run (through ``track``: here by default, or in a warm
     worker); its phase line unless ``quiet`` (a ``threading.Event``) is set by then."""
+    from trainforge.tracking.client import resolve_uri
+
     started = time.time()
     track = track or _track_here
     handle = track("start_run", cfg.tracking, cfg.run.name, recipe, recipe_yaml,
-                   str(spool_file(cfg, root)), tracking.driver_tags())  # fmt: skip
+                   str(spool_file(cfg, root)), tracking.driver_tags(),
+                   resolve_uri(cfg.tracking.tracking_uri))  # fmt: skip
     if handle.run_id is not None and not (quiet is not None and quiet.is_set()):
         state = "reopened" if handle.resumed else "created"
         uri = redact(handle.tracking_uri)

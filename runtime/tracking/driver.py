@@ -152,15 +152,18 @@ def start_run(
     recipe_yaml: str,
     spool_path: str,
     tags: dict[str, str] | None = None,
+    uri: str | None = None,
 ) -> RunHandle:
     """Create the MLflow run for ``run_name`` or reopen it; offline (spooling) when the server
-    cannot be reached. ``tags``: ``driver_tags()``, taken in the driver when this runs in
-    another process (a warm worker, ``driver/warm_pool.py``)."""
+    cannot be reached. ``tags``: ``driver_tags()``, and ``uri``: the store as the command
+    resolved it (``client.resolve_uri``), taken in the driver when this runs in another
+    process (a warm worker, ``driver/warm_pool.py``, started by an earlier command: its own
+    folder and environment are not this command's)."""
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     configure_client_env()
-    uri = resolve_uri(section.tracking_uri)
+    uri = uri or resolve_uri(section.tracking_uri)
     handle = RunHandle(uri, section.experiment, run_name, None, False, spool_path)
     recipe_yaml = redact_all(recipe_yaml)  # credentials stay out of params and artifacts
     params, path_tags = split_params(

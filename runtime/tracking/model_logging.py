@@ -9,6 +9,7 @@ import contextlib
 import copy
 import importlib
 import logging
+import os
 import pickle
 import shutil
 import sys
@@ -74,13 +75,29 @@ def log(
     flavour, or the model as ``custom`` logs it. A failure is said, not raised: the state
     dict is logged already."""
     try:
-        with no_package_scan(), refused(IPYTHON):
+        with no_package_scan(), refused(IPYTHON), _environment_kept():
             if custom is not None:
                 _log_custom_model(handle, custom)
             else:
                 _log_pytorch_model(handle, model, example)
     except Exception as exc:
         _failed(exc)
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI, for MLflow's subprocesses;
+    left there it outlived the logging: in the command, the lasting cluster it starts
+    afterwards inherited it, and a later command's warm workers, asked for the default store
+    of that command's folder, recorded into the first command's store instead."""
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
 
 
 def _failed(exc: Exception) -> None:

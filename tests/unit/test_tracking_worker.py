@@ -197,3 +197,28 @@ def test_a_model_is_logged_without_importing_ipython(tmp_path: Path, how: str) -
         assert lines == ["during False False", "after True", "models 1"]
     else:
         assert lines[0].startswith("during True") and lines[-1] == "models 1"
+
+
+def test_logging_a_model_leaves_the_processs_tracking_uri_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mlflow.set_tracking_uri`` sets $MLFLOW_TRACKING_URI too: left behind in a command, the
+    lasting cluster it started afterwards carried that command's store to later commands."""
+    import mlflow
+
+    from trainforge.tracking import model_logging
+    from trainforge.tracking.client import RunHandle
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("kept")).info.run_id
+    handle = RunHandle(uri, "kept", "r", run_id, False, str(tmp_path / "spool.jsonl"))
+    logged = []
+    for before in (None, "sqlite:////elsewhere/mlflow.db"):
+        if before is None:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        else:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", before)
+        model_logging.log(handle, custom=lambda: logged.append(mlflow.get_tracking_uri()))
+        assert os.environ.get("MLFLOW_TRACKING_URI") == before
+    assert logged == [uri, uri]  # MLflow saw the run's store while it logged
