@@ -373,7 +373,10 @@ def _hold_alone(lock_path: Path) -> IO[str] | None:
 
 def _supervisor_env() -> dict[str, str]:
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder() / "token")}
-    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
+    # MLflow's settings are each command's (its store, its credentials): every command hands
+    # its own to the workers (worker_env); the cluster's own would outlive the command that
+    # started it, and be seen by later commands that set none
+    for key in [k for k in env if k.startswith("MLFLOW_")] + ["RAY_ADDRESS", "RAY_AUTH_TOKEN"]:
         env.pop(key, None)
     env.setdefault("OMP_NUM_THREADS", "1")
     # Ray Train's settings for every run on this cluster: its controller reads them from its own

@@ -75,6 +75,20 @@ def test_keep_cluster(value: str | None, keep: bool, monkeypatch: pytest.MonkeyP
     assert local_cluster.keep_cluster() is keep
 
 
+def test_the_cluster_keeps_no_mlflow_setting_of_the_command_that_started_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each command hands its MLflow settings (store, credentials) to the workers itself; the
+    cluster's would be seen by later commands that set none."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////first/project/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "first-users-secret")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = local_cluster._supervisor_env()
+    assert not [key for key in env if key.startswith("MLFLOW_")]
+    assert env["OMP_NUM_THREADS"] == "3"  # the machine's settings stay
+    assert local_cluster.worker_env()["MLFLOW_TRACKING_URI"] == "sqlite:////first/project/mlflow.db"
+
+
 def test_folder_follows_trainforge_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert local_cluster.folder() == home / "local-cluster"
     monkeypatch.setenv("TRAINFORGE_HOME", str(home / "other"))
