@@ -423,8 +423,8 @@ def _ui(tracking_uri: str | None, port: int) -> int:
     command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                "--port", str(port), "--workers", "1"]  # fmt: skip
     # Nor MLflow's job runner (its GenAI scorers and prompt optimisation; runs need none of
-    # it): it is eight more processes, 2.3 GB against 0.5 GB, and 39 CPU-seconds against 16
-    # in the first 25 s on this project's 2-core machine, /health 13 s against 10 s.
+    # it): eight more processes, 2,356 MB against 498, 30.7 CPU-seconds against 8.6 in the
+    # first 25 s on this project's 2-core machine (bench/mlflow_ui_start.py).
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}  # the user's word wins
     return subprocess.call(command, env=env)
 
