@@ -198,9 +198,10 @@ def find_or_create_run(
     if created:
         tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
         known = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+    run_id = str(known)
     if folder is not None:
-        _record_run(folder, key, known)
-    return known, created
+        _record_run(folder, key, run_id)
+    return run_id, created
 
 
 def _recorded_runs(folder: Path) -> dict[str, str]:
