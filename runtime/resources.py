@@ -80,12 +80,12 @@ def find_recipe(recipe: str) -> tuple[Path, str | None]:
     # a part of a name ("digits", "resnet", "two_moons"): the names holding it, for difflib may
     # find none close, or pick one of several
     holding = [name for name in recipes if key.lower() in name.lower()]
-    if len(holding) == 1:
-        hint = f" (did you mean '{holding[0]}'?)"
-    elif holding:
+    if len(holding) > 1:
         hint = f" (those with {key!r} in their name: {', '.join(holding)})"
     else:
         hint = did_you_mean(key, [*recipes, *by_stem])
+        if not hint and holding:
+            hint = f" (did you mean '{holding[0]}'?)"
     raise RecipeError(
         f"recipe {recipe}: no such file, and no shipped recipe by that name{hint}; "
         "`trainforge recipes` lists them"
