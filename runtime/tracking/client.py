@@ -4,6 +4,7 @@ how to reach it without long retries, and which MLflow run a run folder records 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import urllib.request
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from trainforge.atomic import replacing
 from trainforge.errors import did_you_mean
 from trainforge.tracking import new_store
 
@@ -188,7 +190,8 @@ def find_or_create_run(
         found_experiment.experiment_id if found_experiment else client.create_experiment(experiment)
     )
     key = f"{redact(uri)} {experiment}"
-    known = _recorded_runs(folder).get(key) if folder is not None else None
+    recorded = _recorded_runs(folder) if folder is not None else {}
+    known = recorded.get(key)
     if known is None and (folder is None or any(folder.glob("checkpoint_*"))):
         found = client.search_runs(
             [experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{run_name}'", max_results=1
@@ -199,32 +202,19 @@ def find_or_create_run(
         tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
         known = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
     run_id = str(known)
-    if folder is not None:
-        _record_run(folder, key, run_id)
+    if folder is not None and recorded.get(key) != run_id:
+        folder.mkdir(parents=True, exist_ok=True)
+        with replacing(folder / RUNS_FILE) as temporary:
+            temporary.write_text(json.dumps(recorded | {key: run_id}, indent=1) + "\n")
     return run_id, created
 
 
 def _recorded_runs(folder: Path) -> dict[str, str]:
-    import json
-
     try:
         recorded = json.loads((folder / RUNS_FILE).read_text())
     except (OSError, ValueError):  # none yet; or unreadable: a new run, never a wrong one
         return {}
     return recorded if isinstance(recorded, dict) else {}
-
-
-def _record_run(folder: Path, key: str, run_id: str) -> None:
-    import json
-
-    from trainforge.atomic import replacing
-
-    runs = _recorded_runs(folder)
-    if runs.get(key) == run_id:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with replacing(folder / RUNS_FILE) as temporary:
-        temporary.write_text(json.dumps(runs | {key: run_id}, indent=1) + "\n")
 
 
 def _active(client: Any, run_id: str) -> bool:
