@@ -148,8 +148,10 @@ def summary(
     metrics: dict[str, Any],
     checkpoint: str | None,
     mlflow_run: tuple[str, str] | None,
+    heading: str | None = None,
 ) -> None:
-    """The run's outcome as a short table: shown even under -q."""
+    """The run's outcome as a short table: shown even under -q. ``heading`` replaces the
+    first line ("run … finished in … s")."""
     from trainforge.tracking.client import redact
 
     shown = [k for k in SUMMARY_KEYS if k in metrics]
@@ -171,7 +173,7 @@ def summary(
         if not uri.startswith(("http://", "https://")):
             rows.append(("open the UI", f"trainforge ui --tracking-uri {redact(uri)}"))
     width = max((len(key) for key, _ in rows), default=0)
-    log.result(f"run {run_name!r} finished in {time.time() - log.STARTED_AT:.1f} s")
+    log.result(heading or f"run {run_name!r} finished in {time.time() - log.STARTED_AT:.1f} s")
     for key, value in rows:
         log.result(f"  {key:<{width}}  {value}")
 

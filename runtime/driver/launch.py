@@ -22,6 +22,7 @@ from trainforge.driver import (
     collective_timeout,
     console,
     disk_full,
+    finished_run,
     local_cluster,
     out_of_memory,
     own_workers,
@@ -77,6 +78,8 @@ class Outcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     checkpoint_path: str | None = None
     mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    """Where that MLflow run is."""
     backend: str = ""
     """The process group's backend, as the workers reported it (nccl, gloo)."""
     num_workers: int = 0
@@ -88,11 +91,37 @@ class Outcome:
 @one_at_a_time  # a second command with the same run.name refuses
 def train(cfg: Recipe) -> Outcome:
     """Run the recipe to completion."""
-    from trainforge.workloads import check_workload_data, start_workload_data
+    from trainforge.workloads import check_workload_data
 
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     resumed_from = check_existing_run(cfg, root)  # verified once: its files are hashed here
+    done = finished_run.nothing_left(cfg, root, resumed_from)
+    if done is not None:  # the same request on a finished run: its outcome, no worker
+        return _finished_earlier(cfg, done)
+    request = finished_run.requested(cfg)  # as given: `auto` is resolved from here on
+    outcome = _train(cfg, root, resumed_from)
+    if outcome.exit_code == 0 and (folder := storage.local_folder(root)) is not None:
+        finished_run.record(folder / cfg.run.name, request, outcome)
+    return outcome
+
+
+def _finished_earlier(cfg: Recipe, done: finished_run.Finished) -> Outcome:
+    """The outcome of a run that has nothing left to train, said again."""
+    folder = storage.local_folder(storage_root(cfg.run))
+    checkpoint = str(folder / cfg.run.name / done.checkpoint) if folder else done.checkpoint
+    mlflow_run = (done.mlflow_run_id, done.tracking_uri or "") if done.mlflow_run_id else None
+    heading = f"run {cfg.run.name!r} finished earlier ({done.finished_at}): nothing left to train"
+    console.summary(cfg.run.name, done.metrics, checkpoint, mlflow_run, heading)
+    log.say("raise train.epochs or train.max_steps to train it further, or pick a new run.name "
+            "for a fresh run")  # fmt: skip
+    return Outcome(0, done.metrics, checkpoint, done.mlflow_run_id, done.tracking_uri, recipe=cfg)
+
+
+def _train(cfg: Recipe, root: str, resumed_from: Path | None) -> Outcome:
+    """The run, on the command's own workers, warm workers or Ray Train's."""
+    from trainforge.workloads import start_workload_data
+
     start_workload_data(cfg.workload, cfg.run.seed, root)  # what needs no cluster, while Ray starts
     if own_workers.unavailable(cfg, root) is None:  # no cluster runs: none is waited for
         log.say(own_workers.phase_line())
@@ -286,6 +315,7 @@ def run_workers(
         metrics,
         checkpoint_path,
         handle.run_id if handle else None,
+        handle.tracking_uri if handle else None,
         backend=backend,
         num_workers=num_workers,
         recipe=cfg,

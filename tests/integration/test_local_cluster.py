@@ -176,6 +176,16 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
         assert re.search(rf"  worker-{slot}: pid \d+, the CPU, [\d,]+ MB, unused for \d+ s "
                          r"\(ends after 600 s unused\)", status.stdout), status.stdout  # fmt: skip
 
+    # The same command on the finished run: its outcome again; no worker, nothing written.
+    run_dir = tmp_path / "runs" / "second"
+    files = sorted(p.name for p in run_dir.iterdir())
+    again = run(home, "train", str(DIGITS), "run.name=second", *SHORT, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "[trainforge] run 'second' finished earlier (" in again.stdout
+    assert re.search(r"val/accuracy\s+0\.\d{4}", again.stdout)
+    assert "workers:" not in again.stdout and "ray:" not in again.stdout
+    assert sorted(p.name for p in run_dir.iterdir()) == files
+
 
 def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
     home: Path, tmp_path: Path
