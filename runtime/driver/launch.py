@@ -113,8 +113,8 @@ def _finished_earlier(cfg: Recipe, done: finished_run.Finished) -> Outcome:
     mlflow_run = (done.mlflow_run_id, done.tracking_uri or "") if done.mlflow_run_id else None
     heading = f"run {cfg.run.name!r} finished earlier ({done.finished_at}): nothing left to train"
     console.summary(cfg.run.name, done.metrics, checkpoint, mlflow_run, heading)
-    log.say("raise train.epochs or train.max_steps to train it further, or pick a new run.name "
-            "for a fresh run")  # fmt: skip
+    log.say("a larger train.epochs or train.max_steps trains it further (unless early stopping "
+            "ended it); a new run.name starts afresh")  # fmt: skip
     return Outcome(0, done.metrics, checkpoint, done.mlflow_run_id, done.tracking_uri, recipe=cfg)
 
 

@@ -60,7 +60,7 @@ def test_the_same_command_again_says_the_outcome_and_starts_no_worker(
     assert "run 'r' finished earlier (" in out and "): nothing left to train" in out
     assert re.search(r"val/accuracy\s+0\.9700\n", out) and re.search(rf"checkpoint\s+{last}\n", out)
     assert "abc123 at http://***@127.0.0.1:5000" in out  # the record keeps no credentials
-    assert "raise train.epochs or train.max_steps to train it further" in out
+    assert "a larger train.epochs or train.max_steps trains it further" in out
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == before  # nothing written
     assert "s3cret" not in (tmp_path / "r" / finished_run.FILE).read_text()
     assert "alice" not in (tmp_path / "r" / finished_run.FILE).read_text()
