@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +31,6 @@ from trainforge.config import Recipe
 from trainforge.driver import recipe_change
 
 FILE = "finished.json"
-
-
-@dataclass
-class Finished:
-    """A finished run's outcome, as its last command recorded it."""
-
-    checkpoint: str
-    """The checkpoint folder's name, in the run's folder."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    mlflow_run_id: str | None = None
-    tracking_uri: str | None = None
-    """Credentials hidden."""
-    finished_at: str = ""
 
 
 def requested(cfg: Recipe) -> dict[str, Any]:
@@ -79,9 +65,9 @@ def record(run_dir: Path, recipe: dict[str, Any], outcome: Any) -> None:
         temporary.write_text(json.dumps(entry, indent=1) + "\n")
 
 
-def nothing_left(cfg: Recipe, root: str, newest: Path | None) -> Finished | None:
-    """The recorded outcome when the run has nothing left to train for ``cfg`` (its newest
-    valid checkpoint ``newest``); else None: the command goes on as usual."""
+def nothing_left(cfg: Recipe, root: str, newest: Path | None) -> dict[str, Any] | None:
+    """The record (``record``'s keys) when the run has nothing left to train for ``cfg`` (its
+    newest valid checkpoint ``newest``); else None: the command goes on as usual."""
     folder = storage.local_folder(root)
     if folder is None or newest is None:
         return None
@@ -91,13 +77,7 @@ def nothing_left(cfg: Recipe, root: str, newest: Path | None) -> Finished | None
             return None  # trained on since (or that checkpoint is gone)
         if not same_request(entry["recipe"], requested(cfg)):
             return None
-        return Finished(
-            entry["checkpoint"],
-            dict(entry.get("metrics") or {}),
-            entry.get("mlflow_run_id"),
-            entry.get("tracking_uri"),
-            str(entry.get("finished_at", "")),
-        )
+        return {**entry, "metrics": dict(entry["metrics"])}  # a record of another shape: None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # no record, or one not readable: the usual path decides
 

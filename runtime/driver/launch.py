@@ -106,16 +106,21 @@ def train(cfg: Recipe) -> Outcome:
     return outcome
 
 
-def _finished_earlier(cfg: Recipe, done: finished_run.Finished) -> Outcome:
-    """The outcome of a run that has nothing left to train, said again."""
+def _finished_earlier(cfg: Recipe, done: dict[str, Any]) -> Outcome:
+    """The outcome of a run that has nothing left to train (``finished_run.record``'s keys),
+    said again."""
     folder = storage.local_folder(storage_root(cfg.run))
-    checkpoint = str(folder / cfg.run.name / done.checkpoint) if folder else done.checkpoint
-    mlflow_run = (done.mlflow_run_id, done.tracking_uri or "") if done.mlflow_run_id else None
-    heading = f"run {cfg.run.name!r} finished earlier ({done.finished_at}): nothing left to train"
-    console.summary(cfg.run.name, done.metrics, checkpoint, mlflow_run, heading)
+    checkpoint = str(folder / cfg.run.name / done["checkpoint"]) if folder else done["checkpoint"]
+    run_id, uri = done.get("mlflow_run_id"), done.get("tracking_uri")
+    heading = (
+        f"run {cfg.run.name!r} finished earlier ({done.get('finished_at')}): nothing left to train"
+    )
+    metrics = done["metrics"]
+    console.summary(cfg.run.name, metrics, checkpoint, (run_id, uri or "") if run_id else None,
+                    heading)  # fmt: skip
     log.say("a larger train.epochs or train.max_steps trains it further (unless early stopping "
             "ended it); a new run.name starts afresh")  # fmt: skip
-    return Outcome(0, done.metrics, checkpoint, done.mlflow_run_id, done.tracking_uri, recipe=cfg)
+    return Outcome(0, metrics, checkpoint, run_id, uri, recipe=cfg)
 
 
 def _train(cfg: Recipe, root: str, resumed_from: Path | None) -> Outcome:
