@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, storage
+from trainforge import config, log, storage
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.driver import recipe_change
@@ -61,8 +61,11 @@ def record(run_dir: Path, recipe: dict[str, Any], outcome: Any) -> None:
         "tracking_uri": redact(uri) if uri else None,
         "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    with replacing(run_dir / FILE) as temporary:
-        temporary.write_text(json.dumps(entry, indent=1) + "\n")
+    try:
+        with replacing(run_dir / FILE) as temporary:
+            temporary.write_text(json.dumps(entry, indent=1) + "\n")
+    except OSError as exc:  # the run is done and kept: only its next command's shortcut is lost
+        log.warn(f"could not write {run_dir / FILE} ({exc.strerror or exc})")
 
 
 def nothing_left(cfg: Recipe, root: str, newest: Path | None) -> dict[str, Any] | None:

@@ -100,3 +100,14 @@ def test_a_run_that_failed_or_kept_no_checkpoint_is_not_recorded(tmp_path: Path)
     (tmp_path / "r").mkdir()
     finished_run.record(tmp_path / "r", finished_run.requested(cfg), launch.Outcome(0))
     assert not (tmp_path / "r" / finished_run.FILE).exists()
+
+
+def test_a_record_that_cannot_be_written_is_a_warning_not_a_failed_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = recipe(tmp_path)
+    run_dir = tmp_path / "r"
+    (run_dir / finished_run.FILE).mkdir(parents=True)  # a folder in the way: rename fails
+    finished_run.record(run_dir, finished_run.requested(cfg), launch.Outcome(0, {}, "c"))
+    assert f"warning: could not write {run_dir / finished_run.FILE}" in capsys.readouterr().err
+    assert not list(run_dir.glob(".*tmp"))  # nothing half-written left
