@@ -20,7 +20,9 @@ Each repeat runs, in one invocation on one machine and in this order:
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
   resume, baseline_resume — the command just before it again, same run name: a user re-running
-             a finished run (it resumes from its last checkpoint and has nothing left to train)
+             a finished run (since the fifty-second session it says the run's outcome and
+             starts no worker, driver/finished_run.py; before, it resumed from the last
+             checkpoint, evaluated and checkpointed again)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
 
