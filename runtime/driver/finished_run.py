@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, log, storage
+from trainforge import config, log
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.driver import recipe_change
@@ -68,17 +68,19 @@ def record(run_dir: Path, recipe: dict[str, Any], outcome: Any) -> None:
         log.warn(f"could not write {run_dir / FILE} ({exc.strerror or exc})")
 
 
-def nothing_left(cfg: Recipe, root: str, newest: Path | None) -> dict[str, Any] | None:
-    """The record (``record``'s keys) when the run has nothing left to train for ``cfg`` (its
-    newest valid checkpoint ``newest``); else None: the command goes on as usual."""
-    folder = storage.local_folder(root)
-    if folder is None or newest is None:
+def nothing_left(
+    run_dir: Path | None, request: dict[str, Any], newest: Path | None
+) -> dict[str, Any] | None:
+    """The record (``record``'s keys) when the run in ``run_dir`` (None: remote storage) has
+    nothing left to train for the recipe ``request`` (``requested``) and its newest valid
+    checkpoint is ``newest``; else None: the command goes on as usual."""
+    if run_dir is None or newest is None:
         return None
     try:
-        entry = json.loads((folder / cfg.run.name / FILE).read_text())
+        entry = json.loads((run_dir / FILE).read_text())
         if entry["checkpoint"] != newest.name:
             return None  # trained on since (or that checkpoint is gone)
-        if not same_request(entry["recipe"], requested(cfg)):
+        if not same_request(entry["recipe"], request):
             return None
         return {**entry, "metrics": dict(entry["metrics"])}  # a record of another shape: None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -96,21 +96,22 @@ def train(cfg: Recipe) -> Outcome:
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     resumed_from = check_existing_run(cfg, root)  # verified once: its files are hashed here
-    done = finished_run.nothing_left(cfg, root, resumed_from)
-    if done is not None:  # the same request on a finished run: its outcome, no worker
-        return _finished_earlier(cfg, done)
+    folder = storage.local_folder(root)
+    run_dir = folder / cfg.run.name if folder is not None else None  # None: remote storage
     request = finished_run.requested(cfg)  # as given: `auto` is resolved from here on
+    done = finished_run.nothing_left(run_dir, request, resumed_from)
+    if run_dir is not None and done is not None:  # a finished run: its outcome, no worker
+        return _finished_earlier(cfg, run_dir, done)
     outcome = _train(cfg, root, resumed_from)
-    if outcome.exit_code == 0 and (folder := storage.local_folder(root)) is not None:
-        finished_run.record(folder / cfg.run.name, request, outcome)
+    if outcome.exit_code == 0 and run_dir is not None:
+        finished_run.record(run_dir, request, outcome)
     return outcome
 
 
-def _finished_earlier(cfg: Recipe, done: dict[str, Any]) -> Outcome:
+def _finished_earlier(cfg: Recipe, run_dir: Path, done: dict[str, Any]) -> Outcome:
     """The outcome of a run that has nothing left to train (``finished_run.record``'s keys),
     said again."""
-    folder = storage.local_folder(storage_root(cfg.run))
-    checkpoint = str(folder / cfg.run.name / done["checkpoint"]) if folder else done["checkpoint"]
+    checkpoint = str(run_dir / done["checkpoint"])
     run_id, uri = done.get("mlflow_run_id"), done.get("tracking_uri")
     heading = (
         f"run {cfg.run.name!r} finished earlier ({done.get('finished_at')}): nothing left to train"

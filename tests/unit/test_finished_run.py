@@ -25,6 +25,12 @@ def recipe(root: Path, *overrides: str) -> config.Recipe:
     )  # fmt: skip
 
 
+def left(cfg: config.Recipe, newest: Path | None) -> dict[str, object] | None:
+    """``nothing_left``'s verdict on run ``r`` of ``cfg`` whose newest checkpoint is ``newest``."""
+    run_dir = Path(cfg.run.storage_path) / "r"
+    return finished_run.nothing_left(run_dir, finished_run.requested(cfg), newest)
+
+
 def finished(root: Path, cfg: config.Recipe, name: str = "checkpoint_000003") -> Path:
     """A run of ``cfg`` that finished with a real checkpoint ``name``, recorded as a command
     that finished it records it."""
@@ -75,8 +81,8 @@ def test_a_longer_run_or_another_recipe_takes_the_usual_path(
 ) -> None:
     cfg = recipe(tmp_path)
     last = finished(tmp_path, cfg)
-    assert finished_run.nothing_left(cfg, str(tmp_path), last) is not None
-    assert finished_run.nothing_left(recipe(tmp_path, *change), str(tmp_path), last) is None
+    assert left(cfg, last) is not None
+    assert left(recipe(tmp_path, *change), last) is None
 
 
 def test_a_newer_checkpoint_or_no_readable_record_takes_the_usual_path(tmp_path: Path) -> None:
@@ -86,13 +92,13 @@ def test_a_newer_checkpoint_or_no_readable_record_takes_the_usual_path(tmp_path:
     newer.mkdir()
     checkpoint.save(newer, {"global_step": 9}, config.to_yaml(cfg))
     assert checkpoint.newest_verified(tmp_path / "r") == newer
-    assert finished_run.nothing_left(cfg, str(tmp_path), newer) is None
-    assert finished_run.nothing_left(cfg, str(tmp_path), None) is None  # no valid checkpoint
+    assert left(cfg, newer) is None
+    assert left(cfg, None) is None  # no valid checkpoint
 
     record = tmp_path / "r" / finished_run.FILE
     for broken in ("{", json.dumps({"checkpoint": last.name})):  # cut short; a key missing
         record.write_text(broken)
-        assert finished_run.nothing_left(cfg, str(tmp_path), last) is None
+        assert left(cfg, last) is None
 
 
 def test_a_run_that_failed_or_kept_no_checkpoint_is_not_recorded(tmp_path: Path) -> None:
