@@ -1,4 +1,5 @@
-"""End to end through Ray Train on CPU workers (gloo): accuracy, accumulation parity, resume.
+"""End to end through Ray Train on CPU workers (gloo): accuracy, image folders, NaN, out of memory,
+a counted restart (accumulation parity and a bitwise resume: test_own_training.py).
 
 The tests in one test process share its local Ray instance (``ray_cluster``).
 """
@@ -48,59 +49,6 @@ def test_digits_two_workers_reach_95_percent(ray_cluster, in_tmp: Path) -> None:
     assert len(history) == 15 and history[-1].value >= 0.95
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"recipe.yaml", "plots", "model_state"} <= artifacts
-
-
-def test_accumulation_matches_more_workers(ray_cluster, in_tmp: Path) -> None:
-    """1 worker × 2 micro-steps == 2 workers × 1 micro-step: same samples per optimizer step
-    (DistributedSampler shards one permutation), same mean gradient."""
-    common = ["train.max_steps=12", "train.batch_size=16", "train.optimizer=sgd", "train.lr=0.05",
-              "tracking.enabled=false"]  # fmt: skip
-    accumulated = _train(
-        "run.name=accum", "scaling.num_workers=1", "train.grad_accum_steps=2", *common
-    )
-    data_parallel = _train(
-        "run.name=ddp", "scaling.num_workers=2", "train.grad_accum_steps=1", *common
-    )
-    assert accumulated.exit_code == data_parallel.exit_code == 0
-    assert (accumulated.num_workers, data_parallel.num_workers) == (1, 2)  # as they reported
-    a, b = _params(accumulated), _params(data_parallel)
-    assert checkpoint.load(accumulated.checkpoint_path)["global_step"] == 12
-    assert checkpoint.load(data_parallel.checkpoint_path)["global_step"] == 12
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
-    # and training did move the weights (the comparison is not vacuous)
-    one_step = _train("run.name=one-step", "scaling.num_workers=1", *common, "train.max_steps=1")
-    moved = [not torch.allclose(_params(one_step)[name], a[name]) for name in a]
-    assert all(moved)
-
-
-def test_resume_after_failure_is_bitwise_identical(
-    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    common = ["scaling.num_workers=2", "train.epochs=3", "workload.augment=true"]
-    reference = _train("run.name=straight", *common)
-    assert reference.exit_code == 0
-
-    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
-    crashed = _train("run.name=interrupted", *common)
-    assert crashed.exit_code == 1
-    client = MlflowClient(tracking_uri=resolve_uri(None))
-    assert client.get_run(crashed.mlflow_run_id).info.status == "FAILED"
-    monkeypatch.delenv(faults.FAIL_AFTER_EPOCH_ENV)
-    resumed = _train("run.name=interrupted", *common)
-    assert resumed.exit_code == 0
-    assert resumed.mlflow_run_id == crashed.mlflow_run_id  # one MLflow run across the restart
-
-    final = checkpoint.load(resumed.checkpoint_path)
-    assert (final["epoch"], final["global_step"]) == (3, 66)
-    ref, got = _params(reference), _params(resumed)
-    for name in ref:
-        assert torch.equal(ref[name], got[name]), name
-
-    # It continued at epoch 2: each epoch's metrics were logged once, in order, with no gap.
-    epochs = client.get_metric_history(resumed.mlflow_run_id, "epoch")
-    assert [int(m.value) for m in epochs] == [1, 2, 3]
-    assert client.get_run(resumed.mlflow_run_id).info.status == "FINISHED"
 
 
 def test_use_gpu_true_without_gpu_exits_2(ray_cluster, in_tmp: Path, capsys) -> None:
