@@ -1,14 +1,16 @@
 """End to end on a command's own worker processes (``driver/own_workers.py``), the path of a
-local command with no cluster to use: accumulation parity and a bitwise resume after a failure,
-the loop's properties on any path. Each run is a real ``trainforge train`` in a child process
-that no Ray is joined to, with no cluster kept (TRAINFORGE_KEEP_CLUSTER=0), as a user's
-command; the same checks through Ray Train's worker groups took 140 s of a suite run on 2
-cores, 5 of these commands about 35 s. Ray Train's restarts and resumes are tested in
-test_kills.py, test_disk_full.py and test_ray_training.py."""
+local command with no cluster to use: accumulation parity, a bitwise resume after a failure and
+SBI's simulations streamed from disk to two ranks, the loop's properties on any path. Each run
+is a real ``trainforge train`` in a child process that no Ray is joined to, with no cluster
+kept (TRAINFORGE_KEEP_CLUSTER=0), as a user's command; the same checks through Ray Train's
+worker groups took 180 s of a suite run on 2 cores, these commands about 55 s alone. Ray
+Train's restarts and resumes are tested in test_kills.py, test_disk_full.py and
+test_ray_training.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,17 +24,21 @@ from trainforge.worker import faults
 
 pytestmark = pytest.mark.slow
 
-DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+SBI_DEBUG = RECIPES / "sbi" / "two_moons_debug.yaml"
 OWN_PATH = "this run's workers are processes of this command"
 
 
-def train(folder: Path, *overrides: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """``trainforge train`` of the digits recipe in ``folder``, on the command's own workers."""
+def train(
+    folder: Path, *overrides: str, recipe: Path = DIGITS, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    """``trainforge train`` of ``recipe`` in ``folder``, on the command's own workers."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "TRAINFORGE_COLD_WORKERS")}  # fmt: skip
     env.update(TRAINFORGE_KEEP_CLUSTER="0", **extra_env)
     done = subprocess.run(
-        [sys.executable, "-m", "trainforge", "train", str(DIGITS), *overrides], cwd=folder,
+        [sys.executable, "-m", "trainforge", "train", str(recipe), *overrides], cwd=folder,
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert OWN_PATH in done.stdout + done.stderr, done.stdout + done.stderr
@@ -110,3 +116,19 @@ def test_resume_after_failure_is_bitwise_identical(tmp_path: Path) -> None:
     # It continued at epoch 2: each epoch's metrics were logged once, in order, with no gap.
     epochs = client.get_metric_history(run.info.run_id, "epoch")
     assert [int(m.value) for m in epochs] == [1, 2, 3]
+
+
+def test_sbi_streamed_from_disk_trains_on_two_workers(tmp_path: Path) -> None:
+    # 10 chunks of 500 simulations read in windows of 1,000 rows: both DDP ranks must make the
+    # same number of steps from their own chunks, or the run hangs
+    done = train(
+        tmp_path, "run.name=npe-stream", "workload.stream_from_disk=true",
+        "workload.stream_window_rows=1000", "workload.simulation.chunk_size=500",
+        "train.epochs=12", "workload.evaluation.c2st=false", "workload.evaluation.sbc_runs=0",
+        "workload.evaluation.pair_plot=false", "tracking.enabled=false", recipe=SBI_DEBUG,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert re.search(r"training \d+ steps over 12 epochs on 2 workers \(cpu\)", said), said
+    (val_loss,) = re.findall(r"^\[trainforge\] +val/loss +(\S+)$", said, re.M)
+    assert float(val_loss) < -0.8, said[-2000:]  # an untrained MAF: about 1.5

@@ -1,6 +1,7 @@
 """SBI end to end on the shared local Ray: the simulation stage's cache (reuse, resume after an
 interruption, NaN handling), NPE on two_moons with 2 CPU workers through Ray Train scored by
-C2ST and exported to sbi, and a user's simulator named by import path."""
+C2ST and exported to sbi, and a user's simulator named by import path (streaming from disk to
+two ranks: test_own_training.py)."""
 
 from __future__ import annotations
 
@@ -182,20 +183,6 @@ def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: 
         "evaluation/sbc.png",
     } <= files
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == metrics["epoch"]
-
-
-def test_npe_streamed_from_disk_trains_on_two_workers(ray_cluster, in_tmp: Path) -> None:
-    # 10 chunks of 500 simulations read in windows of 1,000 rows: both DDP ranks must make the
-    # same number of steps from their own chunks, or the run hangs
-    overrides = [
-        "run.name=npe-stream", "workload.stream_from_disk=true",
-        "workload.stream_window_rows=1000", "workload.simulation.chunk_size=500",
-        "train.epochs=12", "workload.evaluation.c2st=false", "workload.evaluation.sbc_runs=0",
-        "workload.evaluation.pair_plot=false", "tracking.enabled=false",
-    ]  # fmt: skip
-    outcome = launch.train(config.load(DEBUG, overrides))
-    assert outcome.exit_code == 0 and (outcome.backend, outcome.num_workers) == ("gloo", 2)
-    assert outcome.metrics["val/loss"] < -0.8, outcome.metrics  # an untrained MAF: about 1.5
 
 
 def test_a_user_simulator_by_import_path_trains_end_to_end(
