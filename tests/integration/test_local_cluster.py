@@ -34,14 +34,6 @@ SHORT = ["train.epochs=2", "scaling.num_workers=2", "train.log_every_steps=5"]
 OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
 
 
-@pytest.fixture
-def home(tmp_path_factory: pytest.TempPathFactory):
-    """One user's home; its cluster is stopped at the end whatever happened."""
-    path = tmp_path_factory.mktemp("home")
-    yield path
-    subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
-
-
 # Ten steps of real commands: 160 s alone here, 701 s in one suite run on this machine at its
 # slowest (every test ~2x slower that run); the default 900 s limit is for one command's worth.
 @pytest.mark.timeout(1800)

@@ -26,14 +26,6 @@ SMALL = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def home(tmp_path_factory: pytest.TempPathFactory):
-    """The user's home; its lasting cluster is stopped at the end whatever happened."""
-    path = tmp_path_factory.mktemp("home")
-    yield path
-    subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
-
-
 def _train(home: Path, folder: Path, *overrides: str, env: dict[str, str] | None = None):
     command = [*trainforge(), "train", "two_moons_debug", *SMALL, *overrides]
     return subprocess.run(

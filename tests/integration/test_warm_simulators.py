@@ -24,13 +24,6 @@ pytestmark = pytest.mark.ray
 SIR = Path(__file__).resolve().parents[2] / "runtime" / "workloads" / "sbi" / "examples" / "sir.py"
 
 
-@pytest.fixture
-def home(tmp_path_factory: pytest.TempPathFactory):
-    path = tmp_path_factory.mktemp("home")
-    yield path
-    subprocess.run([*trainforge(), "cluster", "stop"], env=env_for(path), timeout=60)
-
-
 def recipe(n: int, cache: str = "sims") -> list[str]:
     """``trainforge simulate`` of the user's own copy of the SIR example (``mysim.py``)."""
     return ["simulate", "sir_custom", "workload.prior=mysim:prior",
