@@ -19,6 +19,7 @@ Each repeat runs, in one invocation on one machine and in this order:
              `deploy/` beside it: shipped recipes are found there), run like `private`
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
+  baseline_private_ray — that checkout, run like `private_ray` (a Ray Train worker group)
   resume, baseline_resume — the command just before it again, same run name: a user re-running
              a finished run (since the fifty-second session it says the run's outcome and
              starts no worker, driver/finished_run.py; before, it resumed from the last
@@ -218,9 +219,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--modes",
-        help="which of cold, cold_ray, warm, raytrain, private, baseline, baseline_cold, "
-        "baseline_warm to run, in this order (default: cold,warm,private, and baseline with "
-        "--baseline)",
+        help="which of cold, cold_ray, warm, raytrain, private, private_ray, baseline, "
+        "baseline_cold, baseline_warm, baseline_private_ray, resume, baseline_resume to run, "
+        "in this order (default: cold,warm,private, and baseline with --baseline)",
     )
     parser.add_argument(
         "--timeout-s", type=float, help="end a command still running after this long (SIGINT)"
@@ -260,11 +261,11 @@ def main() -> None:
                 stop_cluster(env)
             if mode == "cold_ray":
                 mode_env = {**env, "TRAINFORGE_COLD_WORKERS": "ray"}
-            if mode in ("private", "private_ray", "baseline"):
+            if mode in ("private", "private_ray", "baseline", "baseline_private_ray"):
                 mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
-            if mode == "private_ray":
+            if mode in ("private_ray", "baseline_private_ray"):
                 mode_env["TRAINFORGE_COLD_WORKERS"] = "ray"
-            if mode in ("baseline", "baseline_cold", "baseline_warm", "baseline_resume"):
+            if mode.startswith("baseline"):
                 mode_env = with_baseline(mode_env, args.baseline)
             if mode == "raytrain":
                 mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}

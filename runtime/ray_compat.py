@@ -59,6 +59,31 @@ def session_dir() -> str | None:
     return None if node is None else str(node.get_session_dir_path())
 
 
+KV_NAMESPACE = "trainforge"
+
+
+def kv_put(key: str, value: bytes) -> None:
+    """A value for every process of this Ray to read, on any node: Ray's internal key-value
+    store in its GCS (``ray.experimental.internal_kv``, private). Used to hand Ray Train's
+    workers what the command makes while they start (``driver/mlflow_handover.py``)."""
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+
+
+def kv_get(key: str) -> bytes | None:
+    from ray.experimental import internal_kv
+
+    value = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+    return None if value is None else bytes(value)
+
+
+def kv_del(key: str) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+
+
 def is_runtime_env_conflict(exc: ValueError) -> bool:
     """``ray.init(runtime_env=…)`` inside a submitted job whose runtime env already sets the same
     variable raises a ValueError about failing to merge them; Ray has no type for it."""
@@ -66,14 +91,32 @@ def is_runtime_env_conflict(exc: ValueError) -> bool:
 
 
 def trainer_class() -> type:
-    from ray.train.torch import TorchTrainer
+    # Not ray.train.torch's TorchTrainer: that module imports torch in this process and in Ray
+    # Train's controller (trainforge/process_group.py says why that matters).
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    class Trainer(TorchTrainer):
-        """TorchTrainer that remembers a Ctrl-C: Ray Train's own SIGINT handler aborts the run
-        gracefully and fit() then ends like a failure; the run must be recorded as KILLED.
-        Relies on the private hook ``TorchTrainer._register_sigint_handler``."""
+    class Trainer(DataParallelTrainer):
+        """Ray Train's trainer that remembers a Ctrl-C: Ray Train's own SIGINT handler aborts
+        the run gracefully and fit() then ends like a failure; the run must be recorded as
+        KILLED. Relies on the private hooks ``_register_sigint_handler`` and
+        ``_create_default_callbacks``."""
 
         interrupted = False
+
+        def _create_default_callbacks(self) -> list[Any]:
+            """Ray Train's callbacks less two that each start one more Ray process per run,
+            which a 2-core machine starts one after another before the first worker: the
+            dataset manager (this runtime gives Ray Train no Ray Datasets; the callback would
+            also import Ray Data in every worker), and the detached placement-group cleaner,
+            for a controller that dies while its driver lives on (every trainforge command is
+            a Ray job of its own, whose placement groups Ray removes when it ends)."""
+            dropped = (DatasetsCallback, PlacementGroupCleanerCallback)
+            callbacks = super()._create_default_callbacks()  # type: ignore[misc]  # private
+            return [c for c in callbacks if not isinstance(c, dropped)]
 
         def fit(self) -> Any:
             previous = signal.getsignal(signal.SIGINT)

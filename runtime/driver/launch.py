@@ -237,12 +237,16 @@ def run_workers(
         )  # fmt: skip
         track = warm.track if warm else _track_here
         interrupted = [False]
-        making, told = None, False
+        making, told, handover = None, False, None
         try:
             if cfg.tracking.enabled and own is not None:
                 making = run_in_the_making(cfg, root, recipe, recipe_yaml)
                 making.start()  # once named here: a Ctrl-C from now on still ends the run
                 payload["mlflow"] = making.for_workers.for_workers()
+            elif cfg.tracking.enabled and warm is None:  # made while Ray Train's group starts
+                handover = mlflow_handover_for(cfg, root, recipe, recipe_yaml, payload)
+                handover.start()
+                stack.callback(handover.close)
             elif cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 spool_relay_rest(handle)
@@ -267,7 +271,13 @@ def run_workers(
                 finished = warm.fit()
                 metrics, checkpoint_path = finished.metrics, finished.checkpoint_path
             else:
-                metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)
+                try:
+                    metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)
+                finally:  # the run's handle, for what follows, whatever the workers' end
+                    if handover is not None:
+                        if interrupted[0]:  # the interruption's line stays the console's last
+                            handover.quiet.set()
+                        handle = handover.made()
             status = "FINISHED"
         except caught as exc:
             if interrupted[0] or isinstance(exc, KeyboardInterrupt):
@@ -352,6 +362,27 @@ def start_tracking(
     return handle
 
 
+def mlflow_handover_for(
+    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, payload: dict[str, Any]
+) -> Any:
+    """The MLflow run of Ray Train's workers, to be made on a thread (not started yet) while
+    they start, and handed to them through Ray (``driver/mlflow_handover.py``); the payload
+    names where they find it."""
+    from trainforge.driver.mlflow_handover import MlflowHandover
+    from trainforge.tracking.client import HANDOVER_FIELD, RunHandle, resolve_uri
+
+    def make(quiet: Any) -> Any:
+        handle = start_tracking(cfg, root, recipe, recipe_yaml, quiet=quiet)
+        spool_relay_rest(handle)
+        return handle
+
+    section = cfg.tracking
+    offline = RunHandle(resolve_uri(section.tracking_uri), section.experiment, cfg.run.name,
+                        None, False, str(spool_file(cfg, root)))  # fmt: skip
+    payload[HANDOVER_FIELD] = f"mlflow-run-{payload['command']}"
+    return MlflowHandover(make, offline, payload[HANDOVER_FIELD])
+
+
 def run_in_the_making(cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str) -> Any:
     """The MLflow run of the command's own workers, to be made on a thread (not started yet)
     while they start: rank 0 writes its records to the run folder for this process to send
@@ -395,13 +426,14 @@ def _fit_ray_train(
     """The run on a worker group of Ray Train's: new processes, placed by Ray, restarted by
     Ray Train. Returns the final metrics and the latest checkpoint's path."""
     import ray.train
-    from ray.train.torch import TorchConfig
+
+    from trainforge.process_group import ProcessGroupConfig
 
     use_gpu = cfg.scaling.use_gpu == "true"
     trainer = ray_compat.trainer_class()(
         train_loop_per_worker=_worker_entry,
         train_loop_config=payload,
-        torch_config=TorchConfig(
+        backend_config=ProcessGroupConfig(
             backend="nccl" if use_gpu else "gloo", timeout_s=cfg.scaling.timeout_s
         ),
         scaling_config=ray.train.ScalingConfig(

@@ -64,6 +64,11 @@ class RunHandle:
         return dict(self.__dict__)
 
 
+HANDOVER_FIELD = "mlflow_handover"
+"""The workers' payload field naming the Ray key under which the command hands them the run's
+handle (``driver/mlflow_handover.py``, ``tracking.worker.handed_over``)."""
+
+
 def resolve_uri(configured: str | None) -> str:
     """Recipe value, else $MLFLOW_TRACKING_URI, else SQLite in the working directory — made
     absolute, because Ray workers run in another directory."""

@@ -19,6 +19,7 @@ GPU the thread held back the CUDA-graph capture, the first step ~3 s later on on
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import tempfile
 import threading
@@ -33,7 +34,13 @@ from torch import nn
 from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import warn
 from trainforge.tracking import model_logging, relay, system_metrics
-from trainforge.tracking.client import RunHandle, configure_client_env, open_store, redact
+from trainforge.tracking.client import (
+    HANDOVER_FIELD,
+    RunHandle,
+    configure_client_env,
+    open_store,
+    redact,
+)
 from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
 
@@ -108,6 +115,29 @@ class Sender(threading.Thread):
         if self.is_alive():  # stuck inside a request: whatever is queued counts as unsent
             self._drain_unsent()
         return [rows for rows in self.unsent if rows]
+
+
+HANDOVER_WAIT_S = 300.0  # MLflow's own retries against a slow server end well before
+
+
+def handed_over(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The MLflow run's handle for this worker: in the payload, or, on Ray Train's workers,
+    handed over through Ray's key-value store by the command, which makes the run while the
+    workers start (``driver/mlflow_handover.py``); waited for if it is not there yet."""
+    key = payload.get(HANDOVER_FIELD)
+    if key is None:
+        return payload.get("mlflow")
+    from trainforge import ray_compat
+
+    deadline = time.monotonic() + HANDOVER_WAIT_S
+    while (value := ray_compat.kv_get(key)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the command did not hand over its MLflow run within {HANDOVER_WAIT_S:.0f} s"
+            )
+        time.sleep(0.05)
+    handle: dict[str, Any] = json.loads(value)
+    return handle
 
 
 class WorkerTracker:

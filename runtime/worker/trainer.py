@@ -38,7 +38,7 @@ from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
 from trainforge.tracking.client import redact_all
-from trainforge.tracking.worker import WorkerTracker
+from trainforge.tracking.worker import WorkerTracker, handed_over
 from trainforge.worker import faults, restarts
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
 from trainforge.worker.rng import seed_everything
@@ -60,7 +60,7 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     cfg = config.from_container(payload["recipe"])
     setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
-    tracker = WorkerTracker(payload.get("mlflow"), cfg.tracking, ctx)
+    tracker = WorkerTracker(handed_over(payload), cfg.tracking, ctx)
     tracker.prewarm()  # MLflow's import and store, while the data and model are built
     reporter = reporter or RayReporter()
     recipe_yaml = redact_all(config.to_yaml(cfg))  # checkpoints keep no credentials

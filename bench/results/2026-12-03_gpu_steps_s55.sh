@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Fifty-fifth session's device steps (run from the repo root on the lent machine, one H200):
+#   bash bench/results/2026-12-03_gpu_steps_s55.sh STEP...
+#   tests  the GPU tests whose runs take Ray Train's worker group (the test session's
+#          TRAINFORGE_COLD_WORKERS=ray): NCCL process groups from trainforge/process_group.py,
+#          GPU system metrics from rank 0, the MLflow run handed over while the group starts
+#   start  bench/startup.py on GPU 0, synthetic ResNet-18, 40 graphed steps: Ray Train's worker
+#          group on a private Ray (`private_ray`), this checkout against the session's start
+#          (d2873ee, in .base55: carried), REPEATS (default 3) interleaved rounds
+set -u
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    tests) timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA \
+             --tb=short tests/gpu/test_gpu_training.py tests/gpu/test_gpu_tracking.py \
+             > "$OUT/tests.log" 2>&1 ;;
+    start) CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-300}" python3 bench/startup.py \
+             --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
+             --baseline "$PWD/.base55" --modes private_ray,baseline_private_ray \
+             --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  step_done "$step" $? "$t0"
+done
