@@ -21,13 +21,14 @@ def connect(local_only: bool = False, **init_options: Any) -> None:
     process.
 
     Every process of the job is given its own cluster's address (RAY_ADDRESS in the job's
-    runtime env). Ray Train's placement-group cleaner, a detached actor, asks the State API
-    whether the run's controller lives; without RAY_ADDRESS that API asks the cluster named in
+    runtime env). Ray Train's placement-group cleaner (no longer started:
+    ``ray_compat.trainer_class``), a detached actor, asked the State API whether the run's
+    controller lives; without RAY_ADDRESS that API asks the cluster named in
     /tmp/ray/ray_current_cluster (the last `ray start` on the machine). Another live cluster
     there has no such controller, and the cleaner removes the run's placement group: a healthy
     run is killed. A dead one makes each query wait ~40 s for its GCS, and the end of every run
     waited 12 s for the cleaner to stop (measured on this project's CPU). A local Ray therefore
-    gets a known GCS port.
+    gets a known GCS port, which every process of the job is pinned to.
     """
     import ray
 

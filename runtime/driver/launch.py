@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,16 +238,16 @@ def run_workers(
         )  # fmt: skip
         track = warm.track if warm else _track_here
         interrupted = [False]
-        making, told, handover = None, False, None
+        making, told = None, False
         try:
-            if cfg.tracking.enabled and own is not None:
-                making = run_in_the_making(cfg, root, recipe, recipe_yaml)
+            if cfg.tracking.enabled and (own is not None or warm is None):
+                # made while the command's own workers or Ray Train's start
+                handover = hand_over_to_ray_train(payload) if own is None else None
+                if handover is not None:
+                    stack.callback(handover.close)
+                making = run_in_the_making(cfg, root, recipe, recipe_yaml, handover)
                 making.start()  # once named here: a Ctrl-C from now on still ends the run
                 payload["mlflow"] = making.for_workers.for_workers()
-            elif cfg.tracking.enabled and warm is None:  # made while Ray Train's group starts
-                handover = mlflow_handover_for(cfg, root, recipe, recipe_yaml, payload)
-                handover.start()
-                stack.callback(handover.close)
             elif cfg.tracking.enabled:
                 handle = start_tracking(cfg, root, recipe, recipe_yaml, track)
                 spool_relay_rest(handle)
@@ -274,10 +275,12 @@ def run_workers(
                 try:
                     metrics, checkpoint_path = _fit_ray_train(cfg, payload, root, interrupted)
                 finally:  # the run's handle, for what follows, whatever the workers' end
-                    if handover is not None:
+                    if making is not None:
                         if interrupted[0]:  # the interruption's line stays the console's last
-                            handover.quiet.set()
-                        handle = handover.made()
+                            making.quiet.set()
+                        handle, relay = making.made()
+                if relay is not None:
+                    relay.log_kept_model()
             status = "FINISHED"
         except caught as exc:
             if interrupted[0] or isinstance(exc, KeyboardInterrupt):
@@ -362,31 +365,31 @@ def start_tracking(
     return handle
 
 
-def mlflow_handover_for(
-    cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str, payload: dict[str, Any]
+def hand_over_to_ray_train(payload: dict[str, Any]) -> Any:
+    """Ray Train's workers, placed by Ray: their rank 0 relays where it runs on this command's
+    node (``payload`` names it); the run is handed through Ray to those that talk to MLflow
+    themselves (``driver/mlflow_handover.py``): the handover, closed at the end."""
+    import ray
+
+    from trainforge.driver.mlflow_handover import Handover
+    from trainforge.tracking.client import HANDOVER_FIELD, RELAY_NODE_FIELD
+
+    handover = Handover(f"mlflow-run-{payload['command']}")
+    payload[HANDOVER_FIELD] = handover.key
+    payload[RELAY_NODE_FIELD] = ray.get_runtime_context().get_node_id()
+    return handover
+
+
+def run_in_the_making(
+    cfg: Recipe,
+    root: str,
+    recipe: dict[str, Any],
+    recipe_yaml: str,
+    hand_over: Callable[[Any], None] | None = None,
 ) -> Any:
-    """The MLflow run of Ray Train's workers, to be made on a thread (not started yet) while
-    they start, and handed to them through Ray (``driver/mlflow_handover.py``); the payload
-    names where they find it."""
-    from trainforge.driver.mlflow_handover import MlflowHandover
-    from trainforge.tracking.client import HANDOVER_FIELD, RunHandle, resolve_uri
-
-    def make(quiet: Any) -> Any:
-        handle = start_tracking(cfg, root, recipe, recipe_yaml, quiet=quiet)
-        spool_relay_rest(handle)
-        return handle
-
-    section = cfg.tracking
-    offline = RunHandle(resolve_uri(section.tracking_uri), section.experiment, cfg.run.name,
-                        None, False, str(spool_file(cfg, root)))  # fmt: skip
-    payload[HANDOVER_FIELD] = f"mlflow-run-{payload['command']}"
-    return MlflowHandover(make, offline, payload[HANDOVER_FIELD])
-
-
-def run_in_the_making(cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yaml: str) -> Any:
-    """The MLflow run of the command's own workers, to be made on a thread (not started yet)
-    while they start: rank 0 writes its records to the run folder for this process to send
-    (``tracking/relay.py``)."""
+    """The MLflow run of the command's own workers or Ray Train's (with ``hand_over``), to be
+    made on a thread (not started yet) while they start: rank 0 writes its records to the run
+    folder for this process to send (``tracking/relay.py``)."""
     from trainforge.tracking import relay
     from trainforge.tracking.client import RunHandle, resolve_uri
     from trainforge.workloads import spec_for
@@ -402,7 +405,7 @@ def run_in_the_making(cfg: Recipe, root: str, recipe: dict[str, Any], recipe_yam
     imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
     making = relay.RunInTheMaking(
         lambda: start_tracking(cfg, root, recipe, recipe_yaml, quiet=making.quiet),
-        for_workers, interval, imports,
+        for_workers, interval, imports, hand_over,
     )  # fmt: skip
     return making
 

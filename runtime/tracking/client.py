@@ -67,6 +67,8 @@ class RunHandle:
 HANDOVER_FIELD = "mlflow_handover"
 """The workers' payload field naming the Ray key under which the command hands them the run's
 handle (``driver/mlflow_handover.py``, ``tracking.worker.handed_over``)."""
+RELAY_NODE_FIELD = "mlflow_relay_node"
+"""The workers' payload field naming the command's Ray node: a rank 0 there relays."""
 
 
 def resolve_uri(configured: str | None) -> str:

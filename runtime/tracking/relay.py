@@ -14,6 +14,15 @@ workers take every core (two on this project's 2-core CPU), rank 0 made the run 
 first step while the other worker's core stood idle; beside the workers the first step came
 2.0 s sooner and the whole command 1.0 s (bench/results, thirtieth session).
 
+On Ray Train's workers (``driver/launch.py``), which Ray places, rank 0 relays where it runs on
+the command's Ray node (its run folder is then the command's): it says so by writing, and the
+command's system metrics of node 0 begin then; elsewhere rank 0 sends its records itself, with
+the run handed over through Ray (``tracking.worker.handed_over``), and samples its node. Rank 0
+of Ray Train returns nothing to the command: it keeps the model it hands over beside the
+relay's files (``keep_handed_model``), where the command takes it after the workers' run.
+In rank 0 the import of MLflow and its store cost ~3 s of the ~7 s between the process
+group's start and the first step on this project's 2-core CPU (Ray Train's path, digits).
+
 A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
 counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
 ``trainforge tracking-sync``. A command killed before it sent everything leaves both files: the
@@ -23,6 +32,7 @@ next command of the run sends the rest, or spools it where it does not relay.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import threading
@@ -36,6 +46,7 @@ from trainforge.tracking.client import RunHandle, redact
 from trainforge.tracking.spool import send
 
 RELAY_FILE = "tracking-relay.jsonl"
+HANDED_MODEL = "handed-model.pickle"  # Ray Train's rank 0's model, beside the relay's files
 POLL_S = 0.5  # how soon a committed record reaches MLflow
 STOP_WAIT_S = 15.0  # at the end: how long the last records may take to send
 MAX_DELAY_S = 30.0  # the longest wait between attempts while MLflow does not answer
@@ -57,10 +68,15 @@ def files_folder(path: Path) -> Path:
 class Relay(threading.Thread):
     """Sends the records appended to ``handle.relay_path``, in order, from where an earlier
     command of the run stopped; the run's system metrics, sampled here, with
-    ``system_metrics_s`` (None: none)."""
+    ``system_metrics_s`` (None: none), from the start, or, with ``monitor_once_past``, once
+    the relay file has grown past that many bytes (rank 0 relays: it runs on this node)."""
 
     def __init__(
-        self, handle: RunHandle, system_metrics_s: float | None, model_imports: tuple[str, ...] = ()
+        self,
+        handle: RunHandle,
+        system_metrics_s: float | None,
+        model_imports: tuple[str, ...] = (),
+        monitor_once_past: int | None = None,
     ) -> None:
         super().__init__(name="trainforge-tracking-relay", daemon=True)
         from mlflow.tracking import MlflowClient
@@ -75,7 +91,8 @@ class Relay(threading.Thread):
         self.failing = False
         self.abandoned = False  # stop() gave up waiting: what is left is spooled, not sent
         self.monitor = None
-        if system_metrics_s is not None:
+        self.system_metrics_s, self.monitor_once_past = system_metrics_s, monitor_once_past
+        if system_metrics_s is not None and monitor_once_past is None:
             self.monitor = system_metrics.start(handle, system_metrics_s, node=0)
         if model_imports:  # the model's logging's imports while the workers train, not after
             threading.Thread(target=_import_all, args=(model_imports,), name="model-imports",
@@ -85,10 +102,25 @@ class Relay(threading.Thread):
         delay = POLL_S
         while True:
             last_pass = self.stopping.is_set()  # set after the workers ended: all is written
+            if not last_pass:
+                self._monitor_once_written()
             sent = self._send_new()  # else back off: 1, 2, 4 … 30 s between attempts
             delay = POLL_S if sent else min(max(delay * 2, 1.0), MAX_DELAY_S)
             if last_pass or (self.stopping.wait(delay) and self.failing):
                 return
+
+    def _monitor_once_written(self) -> None:
+        """The system metrics of node 0 begin once rank 0 has written here: it runs on this
+        node (before, it may be elsewhere and sample its own)."""
+        if self.monitor_once_past is None or self.system_metrics_s is None:
+            return
+        try:
+            written = self.path.stat().st_size
+        except OSError:
+            return
+        if written > self.monitor_once_past:
+            self.monitor_once_past = None
+            self.monitor = system_metrics.start(self.handle, self.system_metrics_s, node=0)
 
     def _send_new(self) -> bool:
         """Send every whole line written since the last pass; False when MLflow failed."""
@@ -135,17 +167,29 @@ class Relay(threading.Thread):
         where MLflow is imported, not in rank 0 after its loop."""
         model_logging.log_handed(self.handle, handed)
 
+    def log_kept_model(self) -> None:
+        """The final model Ray Train's rank 0 kept for this command (``keep_handed_model``),
+        logged, if it kept one."""
+        kept = files_folder(self.path) / HANDED_MODEL
+        if kept.exists():
+            self.log_model(kept.read_bytes())
+            kept.unlink()
+
     def stop(self) -> None:
         """After the workers ended: send what is left (``STOP_WAIT_S`` at most; nothing more
         while MLflow fails), then remove the relay's files, or spool what was not sent."""
-        if self.monitor is not None:
-            system_metrics.stop_soon(self.monitor)
-            self.monitor = None
         self.stopping.set()  # a failing thread ends at once, between its attempts
+        self._stop_monitor()
         self.join(timeout=STOP_WAIT_S)
         if self.is_alive():  # stuck inside a request: the record it holds may reach both
             self.abandoned = True
+        self._stop_monitor()  # one the thread started as this began
         spool_rest(self.path, Path(self.handle.spool_path), self.offset)
+
+    def _stop_monitor(self) -> None:
+        if self.monitor is not None:
+            system_metrics.stop_soon(self.monitor)
+            self.monitor = None
 
 
 def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
@@ -177,6 +221,13 @@ def _import_all(modules: tuple[str, ...]) -> None:
             model_logging.import_for_logging(name)
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _sent_bytes(path: Path) -> int:
     try:
         return int(offset_path(path).read_text())
@@ -194,14 +245,25 @@ def start(
     run_dir: Path,
     system_metrics_s: float | None,
     model_imports: tuple[str, ...] = (),
+    monitor_once_past: int | None = None,
 ) -> Relay:
     """The relay of this command's run: ``handle.relay_path`` set (the workers' handle must
     be taken after this), its thread started; ``model_imports``, what the model's logging
-    will import, imported meanwhile."""
+    will import, imported meanwhile; ``monitor_once_past``: as ``Relay`` takes it."""
     handle.relay_path = str(relay_path(run_dir))
-    relay = Relay(handle, system_metrics_s, model_imports)
+    relay = Relay(handle, system_metrics_s, model_imports, monitor_once_past)
     relay.start()
     return relay
+
+
+def keep_handed_model(relay_file: str, handed: bytes) -> None:
+    """Rank 0 of Ray Train's workers, which relays: the model it hands over
+    (``model_logging.handed_over``), kept beside the relay's files for ``Relay.log_kept_model``
+    (Ray Train hands the command no result of a worker's)."""
+    kept = files_folder(Path(relay_file)) / HANDED_MODEL
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(kept) as temporary:
+        temporary.write_bytes(handed)
 
 
 class RunInTheMaking(threading.Thread):
@@ -210,7 +272,11 @@ class RunInTheMaking(threading.Thread):
     it exists. Rank 0 needs no run to write its records, so the workers' run never waits for
     MLflow: on this project's 2-core CPU, where both cores take a worker, the run's making (its
     import, its store) came between the workers' imports and their first step, with one core
-    idle. ``for_workers``: the handle rank 0 is given (no run id; the relay file)."""
+    idle. ``for_workers``: the handle rank 0 is given (no run id; the relay file).
+
+    ``hand_over``, for Ray Train's workers, where rank 0 may run on another node and send its
+    own records: given the run once made (or, where that failed, the handle that spools),
+    before the relay starts; node 0's system metrics then begin once rank 0 writes here."""
 
     WAIT_S = 60.0  # at the end: how long the run's making may still take (MLflow's timeouts)
 
@@ -220,11 +286,14 @@ class RunInTheMaking(threading.Thread):
         for_workers: RunHandle,
         system_metrics_s: float | None,
         model_imports: tuple[str, ...],
+        hand_over: Callable[[RunHandle], None] | None = None,
     ) -> None:
         super().__init__(name="trainforge-mlflow-run", daemon=True)
-        self.make, self.for_workers = make, for_workers
+        self.make, self.for_workers, self.hand_over = make, for_workers, hand_over
         self.path = Path(str(for_workers.relay_path))
         self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
+        # what an earlier command of the run left unsent: rank 0 has not written past it yet
+        self.monitor_once_past = None if hand_over is None else _size(self.path)
         self.handle: RunHandle | None = None
         self.relay: Relay | None = None
         # set when the command was interrupted and said so: the run, made after that, is made
@@ -237,10 +306,15 @@ class RunInTheMaking(threading.Thread):
         except Exception as exc:  # the run's start spools by itself; anything else is said
             warn(f"the MLflow run could not be started ({first_line(exc)}); its records are "
                  f"kept in {self.for_workers.spool_path}")  # fmt: skip
+            if self.hand_over is not None:
+                self.hand_over(dataclasses.replace(self.for_workers, relay_path=None))
             return
         self.handle = handle
+        if self.hand_over is not None:  # a copy: the relay names its file in the handle
+            self.hand_over(dataclasses.replace(handle))
         if handle.run_id is not None:
-            self.relay = start(handle, self.path.parent, self.system_metrics_s, self.model_imports)
+            self.relay = start(handle, self.path.parent, self.system_metrics_s,
+                               self.model_imports, self.monitor_once_past)  # fmt: skip
 
     def made(self) -> tuple[RunHandle | None, Relay | None]:
         """After the workers' run: the run's handle (None: it could not be started) and its

@@ -36,6 +36,7 @@ from trainforge.log import warn
 from trainforge.tracking import model_logging, relay, system_metrics
 from trainforge.tracking.client import (
     HANDOVER_FIELD,
+    RELAY_NODE_FIELD,
     RunHandle,
     configure_client_env,
     open_store,
@@ -120,13 +121,19 @@ class Sender(threading.Thread):
 HANDOVER_WAIT_S = 300.0  # MLflow's own retries against a slow server end well before
 
 
-def handed_over(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The MLflow run's handle for this worker: in the payload, or, on Ray Train's workers,
-    handed over through Ray's key-value store by the command, which makes the run while the
-    workers start (``driver/mlflow_handover.py``); waited for if it is not there yet."""
-    key = payload.get(HANDOVER_FIELD)
-    if key is None:
-        return payload.get("mlflow")
+def handed_over(payload: dict[str, Any], ctx: WorkerContext, system_metrics: bool) -> Any:
+    """The MLflow run's handle for this worker: the payload's (rank 0 then writes its records
+    for the command to send, ``tracking/relay.py``), or, on Ray Train's workers, where this one
+    talks to MLflow itself — rank 0 on another node than the command's, or the first worker of
+    a node, which samples its system metrics — the run the command hands over through Ray's
+    key-value store once it is made (``driver/mlflow_handover.py``), waited for if need be."""
+    key, own = payload.get(HANDOVER_FIELD), payload.get("mlflow")
+    if key is None or own is None:
+        return own
+    relays = ctx.is_main and payload.get(RELAY_NODE_FIELD) == ctx.node_id
+    monitors = system_metrics and ctx.local_rank == 0
+    if relays or not (ctx.is_main or monitors):  # the rest take the payload's and send nothing
+        return own
     from trainforge import ray_compat
 
     deadline = time.monotonic() + HANDOVER_WAIT_S
@@ -136,8 +143,7 @@ def handed_over(payload: dict[str, Any]) -> dict[str, Any] | None:
                 f"the command did not hand over its MLflow run within {HANDOVER_WAIT_S:.0f} s"
             )
         time.sleep(0.05)
-    handle: dict[str, Any] = json.loads(value)
-    return handle
+    return json.loads(value)
 
 
 class WorkerTracker:

@@ -37,6 +37,7 @@ from trainforge.optim import PlateauLR, build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
+from trainforge.tracking import relay
 from trainforge.tracking.client import redact_all
 from trainforge.tracking.worker import WorkerTracker, handed_over
 from trainforge.worker import faults, restarts
@@ -50,7 +51,9 @@ from trainforge.workloads.base import Workload
 
 def train_worker(payload: dict[str, Any]) -> None:
     """Entry point of each Ray Train worker. ``payload`` comes from ``trainforge.driver.launch``."""
-    run(payload, distributed.ray_context())
+    handed = run(payload, distributed.ray_context())
+    if handed is not None:  # rank 0 relays: the command takes the model from the run folder
+        relay.keep_handed_model(payload["mlflow"]["relay_path"], handed)
 
 
 def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None = None) -> Any:
@@ -60,7 +63,8 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
     cfg = config.from_container(payload["recipe"])
     setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
-    tracker = WorkerTracker(handed_over(payload), cfg.tracking, ctx)
+    handle = handed_over(payload, ctx, cfg.tracking.system_metrics)
+    tracker = WorkerTracker(handle, cfg.tracking, ctx)
     tracker.prewarm()  # MLflow's import and store, while the data and model are built
     reporter = reporter or RayReporter()
     recipe_yaml = redact_all(config.to_yaml(cfg))  # checkpoints keep no credentials

@@ -1,58 +1,96 @@
-"""The MLflow run made while Ray Train's workers start, handed to them through Ray's key-value
-store (``driver/mlflow_handover.py``, ``tracking.worker.handed_over``)."""
+"""The MLflow run made while Ray Train's workers start: rank 0 on the command's node relays
+and waits for nothing; the workers that talk to MLflow themselves (rank 0 elsewhere, each
+node's first worker for its system metrics) take the run handed over through Ray's key-value
+store (``driver/mlflow_handover.py``, ``tracking.relay.RunInTheMaking``,
+``tracking.worker.handed_over``)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from trainforge.driver.mlflow_handover import MlflowHandover
-from trainforge.tracking import worker
-from trainforge.tracking.client import HANDOVER_FIELD, RunHandle
+from trainforge import ray_compat
+from trainforge.distributed import WorkerContext
+from trainforge.driver.mlflow_handover import Handover
+from trainforge.tracking import relay, worker
+from trainforge.tracking.client import HANDOVER_FIELD, RELAY_NODE_FIELD, RunHandle
+
+HERE, ELSEWHERE = "node-of-the-command", "another-node"
 
 
-def handle(run_id: str | None) -> RunHandle:
-    return RunHandle("sqlite:////tmp/x.db", "exp", "run", run_id, False, "/tmp/spool.jsonl")
+def handle(tmp_path: Path, run_id: str | None, relay_path: str | None = None) -> RunHandle:
+    uri, spool = f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "spool.jsonl")
+    return RunHandle(uri, "exp", "run", run_id, False, spool, relay_path)
 
 
-def test_a_worker_takes_the_run_made_after_it_asked(ray_cluster: Any) -> None:
+def ctx(rank: int, local_rank: int, node_id: str) -> WorkerContext:
+    return WorkerContext(rank, local_rank, 4, 0 if node_id == HERE else 1, torch.device("cpu"),
+                         node_id)  # fmt: skip
+
+
+def making(tmp_path: Path, make: Any, key: str) -> tuple[relay.RunInTheMaking, dict[str, Any]]:
+    """The command's side: the run made on a thread, handed over under ``key``; the payload
+    Ray Train's workers are given."""
+    for_workers = handle(tmp_path, None, str(tmp_path / relay.RELAY_FILE))
+    handover = Handover(key)
+    run = relay.RunInTheMaking(make, for_workers, None, (), handover)
+    payload = {"mlflow": for_workers.for_workers(), HANDOVER_FIELD: key, RELAY_NODE_FIELD: HERE}
+    return run, payload
+
+
+def test_who_waits_for_the_run_and_who_relays(ray_cluster: Any, tmp_path: Path) -> None:
     release = threading.Event()
 
-    def make(quiet: threading.Event) -> RunHandle:
-        release.wait(10)  # the run is made only after the worker has begun to wait for it
-        return handle("abc123")
+    def make() -> RunHandle:
+        release.wait(10)  # the run is made only after the workers have asked for it
+        return handle(tmp_path, "abc123")
 
-    handover = MlflowHandover(make, handle(None), "mlflow-run-test-late")
-    handover.start()
+    run, payload = making(tmp_path, make, "mlflow-run-test-late")
+    run.start()
+    # rank 0 on the command's node: the relay's handle at once; so for the ranks that send
+    # nothing (not a node's first worker, or no system metrics)
+    assert worker.handed_over(payload, ctx(0, 0, HERE), True) == payload["mlflow"]
+    assert worker.handed_over(payload, ctx(1, 1, HERE), True) == payload["mlflow"]
+    assert worker.handed_over(payload, ctx(2, 0, ELSEWHERE), False) == payload["mlflow"]
+    assert not release.is_set()
+
+    # rank 0 elsewhere, and another node's first worker (its system metrics), wait for the run
     threading.Timer(0.5, release.set).start()
     started = time.monotonic()
-    taken = worker.handed_over({HANDOVER_FIELD: handover.key, "mlflow": None})
+    taken = worker.handed_over(payload, ctx(0, 0, ELSEWHERE), True)
     assert time.monotonic() - started >= 0.4  # it waited
-    assert taken == handle("abc123").for_workers()
-    assert handover.made() is handover.handle
-    handover.close()
-    from trainforge import ray_compat
+    assert taken == handle(tmp_path, "abc123").for_workers()  # no relay file: it sends itself
+    assert worker.handed_over(payload, ctx(2, 0, ELSEWHERE), True) == taken
+    made, _ = run.made()
+    assert made is not None and made.run_id == "abc123"
+    run.stop()
+    run.hand_over.close()  # type: ignore[union-attr]
+    assert ray_compat.kv_get("mlflow-run-test-late") is None  # nothing left in Ray's store
 
-    assert ray_compat.kv_get(handover.key) is None  # nothing left in Ray's store
 
-
-def test_a_run_that_could_not_be_made_hands_over_the_offline_handle(
-    ray_cluster: Any, capsys: pytest.CaptureFixture[str]
+def test_a_run_that_could_not_be_made_hands_over_the_handle_that_spools(
+    ray_cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def make(quiet: threading.Event) -> RunHandle:
+    def make() -> RunHandle:
         raise OSError("no space left on device")
 
-    handover = MlflowHandover(make, handle(None), "mlflow-run-test-failed")
-    handover.start()
-    taken = worker.handed_over({HANDOVER_FIELD: handover.key})
-    assert taken is not None and taken["run_id"] is None  # the workers spool their records
+    run, payload = making(tmp_path, make, "mlflow-run-test-failed")
+    run.start()
+    taken = worker.handed_over(payload, ctx(0, 0, ELSEWHERE), True)
+    assert taken["run_id"] is None and taken["relay_path"] is None  # rank 0 spools its records
+    assert taken["spool_path"] == str(tmp_path / "spool.jsonl")
     assert "could not be started (no space left on device)" in capsys.readouterr().err
-    handover.close()
+    assert run.made() == (None, None)
+    run.stop()
+    run.hand_over.close()  # type: ignore[union-attr]
 
 
 def test_a_payload_without_a_handover_gives_its_own_handle() -> None:
-    assert worker.handed_over({"mlflow": {"run_id": "r"}}) == {"run_id": "r"}
-    assert worker.handed_over({}) is None
+    main = ctx(0, 0, ELSEWHERE)
+    assert worker.handed_over({"mlflow": {"run_id": "r"}}, main, True) == {"run_id": "r"}
+    assert worker.handed_over({}, main, True) is None

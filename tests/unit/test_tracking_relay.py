@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from tests.integration.mlflow_server import free_port
 from trainforge import config
 from trainforge.driver.launch import spool_relay_rest
-from trainforge.tracking import driver, relay
+from trainforge.tracking import driver, model_logging, relay
 from trainforge.tracking.client import RUNS_FILE, RunHandle, configure_client_env
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
 
@@ -287,3 +287,54 @@ def test_a_run_never_made_leaves_rank_0s_records_in_the_spool(tmp_path: Path, st
     assert not (run_dir / relay.RELAY_FILE).exists()
     start_run()  # the server is back
     assert replay(run_dir / SPOOL_FILE, tracking_uri=for_workers.tracking_uri) == {"metrics": 1}
+
+
+def test_on_ray_trains_workers_node_0_is_sampled_once_rank_0_writes_and_its_model_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray places Ray Train's rank 0, maybe on another node, where it samples its node
+    itself: the command samples node 0 only once rank 0 has written to the relay file (past
+    what an earlier command left), and logs the model rank 0 kept in the run folder."""
+    _, for_workers, start_run = _for_workers(tmp_path)
+    relay_file = Path(str(for_workers.relay_path))
+    earlier = Spool(relay_file, for_workers.identity())
+    earlier.write("metrics", metrics=[["epoch", 1.0, 1000, 1]])  # an earlier command left it
+    handed_over: list[RunHandle] = []
+    making = relay.RunInTheMaking(start_run, for_workers, 0.2, (), handed_over.append)
+    making.start()
+    handle, sending = making.made()
+    assert handle is not None and sending is not None
+    assert [h.run_id for h in handed_over] == [handle.run_id]
+    assert handed_over[0].relay_path is None  # those it is handed to send their own records
+    time.sleep(1.0)  # several of the monitor's intervals, and the relay's passes
+    assert sending.monitor is None  # rank 0 has not written: it may be elsewhere
+
+    earlier.write("tags", tags={"world_size": "2"})  # rank 0 relays: it runs on this node
+    deadline = time.monotonic() + 30
+    while sending.monitor is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sending.monitor is not None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    example = torch.zeros(2, 1, 8, 8)
+    logged_model, example_array = model_logging.for_mlflow(model, example)
+    handed = model_logging.handed_over(logged_model, example_array, None)
+    relay.keep_handed_model(str(relay_file), handed)  # as Ray Train's rank 0 does at its end
+    time.sleep(0.5)  # a sample of the system
+    sending.log_kept_model()
+    making.stop()
+
+    client = MlflowClient(handle.tracking_uri)
+    run = client.get_run(handle.run_id)
+    assert [m.value for m in client.get_metric_history(handle.run_id, "epoch")] == [1.0]
+    assert run.data.tags["world_size"] == "2"
+    assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)  # for the fluent API
+    [logged] = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{handle.run_id}'",
+        output_format="list",
+    )
+    loaded = mlflow.pytorch.load_model(logged.model_uri)
+    torch.testing.assert_close(loaded(example), model(example))
+    assert sorted(p.name for p in relay_file.parent.iterdir()) == [RUNS_FILE]
