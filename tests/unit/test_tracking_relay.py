@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -133,13 +134,7 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     assert [a.path for a in client.list_artifacts(handle.run_id, "plots")] == ["plots/curve.png"]
     state = client.download_artifacts(handle.run_id, "model_state/state_dict.pt", str(tmp_path))
     assert torch.load(state, weights_only=True).keys() == model.state_dict().keys()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)  # for the fluent API
-    [logged] = mlflow.search_logged_models(
-        experiment_ids=[run.info.experiment_id],
-        filter_string=f"source_run_id = '{handle.run_id}'",
-        output_format="list",
-    )
-    loaded = mlflow.pytorch.load_model(logged.model_uri)
+    loaded = the_logged_model(handle.tracking_uri, run, monkeypatch)
     torch.testing.assert_close(loaded(torch.from_numpy(example)), model(torch.from_numpy(example)))
     # the command sampled the system as node 0
     assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
@@ -329,12 +324,17 @@ def test_on_ray_trains_workers_node_0_is_sampled_once_rank_0_writes_and_its_mode
     assert [m.value for m in client.get_metric_history(handle.run_id, "epoch")] == [1.0]
     assert run.data.tags["world_size"] == "2"
     assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)  # for the fluent API
-    [logged] = mlflow.search_logged_models(
-        experiment_ids=[run.info.experiment_id],
-        filter_string=f"source_run_id = '{handle.run_id}'",
-        output_format="list",
-    )
-    loaded = mlflow.pytorch.load_model(logged.model_uri)
+    loaded = the_logged_model(handle.tracking_uri, run, monkeypatch)
     torch.testing.assert_close(loaded(example), model(example))
     assert sorted(p.name for p in relay_file.parent.iterdir()) == [RUNS_FILE]
+
+
+def the_logged_model(tracking_uri: str, run: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The run's one logged model, loaded through MLflow's fluent API."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+    [logged] = mlflow.search_logged_models(
+        experiment_ids=[run.info.experiment_id],
+        filter_string=f"source_run_id = '{run.info.run_id}'",
+        output_format="list",
+    )
+    return mlflow.pytorch.load_model(logged.model_uri)
