@@ -89,11 +89,15 @@ def _environment_kept() -> Iterator[None]:
     """``mlflow.set_tracking_uri`` also sets $MLFLOW_TRACKING_URI, for MLflow's subprocesses;
     left there it outlived the logging: in the command, the lasting cluster it starts
     afterwards inherited it, and a later command's warm workers, asked for the default store
-    of that command's folder, recorded into the first command's store instead."""
+    of that command's folder, recorded into the first command's store instead. MLflow's own
+    global URI is cleared too: kept, it outranked the variable for every later use of MLflow's
+    fluent API in the process (a test's store after another's in one pytest worker)."""
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         yield
     finally:
+        if "mlflow" in sys.modules:  # clears $MLFLOW_TRACKING_URI as well, restored just below
+            sys.modules["mlflow"].set_tracking_uri(None)
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:

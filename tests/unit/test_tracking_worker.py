@@ -221,4 +221,7 @@ def test_logging_a_model_leaves_the_processs_tracking_uri_as_it_was(
             monkeypatch.setenv("MLFLOW_TRACKING_URI", before)
         model_logging.log(handle, custom=lambda: logged.append(mlflow.get_tracking_uri()))
         assert os.environ.get("MLFLOW_TRACKING_URI") == before
+        # and MLflow's fluent API, which prefers its own global to the variable, follows it again
+        assert mlflow.get_tracking_uri() != uri
+        assert before is None or mlflow.get_tracking_uri() == before
     assert logged == [uri, uri]  # MLflow saw the run's store while it logged
