@@ -82,6 +82,16 @@ def _ray_log_tails(lines: int = 15) -> str:
     return "\n".join(said)
 
 
+@pytest.fixture(autouse=True)
+def warnings_unsaid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new command would, with none of ``log.warn``'s once-per-process
+    warnings said yet: left from an earlier test in the same xdist worker, one was silently
+    skipped, and a test that waited for it failed or passed by the order tests ran in."""
+    from trainforge import log
+
+    monkeypatch.setattr(log, "_warned", set())
+
+
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run in a fresh directory: runs/ and mlflow.db land there."""

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from trainforge import log
 from trainforge.driver import bytecode
 
 DONT_WRITE = "PYTHONDONTWRITEBYTECODE is set"
@@ -50,11 +49,9 @@ def test_a_package_that_is_not_there_is_silent() -> None:
 
 def test_the_warning_is_said_once_and_its_advice_silences_it(
     package: tuple[str, Path],
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     name, site = package
-    monkeypatch.setattr(log, "_warned", set())
     bytecode.warn_if_workers_compile_torch(name, writes=False)
     bytecode.warn_if_workers_compile_torch(name, writes=False)
     err = capsys.readouterr().err
