@@ -7,41 +7,12 @@
 #   start  bench/startup.py on GPU 0, synthetic ResNet-18, 40 graphed steps: Ray Train's worker
 #          group on a private Ray (`private_ray`), this checkout against the session's start
 #          (6781029, in .base56: carried), REPEATS (default 3) interleaved rounds
-#   trace  where Ray Train's start goes on this host: the lasting cluster up, two commands
-#          with TRAINFORGE_WARM_WORKERS=0 (each line timestamped), then Ray Train's
-#          controller and worker logs and the Ray workers' core logs (process starts)
 # Run in the fifty-seventh session (one H200, results 2026-12-03_s56_*_1xH200*):
-#   LIMIT=160 bash … tests; LIMIT=370 REPEATS=6 bash … start   (4 rounds fit the limit; no trace)
+#   LIMIT=160 bash … tests; LIMIT=370 REPEATS=6 bash … start   (4 rounds fit the limit)
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
 
-stamped() {  # each line of stdin, after the seconds since $1 (a `date +%s.%N`)
-  python3 -u -c 'import sys, time
-t0 = float(sys.argv[1])
-for line in iter(sys.stdin.readline, ""):
-    print(f"{time.time() - t0:6.2f} {line}", end="", flush=True)' "$1"
-}
-
-trace() {
-  local repo=$PWD home=/tmp/tf-trace/home started i
-  mkdir -p /tmp/tf-trace
-  (cd /tmp/tf-trace && TRAINFORGE_HOME=$home python3 -m trainforge cluster start) \
-    > "$OUT/trace.log" 2>&1
-  sleep 10  # the cluster's own warm workers' start, off the measured commands
-  for i in 1 2; do
-    started=$(date +%s.%N)
-    (cd /tmp/tf-trace && TRAINFORGE_HOME=$home TRAINFORGE_WARM_WORKERS=0 timeout -s INT 150 \
-       python3 -m trainforge train "$repo/recipes/cnn/synthetic_resnet18_bench.yaml" \
-       train.max_steps=40 train.log_every_steps=10 "run.name=trace$i" 2>&1 \
-       | stamped "$started") >> "$OUT/trace.log"
-  done
-  mkdir -p "$OUT/trace"
-  cp /tmp/trainforge-*/session_latest/logs/train/* "$OUT/trace/" 2>/dev/null
-  cp /tmp/trainforge-*/session_latest/logs/python-core-worker-*.log "$OUT/trace/" 2>/dev/null
-  (cd /tmp/tf-trace && TRAINFORGE_HOME=$home python3 -m trainforge cluster stop) \
-    >> "$OUT/trace.log" 2>&1
-}
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
@@ -52,7 +23,6 @@ for step in "$@"; do
              --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
              --baseline "$PWD/.base56" --modes private_ray,baseline_private_ray \
              --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
-    trace) trace ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"

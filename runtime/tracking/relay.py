@@ -114,11 +114,7 @@ class Relay(threading.Thread):
         node (before, it may be elsewhere and sample its own)."""
         if self.monitor_once_past is None or self.system_metrics_s is None:
             return
-        try:
-            written = self.path.stat().st_size
-        except OSError:
-            return
-        if written > self.monitor_once_past:
+        if _size(self.path) > self.monitor_once_past:
             self.monitor_once_past = None
             self.monitor = system_metrics.start(self.handle, self.system_metrics_s, node=0)
 
