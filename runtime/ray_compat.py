@@ -118,6 +118,11 @@ def trainer_class() -> type:
             callbacks = super()._create_default_callbacks()  # type: ignore[misc]  # private
             return [c for c in callbacks if not isinstance(c, dropped)]
 
+        def _initialize_and_run_controller(self, **controller_init_kwargs: Any) -> Any:
+            policy = controller_init_kwargs["scaling_policy"]
+            controller_init_kwargs["scaling_policy"] = without_autoscaling_coordinator(policy)
+            return super()._initialize_and_run_controller(**controller_init_kwargs)  # type: ignore[misc]  # private
+
         def fit(self) -> Any:
             previous = signal.getsignal(signal.SIGINT)
             try:
@@ -144,6 +149,34 @@ def trainer_class() -> type:
             signal.signal(signal.SIGINT, on_sigint)
 
     return Trainer
+
+
+def without_autoscaling_coordinator(policy: Any) -> Any:
+    """Ray Train's fixed scaling policy (``policy``, what Ray would use) less its requests to
+    Ray Data's autoscaling coordinator. At its controller's start Ray Train 2.60 creates that
+    detached actor (a process of its own, importing Ray Data, pandas and pyarrow) and waits up
+    to 5 s for it to take a resource request before it starts any worker, in the first run on
+    every new cluster (every private Ray; a KubeRay RayJob's or a SLURM allocation's cluster):
+    on one H200 host 1.0 s of the worker group's start, the whole 5 s where Python has no
+    bytecode to import from (bench/results/2026-12-04_s58_*). The coordinator tells Ray Data's
+    executors what Train holds, so that they do not count on it (ray-project/ray#61703);
+    trainforge runs no Ray Data, and a cluster's autoscaler still sees the run's placement
+    group waiting, as it always did. Any other policy (elastic training) is returned as it is.
+    Relies on ``FixedScalingPolicy`` (``ray.train.v2._internal``) sending its requests from
+    ``after_controller_start`` and ``_maybe_send_resource_request`` only."""
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+    if type(policy) is not FixedScalingPolicy:
+        return policy
+
+    class Uncoordinated(FixedScalingPolicy):
+        def after_controller_start(self, train_run_context: Any) -> None:
+            pass  # no coordinator client: cancelling at shutdown is then a no-op in Ray Train
+
+        def _maybe_send_resource_request(self) -> None:
+            pass
+
+    return Uncoordinated(policy.scaling_config)
 
 
 def worker_errors(exc: BaseException) -> list[BaseException]:

@@ -35,26 +35,6 @@ def test_the_trainer_and_its_config_import_no_torch() -> None:
     assert done.stdout.split() == ["TrainingFramework.TORCH", "False"]
 
 
-def test_the_dropped_callbacks_are_those_that_start_processes_for_nothing() -> None:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.v2._internal.callbacks import BackendSetupCallback, DatasetsCallback
-    from ray.train.v2._internal.callbacks.placement_group_callback import (
-        PlacementGroupCleanerCallback,
-    )
-
-    from trainforge import ray_compat
-
-    trainer = ray_compat.trainer_class()(
-        train_loop_per_worker=lambda: None,
-        backend_config=process_group.ProcessGroupConfig(),
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="callbacks"),
-    )
-    kinds = {type(c) for c in trainer._create_default_callbacks()}
-    assert BackendSetupCallback in kinds  # the process group is still set up
-    assert not kinds & {DatasetsCallback, PlacementGroupCleanerCallback}
-
-
 def test_a_process_group_starts_from_the_rendezvous_and_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Fifty-eighth session's device steps (run from the repo root on the lent machine, one H200):
+#   bash bench/results/2026-12-04_gpu_steps_s58.sh STEP...
+#   tests  the GPU tests whose runs take Ray Train's worker group (the test session's
+#          TRAINFORGE_COLD_WORKERS=ray), now started without Ray Data's autoscaling coordinator
+#   start  bench/startup.py on GPU 0, synthetic ResNet-18, 40 graphed steps: Ray Train's worker
+#          group on a private Ray (`private_ray`), this checkout against the session's start
+#          (f580f20, in .base58: carried), REPEATS (default 3) interleaved rounds
+# Run in the fifty-eighth session (one H200, results 2026-12-04_s58_*_1xH200*):
+#   LIMIT=150 bash … tests; LIMIT=380 REPEATS=6 bash … start   (one call: 4 rounds before the
+#   call's limit; the last round's interrupted command is at the end of its log), then
+#   BYTECODE=1 LIMIT=400 REPEATS=4 bash … start on a fresh host   (…_bytecode_1xH200*)
+set -u
+# shellcheck source=bench/device_env.sh
+source bench/device_env.sh
+
+for step in "$@"; do
+  t0=$(date +%s)
+  case "$step" in
+    tests) timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA \
+             --tb=short tests/gpu/test_gpu_training.py tests/gpu/test_gpu_tracking.py \
+             > "$OUT/tests.log" 2>&1 ;;
+    start) CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-300}" python3 bench/startup.py \
+             --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
+             --baseline "$PWD/.base58" --modes private_ray,baseline_private_ray \
+             --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  step_done "$step" $? "$t0"
+done
