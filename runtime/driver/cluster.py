@@ -71,12 +71,6 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     cpus = local_cluster.usable_cpus()
     if cpus is not None:
         options.setdefault("num_cpus", cpus)
-    if not local_only:
-        # No dashboard modules for a command's own Ray, which nobody browses or submits jobs
-        # to: Ray's dashboard starts ~9 module processes beside the run's first workers (on 2
-        # cores the first step came 1.4 s later with them: bench/results/2026-12-04_s58_*),
-        # and their forkserver's folder in /tmp (pymp-…) outlived every command.
-        options.setdefault("include_dashboard", False)
     try:
         _init_pinned(ray, "local", f"127.0.0.1:{port}", options)
     finally:

@@ -1,9 +1,8 @@
 """The driver's cluster helpers (``trainforge.driver.cluster``): the storage root a run
-writes under, what a driver's first Ray call imports, what a command's private Ray starts."""
+writes under."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,34 +63,3 @@ def test_a_driver_builds_rays_serializer_addons_only_for_packages_it_imported(
         assert "pyarrow" in lines["imported"] and lines["registered"] == "pyarrow"
     else:
         assert lines["imported"] == "" and lines["registered"] == ""
-
-
-PRIVATE_RAY = """
-import time
-from pathlib import Path
-
-from trainforge import ray_compat
-from trainforge.driver import cluster
-
-cluster.connect()
-log = Path(ray_compat.session_dir()) / "logs" / "dashboard.log"
-deadline = time.monotonic() + 60
-while time.monotonic() < deadline:
-    said = [line for line in log.read_text().splitlines() if "subprocess modules:" in line]
-    if said:
-        print("dashboard:", said[0].split(" -- ", 1)[1])
-        break
-    time.sleep(0.2)
-"""
-
-
-@pytest.mark.ray
-def test_a_commands_private_ray_starts_no_dashboard_modules(tmp_path: Path) -> None:
-    # a process each (metrics, jobs, state, …), for a Ray nobody browses; the run's workers
-    # start beside them
-    env = {**os.environ, "TRAINFORGE_KEEP_CLUSTER": "0", "TRAINFORGE_HOME": str(tmp_path)}
-    env.pop("RAY_ADDRESS", None)
-    out = subprocess.run([sys.executable, "-c", PRIVATE_RAY], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=tmp_path)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "dashboard: Loaded 0 subprocess modules" in out.stdout, out.stdout + out.stderr[-3000:]
