@@ -158,12 +158,12 @@ def without_autoscaling_coordinator(policy: Any) -> Any:
     to 5 s for it to take a resource request before it starts any worker, in the first run on
     every new cluster (every private Ray; a KubeRay RayJob's or a SLURM allocation's cluster):
     on one H200 host 1.0 s of the worker group's start, the whole 5 s where Python has no
-    bytecode to import from (bench/results/2026-12-04_s58_*). The coordinator tells Ray Data's
-    executors what Train holds, so that they do not count on it (ray-project/ray#61703);
-    trainforge runs no Ray Data, and a cluster's autoscaler still sees the run's placement
-    group waiting, as it always did. Any other policy (elastic training) is returned as it is.
-    Relies on ``FixedScalingPolicy`` (``ray.train.v2._internal``) sending its requests from
-    ``after_controller_start`` and ``_maybe_send_resource_request`` only."""
+    bytecode to import from (bench/results/2026-12-04_s58_raytrain_uncoordinated_*). The
+    coordinator tells Ray Data's executors what Train holds, so that they do not count on it
+    (ray-project/ray#61703); trainforge runs no Ray Data, and a cluster's autoscaler still sees
+    the run's placement group waiting, as it always did. Any other policy (elastic training) is
+    returned as it is. Relies on ``FixedScalingPolicy`` (``ray.train.v2._internal``) sending its
+    requests from ``after_controller_start`` and ``_maybe_send_resource_request`` only."""
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 
     if type(policy) is not FixedScalingPolicy:
