@@ -74,3 +74,20 @@ stop_background_cluster() {  # stop_background_cluster HOME
     "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"
   TRAINFORGE_HOME="$1" python3 -m trainforge cluster stop
 }
+
+# the GPU tests whose runs take Ray Train's worker group (the test session's
+# TRAINFORGE_COLD_WORKERS=ray); $OUT/tests.log
+raytrain_gpu_tests() {  # raytrain_gpu_tests (LIMIT: seconds, default 300)
+  timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
+    tests/gpu/test_gpu_training.py tests/gpu/test_gpu_tracking.py > "$OUT/tests.log" 2>&1
+}
+
+# bench/startup.py on GPU 0, synthetic ResNet-18, 40 graphed steps: Ray Train's worker group on
+# a private Ray, this checkout against the package in BASELINE_DIR (under the repo root),
+# REPEATS (default 3) interleaved rounds; $OUT/start.{json,log}
+raytrain_private_ray_start() {  # raytrain_private_ray_start BASELINE_DIR (LIMIT, REPEATS)
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-300}" python3 bench/startup.py \
+    --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
+    --baseline "$PWD/$1" --modes private_ray,baseline_private_ray \
+    --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1
+}

@@ -13,13 +13,8 @@ source bench/device_env.sh
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    tests) timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA \
-             --tb=short tests/gpu/test_gpu_training.py tests/gpu/test_gpu_tracking.py \
-             > "$OUT/tests.log" 2>&1 ;;
-    start) CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-300}" python3 bench/startup.py \
-             --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" \
-             --baseline "$PWD/.base55" --modes private_ray,baseline_private_ray \
-             --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
+    tests) raytrain_gpu_tests ;;
+    start) raytrain_private_ray_start ".base55" ;;
     *) echo "unknown step $step"; continue ;;
   esac
   step_done "$step" $? "$t0"
