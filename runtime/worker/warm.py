@@ -86,10 +86,11 @@ class WarmWorker:
         if gpu != self.gpu:
             return f"bound to {_device_name(self.gpu)}, this run wants {_device_name(gpu)}"
         removed = [entry for entry in self.sys_path if entry not in sys_path]
+        removed_folders = {_folder(entry): entry for entry in removed}
         for name, (path, mtime) in self.loaded.items():
             if _mtime(path) != mtime:
                 return f"module {name} changed on disk"
-            source = next((entry for entry in removed if _inside(path, entry)), None)
+            source = removed_folders.get(_import_root(name, path) or "")
             if source is not None:
                 return f"module {name} came from {source}, not on this command's Python path"
         for entry in removed:
@@ -324,9 +325,27 @@ def _use_sys_path(entries: list[str]) -> None:
             sys.path.insert(0, entry)
 
 
-def _inside(path: str, entry: str) -> bool:
-    folder = os.path.abspath(entry)
-    return os.path.abspath(path).startswith(folder.rstrip(os.sep) + os.sep)
+def _folder(entry: str) -> str:
+    return os.path.normpath(os.path.abspath(entry))
+
+
+def _import_root(name: str, path: str) -> str | None:
+    """The Python path entry that module ``name`` was found in: its file less the dotted name
+    (``pkg/mod.py``, ``pkg/mod/__init__.py``, ``pkg/mod.cpython-311-x86_64-linux-gnu.so``).
+    Not any folder that holds the file: a virtualenv inside the user's project puts every
+    installed module (Ray's own ``__main__`` of every worker too) inside the project's folder,
+    and a command without that folder on its path retired every warm worker of one with it.
+    None where the file does not follow the name (a worker's ``__main__``, a package that an
+    editable install maps from a folder of another name): no entry gave it, none can take it
+    away."""
+    location = Path(_folder(path))
+    if location.name.split(".", 1)[0] == "__init__":
+        location = location.parent
+    for part in reversed(name.split(".")):
+        if location.name.split(".", 1)[0] != part:
+            return None
+        location = location.parent
+    return str(location)
 
 
 def _module_files(names: Collection[str] | None = None) -> dict[str, tuple[str, float | None]]:

@@ -79,6 +79,40 @@ def test_an_edited_module_or_one_off_the_new_python_path_retires_a_warm_worker(
     assert worker.serve(path, *this_command) == "module user_model_for_warm_test changed on disk"
 
 
+def test_a_module_from_a_path_entry_inside_a_removed_one_keeps_the_warm_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_unfrozen: None
+) -> None:
+    """A virtualenv inside the user's project: a command with the project on its path (a
+    simulator named from there) and the next one without it. Installed modules lie inside the
+    project's folder but came from site-packages, which both commands have: the worker serves.
+    A module that the project's entry itself gave still retires it, a package's too."""
+    project = tmp_path / "project"
+    site = project / ".venv" / "lib" / "site-packages"
+    (site / "installed_pkg_for_warm_test").mkdir(parents=True)
+    (site / "installed_pkg_for_warm_test" / "__init__.py").write_text("")
+    (site / "installed_pkg_for_warm_test" / "core.py").write_text("A = 1\n")
+    (project / "sims_for_warm_test").mkdir()
+    (project / "sims_for_warm_test" / "__init__.py").write_text("")
+    (project / "sims_for_warm_test" / "sir.py").write_text("B = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(project))
+    import installed_pkg_for_warm_test.core  # noqa: F401 - an installed module a run imported
+
+    path = [entry for entry in sys.path if entry]
+    worker = WarmWorker(path, os.getpid(), idle_s=600, gpu=None)
+    this_command = (os.getcwd(), os.getpid(), 600, None)
+    without_project = [entry for entry in path if entry != str(project)]
+    assert worker.serve(without_project, *this_command) is None
+
+    assert worker.serve(path, *this_command) is None  # the project's command again
+    import sims_for_warm_test.sir  # noqa: F401 - the simulator, from the project's entry
+
+    worker.note_imports()
+    assert worker.serve(without_project, *this_command) == (
+        f"module sims_for_warm_test came from {project}, not on this command's Python path"
+    )
+
+
 def test_a_module_edited_while_a_run_used_it_retires_the_warm_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_unfrozen: None
 ) -> None:
