@@ -109,12 +109,20 @@ def test_bad_user_simulators_get_one_clear_error(
         sources.resolve(_custom(user_module, simulator, prior))
 
 
-def test_import_failures_name_the_key() -> None:
+def test_import_failures_name_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     cfg = _custom("no_such_module_here", "simulate")
     with pytest.raises(
         RecipeError, match=r"workload\.prior: cannot import module 'no_such_module_"
-    ):
+    ) as missing:
         sources.resolve(cfg)
+    # a module that is not there: where it was looked for, and what to do
+    assert f"searched the current folder, {tmp_path}, and the Python path" in str(missing.value)
+    (tmp_path / "sim_needing_a_package.py").write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(RecipeError, match="No module named 'no_such_dependency_xyz'") as inside:
+        sources.resolve(_custom("sim_needing_a_package", "simulate"))
+    assert "searched" not in str(inside.value)  # the module was found: its import failed
+    sys.modules.pop("sim_needing_a_package", None)
     cfg.prior = "just_a_name"
     with pytest.raises(RecipeError, match=r"is not an import path like 'my_pkg\.sim:simulate'"):
         sources.resolve(cfg)

@@ -58,8 +58,13 @@ def import_object(path: str, key: str, code_dir: str | None = None) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error inside the user's module is theirs to see
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            where = (f" (searched the current folder, {os.getcwd()}, and the Python path: run "
+                     "the command from the folder that holds it, or add that folder to "
+                     "PYTHONPATH)")  # fmt: skip
         raise SimulatorError(
-            f"{key}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+            f"{key}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}{where}"
         ) from None
     try:
         obj: Any = module
