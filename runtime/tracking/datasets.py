@@ -58,6 +58,20 @@ class TrainingData:
         )
         return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", CONTEXT)])
 
+    def log(self, client: Any, run_id: str) -> None:
+        """Logged as run ``run_id``'s input. Runs that log the same data into one experiment
+        at the same moment (two commands on the same recipe) race in MLflow's store: each
+        finds the dataset missing, and the second insert fails on the store's unique
+        constraint (4 of 5 times with 4 runs at once, SQLite). The dataset exists after that,
+        so a second call links it."""
+        try:
+            client.log_inputs(run_id, [self.as_input()])
+        except Exception as exc:
+            text = str(exc).lower()
+            if "unique" not in text and "duplicate" not in text:
+                raise
+            client.log_inputs(run_id, [self.as_input()])
+
     def to_record(self) -> dict[str, Any]:
         """For the spool (a JSON line)."""
         return asdict(self)

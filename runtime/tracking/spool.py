@@ -126,7 +126,7 @@ def send(client: Any, run_id: str, record: dict[str, Any]) -> str:
     elif kind == "text":
         client.log_text(run_id, record["text"], record["artifact_file"])
     elif kind == "dataset":
-        client.log_inputs(run_id, [TrainingData.from_record(record["dataset"]).as_input()])
+        TrainingData.from_record(record["dataset"]).log(client, run_id)
     elif kind == "status":
         client.set_terminated(run_id, status=record["status"])
     return kind

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from trainforge.distributed import WorkerContext, all_gather_objects
-from trainforge.log import warn
+from trainforge.log import first_line, warn
 from trainforge.tracking import model_logging, relay, system_metrics
 from trainforge.tracking.client import (
     HANDOVER_FIELD,
@@ -285,10 +285,13 @@ class WorkerTracker:
             return
         if self.sender is not None:
             try:
-                self.sender.client.log_inputs(self.sender.run_id, [data.as_input()])
+                data.log(self.sender.client, self.sender.run_id)
                 return
             except Exception as exc:
-                warn(f"could not log the training data as an MLflow input ({exc}); spooled")
+                warn(
+                    f"could not log the training data as an MLflow input ({first_line(exc)}); "
+                    f"kept in {self._handle().spool_path} for `trainforge tracking-sync`"
+                )
         self._spool().write("dataset", dataset=data.to_record())
 
     def log_model(

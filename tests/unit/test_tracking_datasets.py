@@ -5,8 +5,10 @@ follows what makes the data and never reads them), and the spool's replay of one
 from __future__ import annotations
 
 import json
+import multiprocessing
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from mlflow.tracking import MlflowClient
@@ -156,3 +158,38 @@ def test_a_spooled_dataset_input_is_replayed(tmp_path: Path) -> None:
     (logged,) = client.get_run(run.info.run_id).inputs.dataset_inputs
     assert (logged.dataset.name, logged.dataset.digest) == ("digits", data.digest)
     assert json.loads(logged.dataset.profile)["num_rows"] == data.rows
+
+
+def _log_at_once(uri: str, run_id: str, barrier: Any, failures: Any) -> None:
+    """One of several processes: log the same data into its run once all are ready."""
+    client = MlflowClient(uri)
+    barrier.wait()
+    try:
+        TrainingData.of("digits", {"seed": 0}, 1437, "sklearn").log(client, run_id)
+    except Exception as exc:
+        failures.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_runs_logging_the_same_data_at_once_each_get_it(tmp_path: Path) -> None:
+    """Two commands on one recipe: their ranks 0 log the same dataset into one experiment at
+    the same moment. MLflow's store fails all but one of the inserts; each run still gets its
+    input (without the retry, 3 rounds of 4 processes failed in nearly every round)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    processes = multiprocessing.get_context("fork")
+    failures = processes.Queue()
+    for round_ in range(3):
+        experiment = client.create_experiment(f"round-{round_}")
+        runs = [client.create_run(experiment).info.run_id for _ in range(4)]
+        barrier = processes.Barrier(len(runs))
+        started = [processes.Process(target=_log_at_once, args=(uri, run, barrier, failures))
+                   for run in runs]  # fmt: skip
+        for process in started:
+            process.start()
+        for process in started:
+            process.join(60)
+        assert [process.exitcode for process in started] == [0] * len(runs)
+        assert failures.empty(), failures.get()
+        for run in runs:
+            (logged,) = client.get_run(run).inputs.dataset_inputs
+            assert logged.dataset.name == "digits"
