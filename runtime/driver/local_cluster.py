@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainforge import home
+from trainforge.worker import settings
 
 KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": none kept; a private Ray where a command needs Ray
 IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
@@ -243,16 +244,37 @@ def _still(state: ClusterState) -> bool:
     return current is not None and current.supervisor_pid == state.supervisor_pid
 
 
-def worker_env() -> dict[str, str]:
-    """The command's settings that its workers must see although they are children of a Ray
-    started by an earlier command: thread counts, MLflow, trainforge's own switches, torch and
-    collective-library settings, the Python path. A worker takes them on with
-    ``trainforge.worker.settings``."""
-    prefixes = ("OMP_", "MKL_", "OPENBLAS_", "MLFLOW_", "TRAINFORGE_", "TORCH", "NCCL_", "GLOO_")
+SETTINGS_PREFIXES = (
+    "OMP_", "MKL_", "OPENBLAS_", "MLFLOW_", "TRAINFORGE_", "TORCH", "NCCL_", "GLOO_",
+)  # fmt: skip
+"""What a cluster the user runs is given of the command's environment (``worker_env``)."""
+
+
+def worker_env(whole: bool | None = None) -> dict[str, str]:
+    """The command's environment that its workers must see although they are children of a
+    Ray started by an earlier command; a worker takes it on with ``worker/settings.py`` (a
+    warm one for the run only).
+
+    On the lasting local cluster (``whole``; by default where this process joined it) that is
+    all of it but what belongs to each process (``settings.own``): the cluster is
+    trainforge's, started in the background by an earlier command, and a user's simulator or
+    model that reads a variable of its own (a data folder, a solver's switch, a binary on
+    ``PATH``) must see this command's value, as in a script, not the environment of the
+    command that started the cluster (until the fifty-ninth session it did). On a cluster
+    the user runs (``ray job submit``, KubeRay, SLURM) the workers may be other machines,
+    whose environment is theirs and the job's runtime env: only the settings
+    (``SETTINGS_PREFIXES``: threads, MLflow, trainforge's switches, torch's and the collective
+    libraries') and the Python path."""
+    if whole is None:
+        from trainforge.driver.cluster import on_lasting_cluster
+
+        whole = on_lasting_cluster()
+    if whole:
+        return {key: value for key, value in os.environ.items() if not settings.own(key)}
     return {
         key: value
         for key, value in os.environ.items()
-        if key.startswith(prefixes) or key == "PYTHONPATH"
+        if key.startswith(SETTINGS_PREFIXES) or key == "PYTHONPATH"
     }
 
 

@@ -27,10 +27,25 @@ def gpu_worker_env(env: Mapping[str, str]) -> dict[str, str]:
     return {key: env.get(key, value) for key, value in GPU_WORKER_ENV.items()}
 
 
+PROCESS_OWN = frozenset({
+    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",  # its devices
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT",  # its place in a process group
+    "PWD", "OLDPWD", "SHLVL", "_",  # a shell's bookkeeping of the process it started
+})  # fmt: skip
+
+
+def own(key: str) -> bool:
+    """A variable that belongs to each process, never taken from the command: ``PROCESS_OWN``,
+    and Ray's settings of that process (``RAY_*``, the cluster's address among them)."""
+    return key in PROCESS_OWN or key.startswith("RAY_")
+
+
 def apply(env: dict[str, str]) -> None:
     """Take on the command's settings. The worker may have been started by Ray before the
     command, with torch already imported: its thread count is set through torch, the Python
-    path extended in place."""
+    path extended in place. What the worker has and the command lacks stays: Ray and Ray Train
+    set some of it for the process (its thread count, NCCL's error handling)."""
     os.environ.update(env)
     for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:

@@ -235,15 +235,16 @@ class WarmSimulator(WarmWorker):
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float) -> None:
         super().__init__(sys_path, driver_pid, idle_s, None, imports=())
 
-    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]],
-                 device: str) -> dict[str, Any]:  # fmt: skip
-        """One task of the stage: ``simulate.simulate_chunks`` in this process. Should the
-        command die meanwhile, the process ends (``_watch``): its chunks are nobody's."""
+    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str,
+                 env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+        """One task of the stage: ``simulate.simulate_chunks`` in this process, with the
+        command's environment ``env``. Should the command die meanwhile, the process ends
+        (``_watch``): its chunks are nobody's."""
         from trainforge.workloads.sbi import simulate
 
         self.running = True
         try:
-            return simulate.simulate_chunks(cfg, seed, chunks, device)
+            return simulate.simulate_chunks(cfg, seed, chunks, device, env)
         finally:
             self.running = False
             self.note_imports()  # the user's simulator, at the first task

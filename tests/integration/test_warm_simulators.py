@@ -24,6 +24,17 @@ pytestmark = pytest.mark.ray
 SIR = Path(__file__).resolve().parents[2] / "runtime" / "workloads" / "sbi" / "examples" / "sir.py"
 
 
+SCALED = """
+import os as _os
+
+_shares = simulate
+
+
+def simulate(theta):
+    return _shares(theta) * float(_os.environ.get("MYSIM_SCALE", "1"))
+"""
+
+
 def recipe(n: int, cache: str = "sims") -> list[str]:
     """``trainforge simulate`` of the user's own copy of the SIR example (``mysim.py``)."""
     return ["simulate", "sir_custom", "workload.prior=mysim:prior",
@@ -76,7 +87,8 @@ def same_simulations(one: Path, other: Path) -> bool:
 def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     home: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "mysim.py").write_text(SIR.read_text())
+    # the user's copy reads a variable of its own, as simulators that take settings do
+    (tmp_path / "mysim.py").write_text(SIR.read_text() + SCALED)
 
     first = run(home, *recipe(400), cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -84,18 +96,21 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     _, started = stage(tmp_path, 400)
     assert len(started) == 2
 
-    second = run(home, *recipe(401), cwd=tmp_path)
+    # started by the first command, they see this one's environment
+    second = run(home, *recipe(401), cwd=tmp_path, MYSIM_SCALE="1000")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "on 2 CPUs (2 warm simulators) →" in second.stdout
     warm_entry, served = stage(tmp_path, 401)
     assert served == started  # the same two processes, no new ones
+    assert simulate.load(warm_entry, drop_invalid=True)[1].max() > 1  # shares, times 1000
 
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert "[trainforge] warm simulators: 2" in status.stdout, status.stdout
     assert "[trainforge] warm workers: none" in status.stdout
 
     # the same stage on Ray's tasks (new worker processes of this command): the same data
-    cold = run(home, *recipe(401, "cold"), cwd=tmp_path, TRAINFORGE_WARM_WORKERS="0")
+    cold = run(home, *recipe(401, "cold"), cwd=tmp_path, TRAINFORGE_WARM_WORKERS="0",
+               MYSIM_SCALE="1000")  # fmt: skip
     assert cold.returncode == 0, cold.stdout + cold.stderr
     assert "on 2 CPUs →" in cold.stdout
     cold_entry, ray_workers = stage(tmp_path, 401, "cold")

@@ -17,6 +17,7 @@ import pytest
 
 from trainforge.driver import local_cluster
 from trainforge.driver.local_cluster import ClusterState
+from trainforge.worker import settings
 
 
 @pytest.fixture(autouse=True)
@@ -138,20 +139,56 @@ def test_a_silent_gcs_is_stale_and_an_answering_one_is_not() -> None:
         assert local_cluster.why_stale(cluster) is None
 
 
-def test_worker_env_passes_on_the_commands_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    passed = {
-        "OMP_NUM_THREADS": "1",
-        "MLFLOW_TRACKING_URI": "sqlite:///mlflow.db",
-        "TRAINFORGE_X": "y",
-        "PYTHONPATH": "/src",
-        "NCCL_DEBUG": "INFO",
-    }
-    dropped = {"HOME": "/home/u", "RAY_ADDRESS": "127.0.0.1:1", "AWS_SECRET_ACCESS_KEY": "secret"}
-    for key, value in {**passed, **dropped}.items():
+SETTINGS = {
+    "OMP_NUM_THREADS": "1",
+    "MLFLOW_TRACKING_URI": "sqlite:///mlflow.db",
+    "TRAINFORGE_X": "y",
+    "PYTHONPATH": "/src",
+    "NCCL_DEBUG": "INFO",
+}
+USERS_OWN = {"MYSIM_DATA": "/data/run7", "PATH": "/opt/solver/bin:/usr/bin",
+             "AWS_SECRET_ACCESS_KEY": "secret"}  # fmt: skip
+PROCESS_OWN = {"RAY_ADDRESS": "127.0.0.1:1", "CUDA_VISIBLE_DEVICES": "0,1", "RANK": "3",
+               "MASTER_PORT": "29500", "PWD": "/home/u"}  # fmt: skip
+
+
+def test_a_cluster_the_user_runs_gets_the_commands_settings_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ray job submit``, KubeRay, SLURM: workers on other machines, whose environment is the
+    cluster's and the job's runtime env."""
+    for key, value in {**SETTINGS, **USERS_OWN, **PROCESS_OWN}.items():
         monkeypatch.setenv(key, value)
-    env = local_cluster.worker_env()
-    assert {key: env.get(key) for key in passed} == passed
-    assert not set(dropped) & set(env)
+    env = local_cluster.worker_env(whole=False)
+    assert {key: env.get(key) for key in SETTINGS} == SETTINGS
+    assert not (set(USERS_OWN) | set(PROCESS_OWN)) & set(env)
+    assert local_cluster.worker_env() == env  # this process joined no lasting cluster
+
+
+def test_the_lasting_cluster_gets_the_commands_whole_environment_but_each_processs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started in the background by an earlier command: a user's simulator reading a variable
+    of its own must see this command's value. Each worker keeps its devices, rank and Ray's
+    settings, and what the command lacks (Ray set the thread count of its process)."""
+    for key, value in {**SETTINGS, **USERS_OWN, **PROCESS_OWN}.items():
+        monkeypatch.setenv(key, value)
+    env = local_cluster.worker_env(whole=True)
+    wanted = SETTINGS | USERS_OWN
+    assert {key: env.get(key) for key in wanted} == wanted
+    assert not set(PROCESS_OWN) & set(env)
+
+    worker = {"RAY_ADDRESS": "127.0.0.1:2", "CUDA_VISIBLE_DEVICES": "1", "RANK": "0",
+              "OMP_NUM_THREADS": "2", "MYSIM_DATA": "/data/old", "RAY_SET_THIS": "1"}  # fmt: skip
+    env.pop("OMP_NUM_THREADS")  # a command that sets no thread count
+    env.pop("PYTHONPATH")  # (it would extend this process's sys.path)
+    monkeypatch.setattr(os, "environ", dict(worker))  # a warm worker's own environment
+    with settings.applied(env):
+        assert os.environ["MYSIM_DATA"] == "/data/run7"
+        assert os.environ["PATH"] == "/opt/solver/bin:/usr/bin"
+        kept = {key: os.environ[key] for key in worker if key != "MYSIM_DATA"}
+        assert kept == {key: value for key, value in worker.items() if key != "MYSIM_DATA"}
+    assert os.environ == worker  # the next command's run sees none of this one's
 
 
 def test_in_use_holds_the_lock_and_restarts_the_idle_clock() -> None:

@@ -235,16 +235,22 @@ def _checked(
 
 
 def simulate_chunks(
-    cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str
-) -> dict[str, Any]:
-    """One Ray task: a few chunks, tagged with the node and process that simulated them. Their
-    θ and x go back as one tensor each (``unpack`` cuts them apart): pickling a tensor costs
-    ~0.1 ms, and two per 16-row chunk of a per-sample simulator were ~0.5% of its work, paid
-    while the task's core waits (bench/results, thirty-ninth session)."""
+    cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One Ray task: a few chunks, tagged with the node and process that simulated them, with
+    the command's environment ``env`` (``local_cluster.worker_env``: a user's simulator may
+    read variables of its own, and the process may be the lasting cluster's). Their θ and x
+    go back as one tensor each (``unpack`` cuts them apart): pickling a tensor costs ~0.1 ms,
+    and two per 16-row chunk of a per-sample simulator were ~0.5% of its work, paid while the
+    task's core waits (bench/results, thirty-ninth session)."""
     import ray
 
+    from trainforge.worker import settings
+
     worker = f"{ray.get_runtime_context().get_node_id()}:{os.getpid()}"
-    return pack(simulate_chunk_list(cfg, seed, chunks, device), worker)
+    with settings.applied(env or {}):
+        return pack(simulate_chunk_list(cfg, seed, chunks, device), worker)
 
 
 def pack(results: list[dict[str, Any]], worker: str) -> dict[str, Any]:
@@ -372,9 +378,9 @@ class StageSimulator:
     10,000 two_moons simulations took 22.4 s by 3 processes, milliseconds of it on the GPU
     (bench/results, forty-eighth session)."""
 
-    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]],
-                 device: str) -> dict[str, Any]:  # fmt: skip
-        return simulate_chunks(cfg, seed, chunks, device)
+    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str,
+                 env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+        return simulate_chunks(cfg, seed, chunks, device, env)
 
 
 STAGE_PROCESS_START_S = 30.0
@@ -543,12 +549,16 @@ class Launcher:
         else:
             self.task = ray.remote(num_cpus=cfg.simulation.cpus_per_chunk)(simulate_chunks)
         self.cfg_ref = ray.put(cfg)  # the section is a plain dataclass: Ray pickles it as it is
+        from trainforge.driver import local_cluster
+
+        self.env_ref = ray.put(local_cluster.worker_env())
 
     def submit(self, chunks: list[tuple[int, int]]) -> Any:
+        args = (self.cfg_ref, self.seed, chunks, self.device, self.env_ref)
         if not self.members:
-            return self.task.remote(self.cfg_ref, self.seed, chunks, self.device)
+            return self.task.remote(*args)
         member = min(self.members, key=self.members.__getitem__)
-        ref = member.simulate.remote(self.cfg_ref, self.seed, chunks, self.device)
+        ref = member.simulate.remote(*args)
         self.members[member] += 1
         self.of[ref] = member
         return ref
