@@ -141,6 +141,19 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     _, x = simulate.load(entry, drop_invalid=True)
     assert len(x) + simulate.read_manifest(entry)["invalid"] == 3000  # every chunk is there
 
+    # the same stage started twice at once (a sweep's runs of one recipe): the second waits
+    # for the first and reuses its simulations, where both used to make them all
+    process = launched(home, tmp_path, 10_000)
+    together = run(home, *recipe(10_000), cwd=tmp_path)
+    assert process.stdout is not None
+    console = process.stdout.read()
+    assert process.wait(timeout=120) == 0, console
+    assert together.returncode == 0, together.stdout + together.stderr
+    waited = f"simulations: another command (pid {process.pid}) is making these; waiting for it"
+    assert waited in together.stdout, together.stdout
+    assert "simulations: reusing" in together.stdout
+    assert " to simulate for " not in together.stdout  # it simulated nothing itself
+
     # the command killed mid-stage: its simulators stop simulating; the next command resumes
     process = launched(home, tmp_path, 3001)
     # busy with its chunks (polled: a written chunk's task may have ended, the next not begun)

@@ -26,6 +26,7 @@ CUDA generators give different streams).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -324,12 +325,25 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
         say(f"simulations: reusing {job.folder}")
         return job.folder
     begin(job)
+    if here:
+        total = cfg.simulation.num_simulations
+        progress = Progress(total, total - sum(n for _, n in job.missing()), say)
+        _make_here(cfg, seed, job, progress, source.name)
+        return job.folder
+    with making(job, say) as made_by_another:
+        if made_by_another:
+            say(f"simulations: reusing {job.folder}")
+            return job.folder
+        _make_on_cluster(cfg, seed, job, device, cluster, source.name, say)
+    return job.folder
+
+
+def _make_on_cluster(cfg: Any, seed: int, job: Plan, device: str, cluster: dict[str, float],
+                     name: str, say: Callable[[str], None]) -> None:  # fmt: skip
+    """The chunks not on disk, spread over the cluster's CPUs (or GPUs); the manifest last."""
     todo = job.missing()
     total = cfg.simulation.num_simulations
     progress = Progress(total, total - sum(n for _, n in todo), say)
-    if here:
-        _make_here(cfg, seed, job, progress, source.name)
-        return job.folder
     slots = chunking.slots(cluster, device, cfg.simulation.cpus_per_chunk)
     cpus = cluster.get("CPU", 0)
     with _simulators(device, slots) as (members, how):
@@ -342,14 +356,58 @@ def run(cfg: Any, seed: int, storage_root: str, quiet: bool = False) -> Path:
         progress.slots = slots
         say(
             f"simulations: {len(todo)} of {len(job.chunks)} chunks of {job.rows_per_chunk:,} "
-            f"to simulate for {total:,} {source.name} simulations on {where}"
+            f"to simulate for {total:,} {name} simulations on {where}"
             + (f" ({how})" if how else "")
             + f" → {job.folder}"
             + (f" (resuming: {progress.done:,} done)" if progress.done else "")
         )
         done = _spread(cfg, seed, job, todo, slots, progress, members)
     progress.finish(finish(job, done))
-    return job.folder
+
+
+MAKER_FILE = ".maker.lock"
+"""In a cache entry: locked by the command making its simulations, which wrote its pid there."""
+WAIT_SAY_EVERY_S = 10.0
+
+
+@contextlib.contextmanager
+def making(job: Plan, say: Callable[[str], None]) -> Iterator[bool]:
+    """This command alone makes ``job``'s simulations. Another command making the same ones
+    (runs of one recipe started together: a sweep of learning rates) is waited for, with its
+    progress on disk; yields True where it made them all, False where this command is to make
+    what is missing (all of them, or what another left when it stopped: resumed from its
+    chunks). Without the lock both made every chunk, each at half the cluster's pace. The lock
+    goes with the process (a killed command's too); a file system without locks gets none."""
+    with open(job.folder / MAKER_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_for_maker(job, lock, say)
+        except OSError:  # no locks here (some network file systems)
+            yield False
+            return
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield (job.folder / MANIFEST).is_file()
+
+
+def _wait_for_maker(job: Plan, lock: IO[str], say: Callable[[str], None]) -> None:
+    lock.seek(0)
+    maker = lock.read().strip() or "?"
+    said = time.monotonic()
+    say(f"simulations: another command (pid {maker}) is making these; waiting for it → "
+        f"{job.folder}")  # fmt: skip
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(0.2)
+        if time.monotonic() - said >= WAIT_SAY_EVERY_S:
+            said = time.monotonic()
+            on_disk = len(job.chunks) - len(job.missing())
+            say(f"simulations: waiting for pid {maker}: {on_disk}/{len(job.chunks)} chunks on disk")
 
 
 @contextlib.contextmanager

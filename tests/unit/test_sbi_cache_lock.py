@@ -1,0 +1,70 @@
+"""One command at a time makes a simulation cache entry (``simulate.making``): another command
+on the same recipe waits for it, with its progress on disk, and then reuses the entry, or makes
+what is missing where the first was killed. Real processes holding a real lock."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainforge.workloads.sbi import simulate
+
+PROCESSES = multiprocessing.get_context("fork")
+
+
+def entry(folder: Path) -> simulate.Plan:
+    return simulate.Plan(folder, "key", {}, [(0, 16), (1, 16)], "cpu")
+
+
+def hold(folder: Path, holding: Any, release: Any) -> None:
+    """Another command: making the entry until ``release``."""
+    with simulate.making(entry(folder), lambda _: None) as made:
+        assert made is False
+        holding.set()
+        release.wait(60)
+
+
+@pytest.fixture
+def maker(tmp_path: Path) -> Any:
+    holding, release = PROCESSES.Event(), PROCESSES.Event()
+    process = PROCESSES.Process(target=hold, args=(tmp_path, holding, release))
+    process.start()
+    assert holding.wait(30)
+    process.release = release
+    yield process
+    if process.is_alive():  # (a killed waiter leaves the event's condition waiting for it)
+        release.set()
+    process.join(30)
+
+
+def test_a_command_waits_for_the_one_making_the_entry_and_reuses_it(
+    tmp_path: Path, maker: Any
+) -> None:
+    def finished() -> None:  # the maker writes the manifest last, then ends
+        (tmp_path / simulate.MANIFEST).write_text("{}")
+        maker.release.set()
+
+    threading.Timer(0.5, finished).start()
+    said: list[str] = []
+    with simulate.making(entry(tmp_path), said.append) as made_by_another:
+        assert made_by_another is True
+    assert said == [f"simulations: another command (pid {maker.pid}) is making these; "
+                    f"waiting for it → {tmp_path}"]  # fmt: skip
+
+
+def test_a_command_makes_what_a_killed_maker_left(
+    tmp_path: Path, maker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(simulate, "WAIT_SAY_EVERY_S", 0.3)
+    simulate.chunk_file(tmp_path, 0).write_bytes(b"")  # the one chunk it wrote
+    threading.Timer(1.0, maker.kill).start()  # its lock goes with it
+    said: list[str] = []
+    with simulate.making(entry(tmp_path), said.append) as made_by_another:
+        assert made_by_another is False  # this command makes the rest
+        assert (tmp_path / simulate.MAKER_FILE).read_text() == f"{os.getpid()}\n"
+    assert f"simulations: waiting for pid {maker.pid}: 1/2 chunks on disk" in said
