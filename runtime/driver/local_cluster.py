@@ -129,17 +129,24 @@ def ensure(say: Any) -> tuple[ClusterState, bool]:
             return state, False
         say(f"ray: the local cluster from an earlier session is unusable ({reason}); replacing it")
         stop(state)
-    return start(), True
+    return _start()
 
 
 def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterState:
     """Start the supervisor (detached: it outlives this process) and wait for Ray to answer."""
+    return _start(idle_s, num_cpus)[0]
+
+
+def _start(idle_s: float | None = None, num_cpus: int | None = None) -> tuple[ClusterState, bool]:
+    """``start``, and whether this command started the cluster: another command starting one
+    at the same moment holds the start lock, and its cluster is used (both commands said they
+    had started it until the fifty-ninth session)."""
     home = folder()
     home.mkdir(parents=True, exist_ok=True)
     with _start_lock(home):
         state = running()  # another command may have started it while we waited
         if state is not None:
-            return state
+            return state, False
         (home / "state.json").unlink(missing_ok=True)
         token = home / "token"
         token.write_text(secrets.token_hex(32))
@@ -160,7 +167,7 @@ def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterSt
                 )
             state = _wait_for_state(home, supervisor)
             if state is not None:
-                return state
+                return state, True
         raise RuntimeError(
             f"the local Ray cluster did not start ({START_ATTEMPTS} attempts); "
             f"see {home / 'supervisor.log'}"

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -263,3 +264,24 @@ def test_the_clusters_ray_start_leaves_out_the_other_command_groups_imports() ->
     )  # fmt: skip
     assert usage.returncode == 0, usage.stderr
     assert "--head" in usage.stdout and "--block" in usage.stdout
+
+
+def test_a_command_that_finds_another_starting_the_cluster_uses_it_and_did_not_start_it() -> None:
+    """Two commands at once with no cluster: the second waits on the start lock, finds the
+    first one's cluster there, and says it connected, not that it started one."""
+    gcs = socket.socket()
+    gcs.bind(("127.0.0.1", 0))
+    gcs.listen()
+    theirs = state(os.getpid(), port=gcs.getsockname()[1])  # a live supervisor, a GCS answering
+    home = local_cluster.folder()
+    home.mkdir(parents=True, exist_ok=True)
+    found: list[tuple[ClusterState, bool]] = []
+    with local_cluster._start_lock(home):  # the other command, starting
+        waiting = threading.Thread(target=lambda: found.append(local_cluster.ensure(print)))
+        waiting.start()
+        time.sleep(0.3)
+        assert not found  # waits for that start
+        write_state(theirs)
+    waiting.join(10)
+    gcs.close()
+    assert found == [(theirs, False)]
