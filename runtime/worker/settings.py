@@ -45,8 +45,9 @@ def apply(env: dict[str, str]) -> None:
     """Take on the command's settings. The worker may have been started by Ray before the
     command, with torch already imported: its thread count is set through torch, the Python
     path extended in place. What the worker has and the command lacks stays: Ray and Ray Train
-    set some of it for the process (its thread count, NCCL's error handling)."""
-    os.environ.update(env)
+    set some of it for the process (its thread count, NCCL's error handling). Only the values
+    that differ are set: a simulation task takes its command's environment on at each call."""
+    os.environ.update({key: value for key, value in env.items() if os.environ.get(key) != value})
     for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
         if entry and entry not in sys.path:
             sys.path.insert(0, entry)
@@ -66,5 +67,13 @@ def applied(env: dict[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        _restore(saved)
+
+
+def _restore(saved: dict[str, str]) -> None:
+    """``os.environ`` as ``saved`` again, changing only what differs: clearing and refilling it
+    cost ~0.2 ms a call (34 variables), at every task of a simulation stage."""
+    now = dict(os.environ)
+    for key in now.keys() - saved.keys():
+        del os.environ[key]
+    os.environ.update({key: value for key, value in saved.items() if now.get(key) != value})
