@@ -91,3 +91,18 @@ raytrain_private_ray_start() {  # raytrain_private_ray_start BASELINE_DIR (LIMIT
     --baseline "$PWD/$1" --modes private_ray,baseline_private_ray \
     --timeout-s 150 --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1
 }
+
+# the steps of a session that measured Ray Train's start: `tests` (raytrain_gpu_tests) and
+# `start` (raytrain_private_ray_start BASELINE_DIR), each ended by step_done
+raytrain_steps() {  # raytrain_steps BASELINE_DIR STEP...
+  local baseline=$1 step t0; shift
+  for step in "$@"; do
+    t0=$(date +%s)
+    case "$step" in
+      tests) raytrain_gpu_tests ;;
+      start) raytrain_private_ray_start "$baseline" ;;
+      *) echo "unknown step $step"; continue ;;
+    esac
+    step_done "$step" $? "$t0"
+  done
+}

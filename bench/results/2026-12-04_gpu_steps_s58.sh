@@ -16,13 +16,4 @@
 set -u
 # shellcheck source=bench/device_env.sh
 source bench/device_env.sh
-
-for step in "$@"; do
-  t0=$(date +%s)
-  case "$step" in
-    tests) raytrain_gpu_tests ;;
-    start) raytrain_private_ray_start "${BASE:-.base58}" ;;
-    *) echo "unknown step $step"; continue ;;
-  esac
-  step_done "$step" $? "$t0"
-done
+raytrain_steps "${BASE:-.base58}" "$@"
