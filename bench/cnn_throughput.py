@@ -22,7 +22,7 @@ run's steps (after cuDNN autotuning and graph capture), the trainforge side from
 ``perf/samples_per_s`` over its last logging interval.
 
 Each launch's environment has what trainforge's GPU workers set for themselves
-(``trainforge.worker.settings.GPU_WORKER_ENV``: one CUDA work queue per GPU), so the trainforge
+(``trainforge.worker.environment.GPU_WORKER_ENV``: one CUDA work queue per GPU), so the trainforge
 side runs as a `trainforge train` worker does; the hand-written side, in the same processes,
 gets it too, which can only help it. ``--default-cuda-env`` launches without it.
 
@@ -131,6 +131,7 @@ def trainforge_loop(
     from trainforge import config
     from trainforge.checkpoint import FolderReporter
     from trainforge.distributed import WorkerContext
+    from trainforge.worker.payload import WorkerPayload
     from trainforge.worker.trainer import run
 
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
@@ -150,7 +151,7 @@ def trainforge_loop(
     ctx = WorkerContext(rank, local, world, 0, torch.device("cuda", local))
     with tempfile.TemporaryDirectory(prefix="tf-bench-") as folder:
         reporter = FolderReporter(Path(folder))
-        run({"recipe": config.to_container(cfg), "run_dir": folder}, ctx, reporter)
+        run(WorkerPayload(config.to_container(cfg), folder, "bench"), ctx, reporter)
     if rank != 0:
         return 0.0
     return float(reporter.reports[-1]["perf/samples_per_s"])
@@ -235,9 +236,9 @@ def launch(args: argparse.Namespace, gpus: int, repeat: int) -> list[dict[str, A
         ]  # fmt: skip
         env = dict(os.environ)
         if not args.default_cuda_env:
-            from trainforge.worker import settings
+            from trainforge.worker import environment
 
-            env |= settings.gpu_worker_env(os.environ)
+            env |= environment.gpu_worker_env(os.environ)
         started = time.perf_counter()
         subprocess.run(command, check=True, timeout=args.launch_timeout, env=env)
         rows = json.loads(Path(result.name).read_text())

@@ -81,6 +81,7 @@ def trainforge_graphed(benchmark: bool, steps: int) -> float:
     from trainforge import config
     from trainforge.checkpoint import FolderReporter
     from trainforge.distributed import WorkerContext
+    from trainforge.worker.payload import WorkerPayload
     from trainforge.worker.trainer import run
 
     recipe = Path(__file__).resolve().parents[1] / "recipes/cnn/synthetic_resnet18_bench.yaml"
@@ -94,7 +95,7 @@ def trainforge_graphed(benchmark: bool, steps: int) -> float:
     ctx = WorkerContext(0, 0, 1, 0, torch.device("cuda", 0))
     with tempfile.TemporaryDirectory(prefix="tf-cudnn-") as folder:
         reporter = FolderReporter(Path(folder))
-        run({"recipe": config.to_container(cfg), "run_dir": folder}, ctx, reporter)
+        run(WorkerPayload(config.to_container(cfg), folder, "bench"), ctx, reporter)
     dist.destroy_process_group()
     return float(reporter.reports[-1]["perf/samples_per_s"])
 

@@ -71,12 +71,12 @@ startup_cold() {  # startup_cold STEP DEFAULT_LIMIT_S MODES OVERRIDE... (LIMIT o
 # background, then stop it, so that the next command is cold too
 stop_background_cluster() {  # stop_background_cluster HOME
   TRAINFORGE_HOME="$1" python3 -c \
-    "from trainforge.driver import own_workers; own_workers.wait_for_background(240)"
+    "from trainforge.driver import background; background.wait(240)"
   TRAINFORGE_HOME="$1" python3 -m trainforge cluster stop
 }
 
 # the GPU tests whose runs take Ray Train's worker group (the test session's
-# TRAINFORGE_COLD_WORKERS=ray); $OUT/tests.log
+# TRAINFORGE_WORKERS=private); $OUT/tests.log
 raytrain_gpu_tests() {  # raytrain_gpu_tests (LIMIT: seconds, default 300)
   timeout -s INT "${LIMIT:-300}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
     tests/gpu/test_gpu_training.py tests/gpu/test_gpu_tracking.py > "$OUT/tests.log" 2>&1

@@ -169,13 +169,13 @@ def simulation_overrides(simulations: int, seed: int) -> list[str]:
 
 def make_simulations(sims: list[str], env: dict[str, str], work: Path) -> tuple[str, Any, Any]:
     """``trainforge simulate`` with those overrides: the cache entry's folder, θ and x."""
-    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi import simulations
 
     code, lines = command(["simulate", RECIPE, "run.name=sims", *sims], env, work)
     assert code == 0, lines[-5:]
     path = next(line.split("simulations ready: ", 1)[1] for _, line in lines
                 if "simulations ready: " in line)  # fmt: skip
-    theta, x = simulate.load(Path(path), drop_invalid=False)
+    theta, x = simulations.load(Path(path), drop_invalid=False)
     return path, theta, x
 
 

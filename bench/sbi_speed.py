@@ -104,7 +104,7 @@ def main() -> None:
 
     import sbi_baseline
 
-    from trainforge.workloads.sbi import export, simulate
+    from trainforge.workloads.sbi import export, simulations
     from trainforge.workloads.sbi.tasks import get_task
 
     report: dict[str, Any] = {
@@ -147,7 +147,7 @@ def main() -> None:
         race["trainforge"].append(result)
         report["race"] = race
         save()
-    theta, x = simulate.load(Path(race["trainforge"][0]["simulations"]), drop_invalid=False)
+    theta, x = simulations.load(Path(race["trainforge"][0]["simulations"]), drop_invalid=False)
     # the same validation rows for sbi as for trainforge (run.seed 0 → split seed 0)
     order = torch.randperm(len(theta), generator=torch.Generator().manual_seed(0))
     sbi = sbi_baseline.train_sbi(theta, x, "cuda", seed=0, max_epochs=None, split_order=order)

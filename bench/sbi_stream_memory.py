@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 def write_entry(folder: Path, n: int, chunk_size: int, dim_x: int) -> None:
     import torch
 
-    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi import simulations
 
     folder.mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
@@ -35,12 +35,12 @@ def write_entry(folder: Path, n: int, chunk_size: int, dim_x: int) -> None:
         size = min(chunk_size, n - start)
         theta = torch.rand(size, 2, generator=generator)
         x = theta.repeat(1, dim_x // 2) + 0.1 * torch.randn(size, dim_x, generator=generator)
-        torch.save({"theta": theta, "x": x, "invalid": 0}, simulate.chunk_file(folder, i))
+        torch.save({"theta": theta, "x": x, "invalid": 0}, simulations.chunk_file(folder, i))
     manifest = {
         "num_simulations": n, "chunk_size": chunk_size, "chunks": -(-n // chunk_size),
         "invalid": 0, "dim_theta": 2, "dim_x": dim_x,
     }  # fmt: skip
-    simulate._write_json(folder / simulate.MANIFEST, manifest)
+    simulations.write_json(folder / simulations.MANIFEST, manifest)
 
 
 def measure(folder: Path, streaming: str, window_rows: int) -> dict:

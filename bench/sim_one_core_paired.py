@@ -98,6 +98,7 @@ def main() -> int:
     from sbi.inference import simulate_for_sbi
 
     from trainforge.driver.cluster import connect
+    from trainforge.driver.stage import Runner
     from trainforge.workloads.sbi import simulate
     from trainforge.workloads.sbi.examples import sir
 
@@ -122,8 +123,8 @@ def main() -> int:
     if hasattr(simulate, "unpack"):
         unpack = simulate.unpack
 
-        def counted(task: dict[str, Any]) -> list[dict[str, Any]]:
-            chunks = unpack(task)
+        def counted(*task: Any) -> list[dict[str, Any]]:
+            chunks = unpack(*task)
             chunk_seconds.extend(chunk["seconds"] for chunk in chunks)
             return chunks
 
@@ -134,7 +135,7 @@ def main() -> int:
         section = stage_section(n, scratch / f"{outside_key}-{seed}")
         chunk_seconds.clear()
         began = time.perf_counter()
-        simulate.run(section, seed, str(scratch), quiet=True)
+        simulate.run(section, seed, str(scratch), Runner(), quiet=True)
         wall = time.perf_counter() - began
         if chunk_seconds:
             outside[outside_key] = wall * args.cores - sum(chunk_seconds)

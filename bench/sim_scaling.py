@@ -250,7 +250,8 @@ def trainforge_stage(
     import ray
 
     from trainforge.driver.cluster import connect
-    from trainforge.workloads.sbi import simulate
+    from trainforge.driver.stage import Runner
+    from trainforge.workloads.sbi import simulate, simulations
 
     warmup_section, timed_section = (
         stage_section(warmup, scratch / "warmup"),
@@ -267,13 +268,13 @@ def trainforge_stage(
     os.environ.pop("RAY_worker_niceness", None)
     try:
         started = time.perf_counter()
-        simulate.run(warmup_section, 1, str(scratch), quiet=True)
+        simulate.run(warmup_section, 1, str(scratch), Runner(), quiet=True)
         first_call_s = time.perf_counter() - started
         pinned = pin_simulators(simulating, rest, ray_worker) if pin else []
         started = time.perf_counter()
-        folder = simulate.run(timed_section, 0, str(scratch), quiet=True)
+        folder = simulate.run(timed_section, 0, str(scratch), Runner(), quiet=True)
         seconds = time.perf_counter() - started
-        manifest = simulate.read_manifest(folder)
+        manifest = simulations.read_manifest(folder)
         # a worker Ray started after the pinning runs on the other CPUs: say so
         workers = [pid for pid, command in descendants() if ray_worker(command)]
         unpinned = off_cpus(workers, simulating) if pin else None

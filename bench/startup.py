@@ -3,23 +3,26 @@
 Each repeat runs, in one invocation on one machine and in this order:
   cold     — no Ray running (the lasting local cluster stopped before): the command trains on
              processes of its own and starts the cluster and its warm workers in the
-             background as it ends (driver/own_workers.py); the bench waits for that start
+             background as it ends (driver/background.py); the bench waits for that start
              before the next command, as a user's next command comes later
-  cold_ray — the same, TRAINFORGE_COLD_WORKERS=ray: the command starts the lasting cluster
-             first and trains on its new warm workers (what `cold` was before)
+  cold_ray — the same, TRAINFORGE_WORKERS=warm: the command starts the lasting cluster first
+             and trains on its new warm workers
   warm     — the same command again: it connects to that cluster
-  private  — TRAINFORGE_KEEP_CLUSTER=0: no cluster kept; the command trains on processes of
-             its own and starts nothing afterwards (before the fiftieth session: a private Ray)
-  private_ray — the same, TRAINFORGE_COLD_WORKERS=ray: a private Ray started and stopped by the
-             command, and Ray Train's new worker group (what `private` was before)
-  raytrain — the cluster up, TRAINFORGE_WARM_WORKERS=0: Ray Train's new worker group per run
-             (what `warm` was before warm workers, driver/warm_pool.py)
+  private  — TRAINFORGE_WORKERS=own: no cluster kept; the command trains on processes of its
+             own and starts nothing afterwards
+  private_ray — TRAINFORGE_WORKERS=private: a private Ray started and stopped by the command,
+             and Ray Train's new worker group
+  raytrain — the cluster up, TRAINFORGE_WORKERS=ray-train: Ray Train's new worker group per run
+  address  — a Ray cluster of the bench's own (`ray start --head`, started once) joined through
+             RAY_ADDRESS, as `ray job submit` and KubeRay users run: Ray Train's worker group
   baseline — another checkout of trainforge (--baseline DIR holding its `trainforge` package,
              e.g. the commit before the start-up work, with that commit's `recipes/` and
              `deploy/` beside it: shipped recipes are found there), run like `private`
   baseline_cold — that checkout, run like `cold` (the lasting cluster stopped before)
   baseline_warm — that checkout, run like `warm` (after baseline_cold: on the cluster it started)
   baseline_private_ray — that checkout, run like `private_ray` (a Ray Train worker group)
+  baseline_address — that checkout, run like `address` (on a cluster of its own, started with
+             its package on the Python path)
   resume, baseline_resume — the command just before it again, same run name: a user re-running
              a finished run (since the fifty-second session it says the run's outcome and
              starts no worker, driver/finished_run.py; before, it resumed from the last
@@ -72,6 +75,16 @@ MARKS = {
 
 TIMEOUT_S: float | None = None  # --timeout-s: a command still running then is ended (SIGINT)
 
+# Each mode's setting (TRAINFORGE_WORKERS), and the same for a baseline checkout from before
+# that setting (its three switches)
+MODE_ENV = {
+    "cold_ray": {"TRAINFORGE_WORKERS": "warm", "TRAINFORGE_COLD_WORKERS": "ray"},
+    "private": {"TRAINFORGE_WORKERS": "own", "TRAINFORGE_KEEP_CLUSTER": "0"},
+    "private_ray": {"TRAINFORGE_WORKERS": "private", "TRAINFORGE_KEEP_CLUSTER": "0",
+                    "TRAINFORGE_COLD_WORKERS": "ray"},
+    "raytrain": {"TRAINFORGE_WORKERS": "ray-train", "TRAINFORGE_WARM_WORKERS": "0"},
+}
+
 
 def timed_command(command: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
     """Run ``command``; the arrival time of each mark (s after start) and its own duration."""
@@ -123,8 +136,56 @@ def spin() -> None:
 
 def settle(env: dict[str, str]) -> None:
     """Wait until a cold command's background start of the cluster and its workers is done."""
-    code = "from trainforge.driver import own_workers; own_workers.wait_for_background(300)"
+    code = "from trainforge.driver import background; background.wait(300)"
     subprocess.run([sys.executable, "-c", code], env=env, timeout=330)
+
+
+class Heads:
+    """The bench's own Ray clusters for the ``address`` modes, one per mode (its package on the
+    Python path of every process it starts), started at first use and stopped at the end."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.started = work, {}
+
+    def env(self, mode: str, env: dict[str, str]) -> dict[str, str]:
+        if mode not in self.started:
+            import secrets
+            import socket
+
+            ports = []
+            for _ in range(2):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    ports.append(probe.getsockname()[1])
+            port, dashboard = ports
+            head_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+            temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
+            head = subprocess.Popen(
+                ["ray", "start", "--head", "--block", f"--port={port}",
+                 "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+                 f"--dashboard-port={dashboard}", "--dashboard-agent-listen-port=0",
+                 "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
+                 "--metrics-export-port=0", f"--temp-dir={temp}", "--disable-usage-stats"],
+                env=head_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+            address = f"127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # up once `ray status` answers
+                status = subprocess.run(["ray", "status", f"--address={address}"], env=head_env,
+                                        capture_output=True, timeout=60)  # fmt: skip
+                if status.returncode == 0:
+                    break
+                time.sleep(1)
+            self.started[mode] = (head, {k: head_env[k] for k in ("RAY_AUTH_MODE",
+                                                                  "RAY_AUTH_TOKEN")}, address)
+        _, auth, address = self.started[mode]
+        return {**env, **auth, "RAY_ADDRESS": address}
+
+    def stop(self) -> None:
+        for head, _, _ in self.started.values():
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(timeout=60)
 
 
 def stop_cluster(env: dict[str, str]) -> None:
@@ -219,8 +280,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--modes",
-        help="which of cold, cold_ray, warm, raytrain, private, private_ray, baseline, "
-        "baseline_cold, baseline_warm, baseline_private_ray, resume, baseline_resume to run, "
+        help="which of cold, cold_ray, warm, raytrain, private, private_ray, address, baseline, "
+        "baseline_cold, baseline_warm, baseline_private_ray, baseline_address, resume, "
+        "baseline_resume to run, "
         "in this order (default: cold,warm,private, and baseline with --baseline)",
     )
     parser.add_argument(
@@ -238,7 +300,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tf-startup-"))
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
-    env.pop("TRAINFORGE_KEEP_CLUSTER", None)
+    for name in ("TRAINFORGE_WORKERS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_COLD_WORKERS",
+                 "TRAINFORGE_WARM_WORKERS"):
+        env.pop(name, None)
     if args.baseline:
         args.baseline = baseline_path(args.baseline, env, work)
     modes = run_modes(args.modes, args.baseline)
@@ -246,6 +310,7 @@ def main() -> None:
     for spinner in spinners:  # a laptop running a simulation in the background
         spinner.start()
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    heads = Heads(work)
     if args.torchrun:
         runs["torchrun"] = []
     if args.warmup:  # untimed for the modes: an invocation's first command waits longer
@@ -259,16 +324,13 @@ def main() -> None:
             mode_env = env
             if mode in ("cold", "cold_ray", "baseline_cold"):
                 stop_cluster(env)
-            if mode == "cold_ray":
-                mode_env = {**env, "TRAINFORGE_COLD_WORKERS": "ray"}
-            if mode in ("private", "private_ray", "baseline", "baseline_private_ray"):
-                mode_env = {**env, "TRAINFORGE_KEEP_CLUSTER": "0"}
-            if mode in ("private_ray", "baseline_private_ray"):
-                mode_env["TRAINFORGE_COLD_WORKERS"] = "ray"
+            mode_env = {**env, **MODE_ENV.get(mode.removeprefix("baseline_"), {})}
+            if mode == "baseline":
+                mode_env |= MODE_ENV["private"]
             if mode.startswith("baseline"):
                 mode_env = with_baseline(mode_env, args.baseline)
-            if mode == "raytrain":
-                mode_env = {**env, "TRAINFORGE_WARM_WORKERS": "0"}
+            if mode.endswith("address"):
+                mode_env = heads.env(mode, mode_env)
             overrides = list(args.overrides)
             if args.fresh_data:
                 overrides.append(f"workload.simulation.cache_dir={work}/data-{mode}{repeat}")
@@ -292,6 +354,7 @@ def main() -> None:
             print("torchrun", json.dumps(result), flush=True)
         write_report(args, runs)  # what is done so far survives a kill
     stop_cluster(env)
+    heads.stop()
     for spinner in spinners:
         spinner.terminate()
     medians = write_report(args, runs)

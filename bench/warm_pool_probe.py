@@ -43,22 +43,22 @@ def pool_run(recipe: str, overrides: list[str], workers: int) -> None:
     from trainforge import config, log
     from trainforge.driver import local_cluster
     from trainforge.driver.cluster import connect, storage_root
-    from trainforge.driver.launch import spool_file
+    from trainforge.driver.mlflow_run import spool_file
     from trainforge.resources import find_recipe
     from trainforge.tracking import driver as tracking
+    from trainforge.worker.payload import WorkerPayload
 
     cfg = config.load(find_recipe(recipe)[0], overrides)
     root = storage_root(cfg.run)
     connect()
     cfg = config.resolve(cfg, ray.cluster_resources(), root)
     recipe_container, recipe_yaml = config.to_container(cfg), config.to_yaml(cfg)
-    payload: dict[str, Any] = {"recipe": recipe_container, "run_dir": f"{root}/{cfg.run.name}"}
-    payload["env"] = local_cluster.worker_env()
     mlflow_started = time.time()
     handle = tracking.start_run(
         cfg.tracking, cfg.run.name, recipe_container, recipe_yaml, str(spool_file(cfg, root))
     )
-    payload["mlflow"] = handle.for_workers()
+    payload = WorkerPayload(recipe_container, f"{root}/{cfg.run.name}", "probe",
+                            env=local_cluster.worker_env(), mlflow=handle.for_workers())  # fmt: skip
     log.phase("mlflow", f"run {handle.run_id}", mlflow_started)
     requested = time.time()
     pool = [pool_worker(i) for i in range(workers)]
@@ -85,21 +85,21 @@ def pool_worker(index: int) -> Any:
 
             import trainforge.worker.trainer  # noqa: F401
 
-        def run(self, payload: dict[str, Any], rank: int, world: int, port: int) -> dict:
+        def run(self, payload: Any, rank: int, world: int, port: int) -> dict:
             import torch
             import torch.distributed as dist
 
             from trainforge.checkpoint import FolderReporter
             from trainforge.distributed import WorkerContext
-            from trainforge.worker import settings
+            from trainforge.worker import environment
             from trainforge.worker.trainer import run
 
-            settings.apply(payload.get("env", {}))
+            environment.apply(payload.env)
             store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0)
             dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
             try:
                 ctx = WorkerContext(rank, rank, world, 0, torch.device("cpu"))
-                reporter = FolderReporter(Path(payload["run_dir"]))
+                reporter = FolderReporter(Path(payload.run_dir))
                 reporter.root.mkdir(parents=True, exist_ok=True)
                 run(payload, ctx, reporter)
                 return reporter.reports[-1] if reporter.reports else {}

@@ -8,8 +8,9 @@ and ``load(path)["model"]`` is a plain state dict.
 
 A ``Reporter`` takes the folder away: ``RayReporter`` hands it to ``ray.train.report``, which
 persists it under ``storage_path/run.name`` as ``checkpoint_*`` and keeps the last N; re-running
-the same run name makes Ray Train hand the latest one back. ``FolderReporter`` copies it into a
-local folder (a worker loop run without Ray, as the tests do).
+the same run name makes Ray Train hand the latest one back. ``RunFolderReporter`` copies it into
+the run folder the same way (the command's own workers and warm workers); ``FolderReporter``
+into a local folder (a worker loop run without Ray, as the tests do).
 
 Every checkpoint carries ``manifest.json`` — each file's name, size and sha256 — written last,
 each file through ``atomic.replacing`` (fsynced, renamed into place: never written in place).
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -234,6 +237,57 @@ class RayReporter:
             return None
         with checkpoint.as_directory() as folder:
             return load(Path(folder))
+
+
+class RunFolderReporter:
+    """Checkpoints go into the run folder as Ray Train persists them (``checkpoint_<time>``,
+    complete or not at all), the newest ``keep_last`` kept; like ``ray.train.report``, every
+    report is a barrier of all ranks. The loop finds the latest checkpoint in the run folder
+    itself (``latest``), so nothing is registered elsewhere: the reporter of the command's own
+    workers and of warm workers."""
+
+    def __init__(self, run_dir: Path, keep_last: int, rank: int) -> None:
+        self.run_dir, self.keep_last, self.rank = run_dir, keep_last, rank
+        self.last: dict[str, Any] = {}
+        self.checkpoint: Path | None = None
+        if rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for partial in run_dir.glob(".checkpoint_*.partial"):  # from a killed run
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
+        import torch.distributed as dist
+
+        from trainforge import distributed
+
+        if folder is not None and self.rank == 0:
+            name = "checkpoint_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+            partial = self.run_dir / f".{name}.partial"
+            try:
+                shutil.copytree(folder, partial)
+            except BaseException:  # a full disk: nothing half-copied stays behind
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+            os.replace(partial, self.run_dir / name)  # complete, or not there at all
+            self.checkpoint = self.run_dir / name
+            self.last = {**metrics}
+            self._prune()
+        elif self.checkpoint is None:
+            self.last = {**metrics}
+        if distributed.several_ranks():
+            dist.barrier()
+
+    def registered(self) -> dict[str, Any] | None:
+        return None  # the run folder is the registry
+
+    def result(self) -> dict[str, Any]:
+        return {"metrics": self.last, "checkpoint": str(self.checkpoint or "") or None}
+
+    def _prune(self) -> None:
+        # Timestamp names sort by time; Ray Train's folders from earlier runs share the format.
+        folders = sorted(f for f in self.run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir())
+        for old in folders[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class FolderReporter:

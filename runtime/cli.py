@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
         help="the local Ray cluster that trainforge keeps between commands",
         description="Local commands (no RAY_ADDRESS) share one Ray cluster that the first of "
         "them starts; it stops itself after TRAINFORGE_CLUSTER_IDLE_S seconds unused "
-        "(default 1800). TRAINFORGE_KEEP_CLUSTER=0 keeps none: each command trains on processes "
+        "(default 1800). TRAINFORGE_WORKERS=own keeps none: each command trains on processes "
         "of its own, or starts a private Ray where it needs one, which ends with it.",
     )
     cluster.add_argument(
@@ -170,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_optional_modules(cfg.workload.kind)
         from trainforge.driver import launch
+        from trainforge.workloads import spec_for
 
         if args.command == "simulate":
             return launch.simulate(cfg)
-        if getattr(cfg.workload, "ensemble", 1) > 1:  # an SBI recipe's members, then their mixture
+        ensembles = spec_for(cfg.workload.kind).ensembles
+        if ensembles is not None and ensembles.members(cfg.workload) > 1:  # members, combined
             from trainforge.driver import ensemble_run
 
             return ensemble_run.train(cfg, args.recipe, args.overrides)
@@ -278,9 +280,11 @@ def _tracking_sync(run_dir: str, tracking_uri: str | None) -> int:
 def _ensemble(members: list[str], out: str) -> int:
     from pathlib import Path
 
-    from trainforge.workloads.sbi import ensemble
+    from trainforge.workloads import spec_for
 
-    held = ensemble.combine([Path(m) for m in members], Path(out))
+    ensembles = spec_for("sbi").ensembles  # posteriors: the family whose runs combine
+    assert ensembles is not None
+    held = ensembles.combine([Path(m) for m in members], Path(out))
     models = ", ".join(f"{model} ×{n}" for model, n in held["models"].items())
     log.say(f"ensemble of {held['members']} posteriors of {held['prior']} ({models}) → {out}")
     log.say("open it with trainforge.workloads.sbi.load_posterior: sbi's EnsemblePosterior, "
@@ -296,10 +300,10 @@ def _cluster(action: str, num_cpus: int | None) -> int:
 
     if action == "status":
         with local_cluster.looked_at() as running:  # it cannot stop itself while we look
-            # a command that ran without the cluster starts it as it ends (own_workers.py)
-            background = local_cluster.background_start_running()
+            # a command that ran without the cluster starts it as it ends (background.py)
+            starting = local_cluster.background_start_running()
             log_path = local_cluster.background_log_path()
-            if running is None and background:
+            if running is None and starting:
                 log.say(f"the local cluster is being started in the background, for later "
                         f"commands (its log: {log_path})")  # fmt: skip
                 return 1
@@ -313,7 +317,7 @@ def _cluster(action: str, num_cpus: int | None) -> int:
         log.say(
             f"resources: {log.counted(cpus, 'CPU', 'CPUs')}, {log.counted(gpus, 'GPU', 'GPUs')}"
         )
-        if background:
+        if starting:
             log.say(f"a background start is still readying warm workers (its log: {log_path})")
         for kind, what in (("worker", "workers"), ("simulator", "simulators")):
             lines = [line for line in workers if line.startswith(f"{kind}-")]
@@ -321,28 +325,28 @@ def _cluster(action: str, num_cpus: int | None) -> int:
             for line in lines:
                 log.say(f"  {line}")
         return 0
-    from trainforge.driver import own_workers
+    from trainforge.driver import background
 
-    # A command that ran without the cluster starts it as it ends (own_workers.py): a stop
+    # A command that ran without the cluster starts it as it ends (background.py): a stop
     # ends that start first, else it could bring a cluster up after the stop; so does a start
     # asked for other CPUs than that start's.
-    background = local_cluster.background_start_running()
+    starting = local_cluster.background_start_running()
     if action == "stop":
-        if background:
+        if starting:
             log.say("a background start of the local cluster is under way: ending it first")
-            own_workers.stop_background()
+            background.stop()
         stopped = local_cluster.stop()
         log.say("local cluster stopped" if stopped else "no local cluster was running")
         return 0
-    if background and num_cpus is None:
+    if starting and num_cpus is None:
         log.say("a background start of the local cluster is under way: waiting for its cluster")
         came_up = local_cluster.start()  # waits for that start's own; starts one if it made none
         log.say(f"local cluster at {came_up.gcs_address}, dashboard {came_up.dashboard_url}")
         return 0
-    if background and num_cpus is not None:
+    if starting and num_cpus is not None:
         log.say(f"a background start of the local cluster is under way: ending it first, to "
                 f"start one with {log.counted(num_cpus, 'CPU', 'CPUs')}")  # fmt: skip
-        own_workers.stop_background()
+        background.stop()
         local_cluster.stop()
     found = local_cluster.read_state()
     if found is not None and local_cluster.why_stale(found) is None:

@@ -95,7 +95,7 @@ def wrap(
     to rank 0's here, and not broadcast again before every forward as DDP does by default: a
     training forward does not read running statistics, so the weights train exactly as with
     the broadcast, and one collective fewer per step was 2% of a graphed ResNet-18 step on 4
-    H100s (bench/results, issue 13). Each rank's running statistics then follow its own
+    H100s. Each rank's running statistics then follow its own
     batches; ``broadcast_buffers`` makes them rank 0's again where they are read (evaluation),
     and checkpoints save rank 0's."""
     if ctx.world_size == 1:

@@ -1,8 +1,8 @@
 """The gradient all-reduce of a step captured as a CUDA graph on several GPUs, without DDP.
 
 DDP copies every fresh gradient into its flat bucket before the bucket's all-reduce, with a
-multiply by 1/world size on the way: a kernel per parameter, 58 in a graphed ResNet-18 step
-(bench/results, thirty-eighth session). Here every gradient is all-reduced where autograd left
+multiply by 1/world size on the way: a kernel per parameter, 58 in a graphed ResNet-18 step.
+Here every gradient is all-reduced where autograd left
 it, and nothing is copied:
 
 - the parameters are cut into buckets of about ``BUCKET_MB``, in the order the backward pass
@@ -15,7 +15,7 @@ it, and nothing is copied:
 - the backward pass's last callback launches what is left (a parameter that got no gradient
   contributes zeros) and makes the step's stream wait for every bucket.
 
-On 2 H200s (bench/results, fortieth session): the graphed ResNet-18 step under torchrun 104.9k
+On 2 H200s: the graphed ResNet-18 step under torchrun 104.9k
 img/s against DDP's 103.7-104.2k in each of three interleaved repeats; whole `trainforge train`
 commands 106.2-106.6k against 105.4-106.2k in each of four (2-GPU weak scaling 0.963 against
 0.958); sbi's MAF (many small tensors, one collective each in the group) 2.19 ms a graphed
@@ -43,8 +43,7 @@ BUCKET_MB = 10.0
 """A graphed step's backward pass is short (~5 ms for a ResNet-18 at batch 256 on an H200), so
 the all-reduce of the last bucket, which waits for its end, weighs more than in eager steps:
 10 MB buckets gave DDP 0.85-1.3% more than 25 MB on 4 GPUs in each of eight launches (5, 50
-and 100 MB less; bench/results, issue 13), and gave this averager more than 25 MB on 2 GPUs
-(fortieth session)."""
+and 100 MB less), and gave this averager more than 25 MB on 2 GPUs."""
 
 # torch 2.13 marks the call "will be deprecated" (FutureWarning) and offers no public
 # replacement that groups in-place all-reduces; DDP's own reducer is C++

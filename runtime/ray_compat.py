@@ -158,7 +158,7 @@ def without_autoscaling_coordinator(policy: Any) -> Any:
     to 5 s for it to take a resource request before it starts any worker, in the first run on
     every new cluster (every private Ray; a KubeRay RayJob's or a SLURM allocation's cluster):
     on one H200 host 1.0 s of the worker group's start, the whole 5 s where Python has no
-    bytecode to import from (bench/results/2026-12-04_s58_raytrain_uncoordinated_*). The
+    bytecode to import from. The
     coordinator tells Ray Data's executors what Train holds, so that they do not count on it
     (ray-project/ray#61703); trainforge runs no Ray Data, and a cluster's autoscaler still sees
     the run's placement group waiting, as it always did. Any other policy (elastic training) is
@@ -286,7 +286,7 @@ def skip_unused_serializer_addons() -> None:
     """A process's first Ray call builds its serialization context, and with it Ray's add-ons
     (``ray.util.serialization_addons.apply``): serializers for pydantic's, starlette's and
     pyarrow's types, importing those packages to register them (0.18-0.24 s on this project's
-    CPU; on one H200 host no change was seen: bench/results, issue 12). A driver
+    CPU; on one H200 host no change was seen). A driver
     that never imported them cannot have their objects in what it sends; the add-ons run as
     before once any of them is imported. Relies on the context calling the module's ``apply``
     by attribute (``ray._private.serialization``, Ray 2.60). Deserializing needs no

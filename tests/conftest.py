@@ -18,13 +18,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # A `trainforge` command run by a test gets a private Ray that ends with it, never the user's
-# lasting local cluster; tests/integration/test_local_cluster.py tests that one in its own home.
-os.environ.setdefault("TRAINFORGE_KEEP_CLUSTER", "0")
-# … and trains on that Ray (Ray Train's workers, or this session's Ray where a test joined it),
-# where a command with no cluster kept would train on processes of its own: the tests of the
-# Ray path stay on it; those of the own-process path ask for it (test_own_workers.py,
-# test_local_cluster.py).
-os.environ.setdefault("TRAINFORGE_COLD_WORKERS", "ray")
+# lasting local cluster, and trains there on Ray Train's workers (or on this session's Ray where
+# a test joined it); tests of the other worker groups ask for theirs
+# (tests/integration/test_worker_groups.py, test_local_cluster.py in a home of its own).
+os.environ.setdefault("TRAINFORGE_WORKERS", "private")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from trainforge.config.schema import Recipe, ScalingSection, check_batch_fits
 from trainforge.errors import RecipeError
 
 
-def resolve(cfg: Recipe, available: Mapping[str, float], storage_root: str) -> Recipe:
+def resolve(
+    cfg: Recipe, available: Mapping[str, float], storage_root: str, runner: Any = None
+) -> Recipe:
     """``cfg`` with the worker count and device decided for the cluster's ``available``
     resources (``ray.cluster_resources()``), and the workload's data made and located (the SBI
-    simulation stage runs here). Raises RecipeError when the cluster cannot host the run."""
-    return resolve_data(resolve_workers(cfg, available), storage_root)
+    simulation stage runs here, on the driver's stage ``runner``). Raises RecipeError when the
+    cluster cannot host the run."""
+    return resolve_data(resolve_workers(cfg, available), storage_root, runner)
 
 
 def resolve_workers(
@@ -39,11 +43,12 @@ def resolve_workers(
     return dataclasses.replace(cfg, scaling=scaling)
 
 
-def resolve_data(cfg: Recipe, storage_root: str) -> Recipe:
-    """``cfg`` (workers resolved) with the workload's data made and located."""
+def resolve_data(cfg: Recipe, storage_root: str, runner: Any = None) -> Recipe:
+    """``cfg`` (workers resolved) with the workload's data made and located (its stage's work
+    run by the driver's ``runner``, a ``workloads.stage.StageRunner``)."""
     from trainforge.workloads import resolve_workload, train_samples  # the registry
 
-    workload = resolve_workload(cfg.workload, cfg.run.seed, storage_root)
+    workload = resolve_workload(cfg.workload, cfg.run.seed, storage_root, runner)
     # …and after it, with the data it made (an SBI run may drop invalid simulations)
     check_batch_fits(cfg.train, cfg.scaling.num_workers, train_samples(workload))
     return dataclasses.replace(cfg, workload=workload)

@@ -9,20 +9,20 @@ import os
 import time
 from typing import Any
 
-from trainforge import log, ray_compat, storage
+from trainforge import log, ray_compat, settings, storage
 from trainforge.config.schema import RunSection
 from trainforge.driver import local_cluster, reaper
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
     """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else the lasting local
-    cluster (started when none runs; ``local_cluster.py``), else — with
-    TRAINFORGE_KEEP_CLUSTER=0 or ``local_only`` — start a private Ray that ends with this
-    process.
+    cluster (started when none runs; ``local_cluster.py``), else — where none is kept
+    (``TRAINFORGE_WORKERS`` own or private) or ``local_only`` — start a private Ray that ends
+    with this process.
 
     Every process of the job is given its own cluster's address (RAY_ADDRESS in the job's
-    runtime env). Ray Train's placement-group cleaner (no longer started:
-    ``ray_compat.trainer_class``), a detached actor, asked the State API whether the run's
+    runtime env). Ray Train's placement-group cleaner (which this runtime does not start:
+    ``ray_compat.trainer_class``), a detached actor, asks the State API whether the run's
     controller lives; without RAY_ADDRESS that API asks the cluster named in
     /tmp/ray/ray_current_cluster (the last `ray start` on the machine). Another live cluster
     there has no such controller, and the cleaner removes the run's placement group: a healthy
@@ -54,7 +54,7 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
         ray_compat.poll_controller_fast()
         _init_pinned(ray, address, address, options)
         return None
-    if not local_only and local_cluster.keep_cluster():
+    if not local_only and settings.keeps_cluster():
         return _join_lasting_cluster(ray, options)
     # Ray Train's preemption watcher is an extra actor process per run (and an error line on
     # the console); one machine has no node to be preempted.
@@ -89,16 +89,7 @@ PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
 
 
-def on_lasting_cluster() -> bool:
-    """Whether this process joined the lasting local cluster (``local_cluster.py``)."""
-    return _joined_lasting
-
-
-_joined_lasting = False
-
-
 def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
-    global _joined_lasting
     started_at = time.monotonic()
     state, started = _held.enter_context(local_cluster.claimed(log.say))
     ray_compat.use_auth_token(state.token_path)
@@ -107,7 +98,7 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     # (launch.py, local_cluster.worker_env); the cluster's address and Ray Train's settings are
     # in the cluster's own environment.
     ray.init(address=state.gcs_address, **options)
-    _joined_lasting = True
+    local_cluster.joined.set()
     took = time.monotonic() - started_at
     if started:
         idle_min = local_cluster.idle_stop_s() / 60

@@ -125,14 +125,15 @@ def step_bar_fields(text: str) -> dict[str, str | None] | None:
     return match.groupdict() if match else None
 
 
-def attach(run_folder: Path | None, run_name: str) -> Console | None:
+def attach(run_dir: Path | None) -> Console | None:
     """Put the console between Ray's relayed worker output and the terminal for this run
-    (not under -v: then Ray prints as it always does). Returns it, to be closed at the end;
-    it stays Ray's printer after that, dropping what a stopped run's workers still print."""
+    (not under -v: then Ray prints as it always does); every line is kept in the run folder's
+    ``worker-output.log``. Returns it, to be closed at the end; it stays Ray's printer after
+    that, dropping what a stopped run's workers still print."""
     if log.verbosity() > 0:
         ray_compat.restore_worker_log_printer()  # in case an earlier run replaced it
         return None
-    output = Console(run_folder / run_name / "worker-output.log" if run_folder else None)
+    output = Console(run_dir / "worker-output.log" if run_dir else None)
     ray_compat.replace_worker_log_printer(output.handle)
     return output
 

@@ -12,8 +12,8 @@ combined (``workloads/sbi/ensemble.py``) into the run folder's ``posterior.pt``,
 ``load_posterior`` opens as sbi's ``EnsemblePosterior``.
 
 Why: on slcp at 10^6 simulations, eight-member mixtures scored C2ST 0.540 and 0.542 where
-their members scored 0.570-0.610 and no single run came below 0.569 (bench/results/README.md,
-sixteenth and seventeenth sessions; ``recipes/sbi/slcp_ensemble_1e6.yaml``).
+their members scored 0.570-0.610 and no single run came below 0.569
+(``recipes/sbi/slcp_ensemble_1e6.yaml``).
 
 Re-running the command resumes: members with a posterior are kept, the others resume from
 their own checkpoints, and the ensemble is written again from all of them.
@@ -34,20 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import config, log, storage
+from trainforge import config, log, settings, storage
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
-from trainforge.driver.cluster import on_lasting_cluster, storage_root
+from trainforge.driver import mlflow_run
+from trainforge.driver.cluster import storage_root
+from trainforge.driver.local_cluster import on_lasting_cluster
 from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, redact_all
-from trainforge.tracking.driver import PARENT_RUN_ENV
 
 MEMBERS_FOLDER = "members"
 ENSEMBLE_RECORD = "ensemble.json"
 EVALUATION_FOLDER = "evaluation"  # the ensemble's figures
 RECIPE_FILE = "recipe.yaml"  # the recipe its members are trained with
-POSTERIOR_FILE = "posterior.pt"
 # a member's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
 SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
 STOP_WAIT_S = 60.0  # how long stopped members may take to write their last lines
@@ -89,24 +89,19 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     import ray
 
     from trainforge.driver import launch
+    from trainforge.workloads import spec_for
 
     started = time.time()
-    count = int(cfg.workload.ensemble)  # type: ignore[attr-defined]
+    ensembles = spec_for(cfg.workload.kind).ensembles
+    assert ensembles is not None, "only a family whose runs combine has members"
+    count = ensembles.members(cfg.workload)
     run_dir = Path(root) / cfg.run.name
     launch.check_existing_run(cfg, root)
     check_recipe(cfg, run_dir)  # members kept from an earlier command had the same recipe
     workload = launch.prepare_data(cfg)  # made once here, for every member
-    simulations = str(workload.simulation.path)
+    simulations = str(workload.simulation.path)  # type: ignore[attr-defined]
     members_root = run_dir / MEMBERS_FOLDER
-    members = [
-        Member(k, cfg.run.seed + k, f"{cfg.run.name}-m{k}", members_root / f"{cfg.run.name}-m{k}")
-        for k in range(count)
-    ]
-    earlier = _earlier_metrics(run_dir / ENSEMBLE_RECORD)
-    for member in members:
-        member.kept = (member.folder / POSTERIOR_FILE).is_file()
-        if member.kept:  # what it scored when it finished, for the table and the record
-            member.metrics = earlier.get(member.name, {})
+    members = _members(cfg, count, members_root, run_dir / ENSEMBLE_RECORD, ensembles.output)
     at_once = members_at_once(cfg, ray.cluster_resources(), count)
     kept = sum(m.kept for m in members)
     log.say(
@@ -116,7 +111,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     )
     handle = None
     if cfg.tracking.enabled:  # the ensemble's own MLflow run; the members' runs are its children
-        handle = launch.start_tracking(cfg, root, config.to_container(cfg), config.to_yaml(cfg))
+        handle = mlflow_run.start(cfg, root)
     env = member_env(handle.run_id if handle else None, ray)
     command = member_command(recipe, overrides, simulations, members_root)
     status = "FAILED"
@@ -128,11 +123,10 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
             log.error(f"ensemble: members failed: {names}; their output is above")
             log.error("re-run the same command to resume: finished members are kept")
             return 1
-        from trainforge.workloads.sbi import ensemble
-
-        posterior = run_dir / POSTERIOR_FILE
-        combined = ensemble.combine([m.folder for m in members], posterior)
-        metrics, files = evaluate(posterior, workload, cfg.run.seed, run_dir / EVALUATION_FOLDER)
+        posterior = run_dir / ensembles.output
+        combined = ensembles.combine([m.folder for m in members], posterior)
+        metrics, files = ensembles.evaluate(posterior, workload, cfg.run.seed,
+                                            run_dir / EVALUATION_FOLDER)  # fmt: skip
         write_record(run_dir / ENSEMBLE_RECORD, cfg, members, simulations, metrics)
         if handle is not None:
             _log_ensemble(handle, posterior, combined["members"], metrics, files)
@@ -149,22 +143,19 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     return 0
 
 
-def evaluate(
-    posterior: Path, workload: Any, seed: int, folder: Path
-) -> tuple[dict[str, float], list[Path]]:
-    """The recipe's evaluation (C2ST at its observations, SBC, pair plot) of the ensemble's
-    posterior, on this machine's CPU: the number the ensemble is for."""
-    evaluation = workload.evaluation
-    if not evaluation.observations and evaluation.sbc_runs == 0:
-        return {}, []
-    from trainforge.workloads.sbi import evaluate as evaluation_of
-    from trainforge.workloads.sbi import export, sources
-
-    log.say("ensemble: evaluating the mixture of the members' posteriors (on this CPU)")
-    folder.mkdir(parents=True, exist_ok=True)
-    return evaluation_of.run_posterior(
-        export.load_posterior(posterior), sources.resolve(workload), evaluation, seed, folder
-    )
+def _members(cfg: Recipe, count: int, root: Path, record: Path, output: str) -> list[Member]:
+    """The ensemble's members, each with its seed and folder under ``root``; those that
+    finished in an earlier command (their ``output`` is there) kept, with what they scored."""
+    earlier = _earlier_metrics(record)
+    members = []
+    for k in range(count):
+        name = f"{cfg.run.name}-m{k}"
+        member = Member(k, cfg.run.seed + k, name, root / name)
+        member.kept = (member.folder / output).is_file()
+        if member.kept:  # what it scored when it finished, for the table and the record
+            member.metrics = earlier.get(member.name, {})
+        members.append(member)
+    return members
 
 
 def check_recipe(cfg: Recipe, run_dir: Path) -> None:
@@ -215,7 +206,7 @@ def member_env(parent_run_id: str | None, ray: Any) -> dict[str, str]:
     their own; the lasting local cluster they join by themselves, with its warm workers)."""
     env = dict(os.environ)
     if parent_run_id:
-        env[PARENT_RUN_ENV] = parent_run_id
+        env[settings.PARENT_RUN.name] = parent_run_id
     if not on_lasting_cluster() and "RAY_ADDRESS" not in env:
         env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     env.setdefault("PYTHONUNBUFFERED", "1")  # their lines as they come

@@ -47,7 +47,7 @@ def requested(cfg: Recipe) -> dict[str, Any]:
 
 def record(run_dir: Path, recipe: dict[str, Any], outcome: Any) -> None:
     """Write down that the run in ``run_dir``, given ``recipe``, finished with ``outcome``
-    (``launch.Outcome``; no checkpoint: nothing to resume from, nothing is written)."""
+    (``run.Outcome``; no checkpoint: nothing to resume from, nothing is written)."""
     if outcome.checkpoint_path is None or not run_dir.is_dir():
         return
     from trainforge.tracking.client import redact

@@ -34,31 +34,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import home
-from trainforge.worker import settings
+from trainforge import settings
+from trainforge.worker import environment
 
-KEEP_ENV = "TRAINFORGE_KEEP_CLUSTER"  # "0": none kept; a private Ray where a command needs Ray
-IDLE_ENV = "TRAINFORGE_CLUSTER_IDLE_S"
-DEFAULT_IDLE_STOP_S = 1800.0
 START_ATTEMPTS = 3  # supervisors started, each with new ports, before `start` gives up
 # How long the supervisor gives `ray start --block` to stop its node after SIGTERM.
 RAY_STOP_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
 
 
-def keep_cluster() -> bool:
-    """Whether local commands use the lasting cluster (the default), or keep none: their own
-    worker processes (``own_workers.py``), or a private Ray where they need Ray."""
-    return os.environ.get(KEEP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+joined = threading.Event()
+"""Set once this process has joined the lasting local cluster (``cluster.connect``)."""
+
+
+def on_lasting_cluster() -> bool:
+    """Whether this process joined the lasting local cluster."""
+    return joined.is_set()
 
 
 def folder() -> Path:
-    return home.folder() / "local-cluster"
+    return settings.home() / "local-cluster"
 
 
 def background_lock_path() -> Path:
-    """Held by a background start (``own_workers.start_cluster_in_background``) until it ends;
-    it holds the pid of that start's process (``own_workers.stop_background``)."""
+    """Held by a background start (``background.start_cluster``) until it ends; it holds the
+    pid of that start's process (``background.stop``)."""
     return folder() / "background.lock"
 
 
@@ -139,8 +139,8 @@ def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterSt
 
 def _start(idle_s: float | None = None, num_cpus: int | None = None) -> tuple[ClusterState, bool]:
     """``start``, and whether this command started the cluster: another command starting one
-    at the same moment holds the start lock, and its cluster is used (both commands said they
-    had started it until the fifty-ninth session)."""
+    at the same moment holds the start lock, and its cluster is used (this command says it
+    connected, not that it started one)."""
     home = folder()
     home.mkdir(parents=True, exist_ok=True)
     with _start_lock(home):
@@ -259,25 +259,23 @@ SETTINGS_PREFIXES = (
 
 def worker_env(whole: bool | None = None) -> dict[str, str]:
     """The command's environment that its workers must see although they are children of a
-    Ray started by an earlier command; a worker takes it on with ``worker/settings.py`` (a
+    Ray started by an earlier command; a worker takes it on with ``worker/environment.py`` (a
     warm one for the run only).
 
     On the lasting local cluster (``whole``; by default where this process joined it) that is
-    all of it but what belongs to each process (``settings.own``): the cluster is
+    all of it but what belongs to each process (``environment.own``): the cluster is
     trainforge's, started in the background by an earlier command, and a user's simulator or
     model that reads a variable of its own (a data folder, a solver's switch, a binary on
     ``PATH``) must see this command's value, as in a script, not the environment of the
-    command that started the cluster (until the fifty-ninth session it did). On a cluster
+    command that started the cluster. On a cluster
     the user runs (``ray job submit``, KubeRay, SLURM) the workers may be other machines,
     whose environment is theirs and the job's runtime env: only the settings
     (``SETTINGS_PREFIXES``: threads, MLflow, trainforge's switches, torch's and the collective
     libraries') and the Python path."""
     if whole is None:
-        from trainforge.driver.cluster import on_lasting_cluster
-
         whole = on_lasting_cluster()
     if whole:
-        return {key: value for key, value in os.environ.items() if not settings.own(key)}
+        return {key: value for key, value in os.environ.items() if not environment.own(key)}
     return {
         key: value
         for key, value in os.environ.items()
@@ -293,33 +291,7 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
     home = folder()
     ports = {name: free_port() for name in ("gcs", "dashboard", "client")}
     temp_dir = Path(f"/tmp/trainforge-{os.getuid()}-{ports['gcs']}")
-    command = [
-        sys.executable, "-m", "trainforge.driver.ray_cli", "start", "--head", "--block",
-        f"--port={ports['gcs']}", "--node-ip-address=127.0.0.1",
-        "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
-        f"--ray-client-server-port={ports['client']}",
-        # Port 0: each agent binds a free port and publishes it. A port picked free here may be
-        # taken before the agent binds it, and a dashboard agent that cannot bind stays alive
-        # without registering (no job agent, no metrics).
-        "--dashboard-agent-listen-port=0", "--dashboard-agent-grpc-port=0",
-        "--runtime-env-agent-port=0", "--metrics-export-port=0",
-        f"--temp-dir={temp_dir}", "--disable-usage-stats",
-    ]  # fmt: skip
-    num_cpus = num_cpus if num_cpus is not None else usable_cpus()
-    if num_cpus is not None:
-        command.append(f"--num-cpus={num_cpus}")
-    # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
-    # the State API, which without it would ask the last `ray start` cluster on the machine.
-    # No drain on SIGTERM: Ray 2.60's `ray start --block` first waits up to 30 s for the node's
-    # leases to come back (for Serve replicas moving to other nodes), and the warm workers hold
-    # theirs: `trainforge cluster stop` took 30 s, ended at the supervisor's timeout with
-    # SIGKILL, and Ray's agents, never told to stop, lived on for minutes.
-    ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}",
-               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # fmt: skip
-    ray_process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=ray_env,
-    )  # fmt: skip
+    ray_process = _start_head(ports, temp_dir, num_cpus)
     ready = threading.Event()
     threading.Thread(target=_relay, args=(ray_process.stdout, ready), daemon=True).start()
     stopping = False
@@ -356,6 +328,46 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         # Short naps: a SIGTERM's handler runs, but the nap it interrupted goes on to its end,
         # and `stop` waits a bounded time for this process to go.
         time.sleep(0.5)
+    _stop_head(ray_process)
+    current = read_state()
+    if current is not None and current.supervisor_pid == os.getpid():
+        (home / "state.json").unlink(missing_ok=True)
+    return 0
+
+
+def _start_head(ports: dict[str, int], temp_dir: Path,
+                num_cpus: int | None) -> subprocess.Popen[bytes]:  # fmt: skip
+    """`ray start --head --block` on loopback, on ``ports``, its output piped for ``_relay``."""
+    command = [
+        sys.executable, "-m", "trainforge.driver.ray_cli", "start", "--head", "--block",
+        f"--port={ports['gcs']}", "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1", f"--dashboard-port={ports['dashboard']}",
+        f"--ray-client-server-port={ports['client']}",
+        # Port 0: each agent binds a free port and publishes it. A port picked free here may be
+        # taken before the agent binds it, and a dashboard agent that cannot bind stays alive
+        # without registering (no job agent, no metrics).
+        "--dashboard-agent-listen-port=0", "--dashboard-agent-grpc-port=0",
+        "--runtime-env-agent-port=0", "--metrics-export-port=0",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]  # fmt: skip
+    num_cpus = num_cpus if num_cpus is not None else usable_cpus()
+    if num_cpus is not None:
+        command.append(f"--num-cpus={num_cpus}")
+    # Every process of the cluster knows its address: Ray Train's placement-group cleaner asks
+    # the State API, which without it would ask the last `ray start` cluster on the machine.
+    # No drain on SIGTERM: Ray 2.60's `ray start --block` first waits up to 30 s for the node's
+    # leases to come back (for Serve replicas moving to other nodes), and the warm workers hold
+    # theirs: `trainforge cluster stop` took 30 s, ended at the supervisor's timeout with
+    # SIGKILL, and Ray's agents, never told to stop, lived on for minutes.
+    ray_env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{ports['gcs']}",
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # fmt: skip
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=ray_env,
+    )  # fmt: skip
+
+
+def _stop_head(ray_process: subprocess.Popen[bytes]) -> None:
     if ray_process.poll() is None:
         ray_process.send_signal(signal.SIGTERM)  # `ray start --block` stops its node on SIGTERM
         try:
@@ -363,10 +375,6 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         except subprocess.TimeoutExpired:
             print(f"ray did not stop within {RAY_STOP_TIMEOUT_S:.0f} s: killing it", flush=True)
             ray_process.kill()
-    current = read_state()
-    if current is not None and current.supervisor_pid == os.getpid():
-        (home / "state.json").unlink(missing_ok=True)
-    return 0
 
 
 def _relay(stream: IO[bytes], ready: threading.Event) -> None:
@@ -474,8 +482,8 @@ def usable_cpus() -> int | None:
 
 
 def idle_stop_s() -> float:
-    """How long the cluster waits unused before it stops (TRAINFORGE_CLUSTER_IDLE_S)."""
-    return float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_STOP_S))
+    """How long the cluster waits unused before it stops (``settings.CLUSTER_IDLE_S``)."""
+    return settings.CLUSTER_IDLE_S.seconds()
 
 
 def _alive(pid: int) -> bool:
@@ -530,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m trainforge.driver.local_cluster")
-    parser.add_argument("--idle-stop", type=float, default=DEFAULT_IDLE_STOP_S)
+    parser.add_argument("--idle-stop", type=float, default=float(settings.CLUSTER_IDLE_S.default))
     parser.add_argument("--num-cpus", type=int)
     args = parser.parse_args(argv)
     return supervise(args.idle_stop, args.num_cpus)

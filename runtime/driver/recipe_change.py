@@ -40,12 +40,19 @@ PASS_WHEN_LARGER = ("train.epochs", "train.max_steps")
 """Keys that may grow on resume: the run trains further."""
 
 
-def check(cfg: Recipe, storage_root: str, verified: Path | None = None) -> None:
+def check(
+    cfg: Recipe,
+    storage_root: str,
+    verified: Path | None = None,
+    free: tuple[str, ...] = (),
+    only: tuple[str, ...] = ("",),
+) -> None:
     """Refuse (RecipeError) a resume whose recipe differs from its latest checkpoint's in keys
     that change results, unless ``checkpoint.allow_changes``; then say what changed. That
     checkpoint is ``verified`` where the command has just checked it (``check_resumable``:
     hashing a large checkpoint's files twice would cost the command their read again), else
-    it is searched for."""
+    it is searched for. Only keys under ``only`` are compared, less those under ``free``: the
+    workload's are compared once its data is located."""
     folder = storage.local_folder(storage_root)
     if folder is None or not (folder / cfg.run.name).is_dir():
         return  # a new run (or remote storage): nothing to compare
@@ -59,13 +66,16 @@ def check(cfg: Recipe, storage_root: str, verified: Path | None = None) -> None:
     saved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]  # YAML keys
         OmegaConf.load(latest / checkpoint.RECIPE_FILE)
     )
-    compare(cfg, saved)
+    compare(cfg, saved, free, only)
 
 
-def compare(cfg: Recipe, saved: Mapping[str, Any], free: tuple[str, ...] = ()) -> None:
-    """``check``'s verdict on ``cfg`` against the ``saved`` recipe of the run it resumes;
-    keys in ``free`` may change too."""
-    changed = {k: v for k, v in changes(saved, config.to_container(cfg)).items() if k not in free}
+def compare(
+    cfg: Recipe, saved: Mapping[str, Any], free: tuple[str, ...] = (), only: tuple[str, ...] = ("",)
+) -> None:
+    """``check``'s verdict on ``cfg`` against the ``saved`` recipe of the run it resumes, on
+    the keys under ``only``; keys under ``free`` may change too."""
+    changed = {k: v for k, v in changes(saved, config.to_container(cfg)).items()
+               if k.startswith(only) and not k.startswith(free)}  # fmt: skip
     if not changed:
         return
     listing = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())

@@ -3,13 +3,14 @@ them, so the next command finds workers that have run once.
 
 Why: a warm worker's first run pays what its later runs do not: the first optimizer step, the
 first checkpoint, MLflow's model logging and figures on rank 0, on a GPU the first CUDA-graph
-capture and cuDNN's autotuning (bench/results, issue 12: the command after a cold one, on the
+capture and cuDNN's autotuning (the command after a cold one, on the
 workers the background started, had 5.4 s of overhead on this project's 2-core CPU against
 3.9 s on workers that had run once; on one H200 its first step came after 3.3-4.5 s against
 2.2-2.4 s). The background start after a cold command (``own_workers.main``) therefore runs
 the command's own recipe for a few steps on them, through the command's own path
-(``launch.run_workers``), in a temporary folder with a temporary MLflow store, both deleted
-afterwards: nothing of it reaches the user's runs or MLflow.
+(``run.run_workers``), in a temporary folder with a temporary MLflow store, both deleted
+afterwards: nothing of it reaches the user's runs or MLflow, and no worker plugin of the
+command's (a test's fault) is installed.
 """
 
 from __future__ import annotations
@@ -64,18 +65,14 @@ def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int | None:
     Their slots are not claimed: a command that claims one meanwhile waits for the
     rehearsal's end (a worker serves one call at a time) and then takes rehearsed workers,
     where claimed slots would send it to other slots and new workers."""
-    from trainforge.driver import launch, warm_pool
-    from trainforge.worker import faults
+    from trainforge.driver import run
+    from trainforge.driver.workers.warm import WarmWorkers
 
     slots = sorted(int(name.rsplit("-", 1)[1]) for name in ahead)
     if len(slots) != cfg.scaling.num_workers:
         return None
     with tempfile.TemporaryDirectory(prefix="trainforge-rehearsal-") as folder:
         short = recipe(cfg, Path(folder))
-        payload = launch.worker_payload(short, folder)
-        for key in faults.requested():  # a test's injected fault is for its command's run
-            payload.pop(key)
-        failed = (warm_pool.WorkersFailed,)
-        outcome = launch.run_workers(short, payload, folder, None, ahead, failed, None,
-                                     warm_slots=slots)  # fmt: skip
-        return outcome.exit_code
+        payload = run.worker_payload(short, folder).but(plugins=())
+        with WarmWorkers(short, ahead, slots) as group:
+            return run.run_workers(short, payload, group).exit_code

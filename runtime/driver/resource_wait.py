@@ -5,7 +5,7 @@ while other work holds what it needs (or until an autoscaler adds a node): on a 
 cluster a command printed nothing between its MLflow line and its workers' start — 100 s in a
 run here whose CPUs another actor held. A restart after a failure (``run.max_failures``) places
 a new group the same way, and waits the same way where the failed node took its CPUs or GPUs
-with it. For the whole of Ray Train's ``fit()`` a thread looks at this job's placement groups
+with it. For the whole of each Ray Train ``fit()`` a thread looks at this job's placement groups
 (a placement group's ID ends with its job's ID): one that stays pending for ``FIRST_S`` is said,
 with what the run needs and what the cluster has free, and again every ``EVERY_S`` while it
 waits. Once a group is placed it looks less often (``PLACED_POLL_S``): only a restart's group
@@ -34,11 +34,11 @@ PLACED_POLL_S = 5.0
 
 
 @contextlib.contextmanager
-def said_while_pending() -> Iterator[None]:
-    """Around Ray Train's ``fit()``: says what the workers wait for, if they wait (at the start
-    or at a restart)."""
+def said_while_pending(restart: bool = False) -> Iterator[None]:
+    """Around Ray Train's ``fit()``: says what the workers wait for, if they wait (at the start,
+    or, where the ``fit()`` is a ``restart``, as a restart's)."""
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(stop,), name="trainforge-placement",
+    watcher = threading.Thread(target=_watch, args=(stop, restart), name="trainforge-placement",
                                daemon=True)  # fmt: skip
     watcher.start()
     try:
@@ -113,10 +113,10 @@ class Watch:
         return needs, now - self.pending_since
 
 
-def _watch(stop: threading.Event) -> None:
+def _watch(stop: threading.Event, restart: bool) -> None:
     import ray
 
-    watch = Watch(ray.get_runtime_context().get_job_id())
+    watch = Watch(ray.get_runtime_context().get_job_id(), placements=int(restart))
     while not stop.wait(PLACED_POLL_S if watch.placements else POLL_S):
         try:
             due = watch.look(ray.util.placement_group_table(), time.monotonic())

@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
-from trainforge import config, log
+from trainforge import config, log, settings
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, find_recipe
-from trainforge.tracking.driver import GIT_COMMIT_ENV, USER_ENV, git_commit, submitter
+from trainforge.tracking.driver import git_commit, submitter
 
 DEFAULT_RUNTIME_ENV = default_runtime_env()
 # Ray uploads the working_dir whole (and refuses one over its size limit): leave out what a
@@ -63,8 +63,8 @@ def build_runtime_env(
         env["excludes"] = sorted(excludes)
     env_vars = {str(k): str(v) for k, v in (env.get("env_vars") or {}).items()}
     if commit:
-        env_vars[GIT_COMMIT_ENV] = commit
-    env_vars.setdefault(USER_ENV, submitter())  # the MLflow run's user: who submitted it
+        env_vars[settings.GIT_COMMIT.name] = commit
+    env_vars.setdefault(settings.USER.name, submitter())  # the MLflow run's user: who submitted it
     env["env_vars"] = env_vars
     return env
 

@@ -64,13 +64,6 @@ class RunHandle:
         return dict(self.__dict__)
 
 
-HANDOVER_FIELD = "mlflow_handover"
-"""The workers' payload field naming the Ray key under which the command hands them the run's
-handle (``driver/mlflow_handover.py``, ``tracking.worker.handed_over``)."""
-RELAY_NODE_FIELD = "mlflow_relay_node"
-"""The workers' payload field naming the command's Ray node: a rank 0 there relays."""
-
-
 def resolve_uri(configured: str | None) -> str:
     """Recipe value, else $MLFLOW_TRACKING_URI, else SQLite in the working directory — made
     absolute, because Ray workers run in another directory."""

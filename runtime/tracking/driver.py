@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainforge import storage
+from trainforge import settings, storage
 from trainforge.log import first_line, warn
 from trainforge.tracking import new_store
 from trainforge.tracking.client import (
@@ -33,12 +33,6 @@ from trainforge.tracking.client import (
 )
 from trainforge.tracking.spool import Spool
 
-# set by the job submitter when the tree ships without .git
-GIT_COMMIT_ENV = "TRAINFORGE_GIT_COMMIT"
-# set by the job submitter: who submitted (the job itself runs as the cluster's user)
-USER_ENV = "TRAINFORGE_USER"
-# set for an ensemble's members (driver/ensemble_run.py): their runs nest under the ensemble's
-PARENT_RUN_ENV = "TRAINFORGE_MLFLOW_PARENT_RUN_ID"
 # a value that names a place on one machine: a tag, not a param (params compare across runs)
 MACHINE_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|file:|sqlite:)")
 
@@ -76,8 +70,8 @@ def driver_tags() -> dict[str, str]:
         tags["ray.submission_id"] = submission_id
     if ray.is_initialized():
         tags["ray.job_id"] = ray.get_runtime_context().get_job_id()
-    if os.environ.get(PARENT_RUN_ENV):  # MLflow's UI nests the run under this one
-        tags["mlflow.parentRunId"] = os.environ[PARENT_RUN_ENV]
+    if settings.PARENT_RUN.is_set():  # MLflow's UI nests the run under this one
+        tags["mlflow.parentRunId"] = settings.PARENT_RUN.get()
     return tags | source_tags(submitted=submission_id is not None)
 
 
@@ -97,10 +91,10 @@ def source_tags(submitted: bool, argv: list[str] | None = None) -> dict[str, str
     tags = {
         "mlflow.source.name": recipe or command.split(" ", 2)[0],
         "mlflow.source.type": "JOB" if submitted else "LOCAL",
-        "mlflow.user": os.environ.get(USER_ENV) or submitter(),
+        "mlflow.user": settings.USER.get() or submitter(),
         "mlflow.note.content": f"`{command}`" + (f"\n\nRecipe: `{recipe}`" if recipe else ""),
     }
-    commit = os.environ.get(GIT_COMMIT_ENV) or git_commit()
+    commit = settings.GIT_COMMIT.get() or git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
         tags["git.commit"] = commit  # the name earlier runs were tagged with

@@ -168,7 +168,7 @@ def pytorch_flavour() -> ModuleType:
     pytorch flavour imports ``pytorch_lightning`` wherever it is installed, for a checkpoint
     callback of its Lightning autologging, which trainforge does not use. On GPU hosts that have
     Lightning the flavour's import took 11-13 s, 4.6-5.1 s without it, much of it on the
-    command's way to the run's end (bench/results, issue 12). So, unless something imported
+    command's way to the run's end. So, unless something imported
     Lightning before, its names are refused while the flavour is imported (a ``None`` entry in
     ``sys.modules`` makes ``import`` raise ImportError, which MLflow catches), then allowed
     again."""

@@ -6,7 +6,7 @@ command in every new folder paid it, on a cold command's critical path. The resu
 for every store of one MLflow version, so it is made once, in ``$TRAINFORGE_HOME/mlflow-schema/``
 (default ``~/.cache/trainforge/``), without its rows: MLflow finds the schema current and
 creates its Default experiment itself, with the artifact location of the new store's folder.
-Anything that goes wrong here leaves the store to MLflow, as before: a run never depends on it.
+Anything that goes wrong here leaves the store to MLflow to make: a run never depends on it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from trainforge import home
+from trainforge import settings
 
 ROWS_MADE_WITH_THE_SCHEMA = ("experiments",)
 """What MLflow writes into a new store besides its schema: the Default experiment, whose
@@ -60,7 +60,7 @@ def sqlite_file(uri: str) -> Path | None:
 def template_path() -> Path:
     import mlflow
 
-    return home.folder() / "mlflow-schema" / f"mlflow-{mlflow.__version__}.db"
+    return settings.home() / "mlflow-schema" / f"mlflow-{mlflow.__version__}.db"
 
 
 def make_template(template: Path) -> None:

@@ -1,27 +1,22 @@
 """Rank 0's tracking records, sent to MLflow by the command: rank 0 then imports no MLflow.
 
-Where a run's workers are the command's own processes (``driver/own_workers.py``), the command
-makes the MLflow run on a thread while they start (``RunInTheMaking``): their run does not wait
-for it. Rank 0 writes what it would send (metric rows at each commit, its tags, the dataset
-input, artifacts) to ``tracking-relay.jsonl`` in the run folder, in the spool's format
-(``tracking/spool.py``), and once the run exists a thread of the command sends each record as it
-comes. The command samples the system metrics too, and logs the final model, which rank 0 hands
-it with its last result (the module, or a workload's own flavour's logging function and its
+Where rank 0 runs on the command's node — the command's own processes, warm workers, and Ray
+Train's rank 0 where Ray placed it there — the command makes the MLflow run on a thread while
+the workers start (``RunInTheMaking``): their run does not wait for it. Rank 0 writes what it
+would send (metric rows at each commit, its tags, the dataset input, artifacts) to
+``tracking-relay.jsonl`` in the run folder, in the spool's format (``tracking/spool.py``), and
+once the run exists a thread of the command sends each record as it comes. The command samples
+the system metrics too, and logs the final model, which rank 0 keeps beside the relay's files
+(``keep_handed_model``: the module, or a workload's own flavour's logging function and its
 files). Why: MLflow in rank 0 put a cold one-GPU command's first step ~5 s later — its import
-and store before the setup could end, then its system-metrics monitor (bench/results,
-twenty-eighth session) — and its import at the end made the run's end as much longer. Where the
-workers take every core (two on this project's 2-core CPU), rank 0 made the run before the
-first step while the other worker's core stood idle; beside the workers the first step came
-2.0 s sooner and the whole command 1.0 s (bench/results, thirtieth session).
+and store before the setup could end, then its system-metrics monitor — and its import at the
+end made the run's end as much longer. Where the workers take every core (two on a 2-core CPU),
+rank 0 made the run before the first step while the other worker's core stood idle; beside the
+workers the first step came 2.0 s sooner and the whole command 1.0 s.
 
-On Ray Train's workers (``driver/launch.py``), which Ray places, rank 0 relays where it runs on
-the command's Ray node (its run folder is then the command's): it says so by writing, and the
-command's system metrics of node 0 begin then; elsewhere rank 0 sends its records itself, with
-the run handed over through Ray (``tracking.worker.handed_over``), and samples its node. Rank 0
-of Ray Train returns nothing to the command: it keeps the model it hands over beside the
-relay's files (``keep_handed_model``), where the command takes it after the workers' run.
-In rank 0 the import of MLflow and its store cost ~3 s of the ~7 s between the process
-group's start and the first step on this project's 2-core CPU (Ray Train's path, digits).
+Ray Train's rank 0 says it relays by writing here, and the command's system metrics of node 0
+begin then; a rank 0 that Ray placed on another node sends its records itself, with the run
+handed over through Ray (``tracking.worker.handed_over``), and samples its node.
 
 A commit is then the file's fsync: a crash loses nothing a checkpoint covers. What was sent is
 counted in ``tracking-relay.offset``; what the command could not send goes to the spool, for
@@ -46,7 +41,7 @@ from trainforge.tracking.client import RunHandle, redact
 from trainforge.tracking.spool import send
 
 RELAY_FILE = "tracking-relay.jsonl"
-HANDED_MODEL = "handed-model.pickle"  # Ray Train's rank 0's model, beside the relay's files
+HANDED_MODEL = "handed-model.pickle"  # rank 0's final model, beside the relay's files
 POLL_S = 0.5  # how soon a committed record reaches MLflow
 STOP_WAIT_S = 15.0  # at the end: how long the last records may take to send
 MAX_DELAY_S = 30.0  # the longest wait between attempts while MLflow does not answer
@@ -158,17 +153,13 @@ class Relay(threading.Thread):
         send(self.client, self.run_id, record)
         kept.unlink()
 
-    def log_model(self, handed: bytes) -> None:
-        """The final model, handed over by rank 0 (``tracking/worker.py``): logged from here,
-        where MLflow is imported, not in rank 0 after its loop."""
-        model_logging.log_handed(self.handle, handed)
-
     def log_kept_model(self) -> None:
-        """The final model Ray Train's rank 0 kept for this command (``keep_handed_model``),
-        logged, if it kept one."""
+        """The final model rank 0 kept for this command (``keep_handed_model``), logged from
+        here, where MLflow is imported, not in rank 0 after its loop; nothing where it kept
+        none."""
         kept = files_folder(self.path) / HANDED_MODEL
         if kept.exists():
-            self.log_model(kept.read_bytes())
+            model_logging.log_handed(self.handle, kept.read_bytes())
             kept.unlink()
 
     def stop(self) -> None:
@@ -253,9 +244,9 @@ def start(
 
 
 def keep_handed_model(relay_file: str, handed: bytes) -> None:
-    """Rank 0 of Ray Train's workers, which relays: the model it hands over
-    (``model_logging.handed_over``), kept beside the relay's files for ``Relay.log_kept_model``
-    (Ray Train hands the command no result of a worker's)."""
+    """Rank 0, which relays: the model it hands over (``model_logging.handed_over``), kept
+    beside the relay's files for ``Relay.log_kept_model`` (the same on every worker path: Ray
+    Train hands the command no result of a worker's)."""
     kept = files_folder(Path(relay_file)) / HANDED_MODEL
     kept.parent.mkdir(parents=True, exist_ok=True)
     with replacing(kept) as temporary:

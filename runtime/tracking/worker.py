@@ -12,8 +12,7 @@ records go to a file in the run folder and its final model to the command. Else 
 imports what it needs (MLflow's pytorch flavour; matplotlib for SBI's figures) after the loop.
 A thread importing them while the loop ran saved the end as much as it cost the loop: the
 loop's thread waits for Python's lock each time it gives it up (every wait for the GPU), and on a
-GPU the thread held back the CUDA-graph capture, the first step ~3 s later on one H200
-(bench/results, twenty-eighth session).
+GPU the thread held back the CUDA-graph capture, the first step ~3 s later on one H200.
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ from trainforge.distributed import WorkerContext, all_gather_objects
 from trainforge.log import first_line, warn
 from trainforge.tracking import model_logging, relay, system_metrics
 from trainforge.tracking.client import (
-    HANDOVER_FIELD,
-    RELAY_NODE_FIELD,
     RunHandle,
     configure_client_env,
     open_store,
@@ -121,29 +118,35 @@ class Sender(threading.Thread):
 HANDOVER_WAIT_S = 300.0  # MLflow's own retries against a slow server end well before
 
 
-def handed_over(payload: dict[str, Any], ctx: WorkerContext, system_metrics: bool) -> Any:
-    """The MLflow run's handle for this worker: the payload's (rank 0 then writes its records
-    for the command to send, ``tracking/relay.py``), or, on Ray Train's workers, where this one
-    talks to MLflow itself — rank 0 on another node than the command's, or the first worker of
-    a node, which samples its system metrics — the run the command hands over through Ray's
-    key-value store once it is made (``driver/mlflow_handover.py``), waited for if need be."""
-    key, own = payload.get(HANDOVER_FIELD), payload.get("mlflow")
-    if key is None or own is None:
-        return own
-    relays = ctx.is_main and payload.get(RELAY_NODE_FIELD) == ctx.node_id
+def handed_over(
+    handle: dict[str, Any] | None,
+    handover_key: str | None,
+    relay_node: str | None,
+    ctx: WorkerContext,
+    system_metrics: bool,
+) -> dict[str, Any] | None:
+    """The MLflow run's handle for this worker: the command's (``handle``: rank 0 then writes
+    its records for the command to send, ``tracking/relay.py``), or, on Ray Train's workers,
+    where this one talks to MLflow itself — rank 0 on another node than the command's
+    (``relay_node``), or the first worker of a node, which samples its system metrics — the run
+    the command hands over under ``handover_key`` through Ray's key-value store once it is made
+    (``driver/mlflow_handover.py``), waited for if need be."""
+    if handover_key is None or handle is None:
+        return handle
+    relays = ctx.is_main and relay_node == ctx.node_id
     monitors = system_metrics and ctx.local_rank == 0
-    if relays or not (ctx.is_main or monitors):  # the rest take the payload's and send nothing
-        return own
+    if relays or not (ctx.is_main or monitors):  # the rest take the command's and send nothing
+        return handle
     from trainforge import ray_compat
 
     deadline = time.monotonic() + HANDOVER_WAIT_S
-    while (value := ray_compat.kv_get(key)) is None:
+    while (value := ray_compat.kv_get(handover_key)) is None:
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"the command did not hand over its MLflow run within {HANDOVER_WAIT_S:.0f} s"
             )
         time.sleep(0.05)
-    return json.loads(value)
+    return dict(json.loads(value))
 
 
 class WorkerTracker:
@@ -157,8 +160,6 @@ class WorkerTracker:
         relayed = self.handle is not None and self.handle.relay_path is not None
         self.sends = self.logs_metrics and self.online and not relayed
         self.hands_off = self.logs_metrics and relayed
-        # the final model and its input example, pickled, for the command to log to MLflow
-        self.model_for_command: bytes | None = None
         self.monitors = (
             self.online and ctx.local_rank == 0 and section.system_metrics and not relayed
         )
@@ -318,7 +319,8 @@ class WorkerTracker:
             logged, example = model_logging.for_mlflow(model, example)
         if self.hands_off:  # the command logs it (tracking/relay.py)
             try:
-                self.model_for_command = model_logging.handed_over(logged, example, custom)
+                handed = model_logging.handed_over(logged, example, custom)
+                relay.keep_handed_model(str(self._handle().relay_path), handed)
                 return
             except Exception as exc:  # a flavour that cannot be pickled is logged here
                 warn(f"the model is logged by rank 0: it cannot be handed over ({exc})")

@@ -1,7 +1,7 @@
-"""How often Ray Train restarted this command's workers (``run.max_failures``), recorded.
+"""How often this command's workers were restarted (``run.max_failures``), recorded.
 
 Every worker-group start runs the loop from the top, so the count lives outside it: the driver
-gives each command an id (``payload["command"]``) and rank 0 counts the starts of that id in
+gives each command an id (``WorkerPayload.command``) and rank 0 counts the starts of that id in
 ``<run folder>/restarts.json`` (rewritten atomically). The first start is not a restart; each
 later one is, and is said on the console and logged as the MLflow metric ``run/restarts``.
 Remote storage (``s3://…``) has no folder to count in: not counted.
@@ -10,24 +10,22 @@ Remote storage (``s3://…``) has no folder to count in: not counted.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from trainforge import log, storage
 from trainforge.atomic import replacing
 from trainforge.distributed import WorkerContext
 from trainforge.tracking.worker import WorkerTracker
 
-COMMAND = "command"
-"""Payload key: an id for one ``trainforge train`` command, shared by its restarts."""
 FILE = "restarts.json"
 
 
-def record(payload: dict[str, Any], ctx: WorkerContext, tracker: WorkerTracker, step: int) -> int:
-    """On rank 0: count this start; when it is a restart, say so and log the count. Returns
-    the restarts so far (0 on other ranks and where nothing can be counted)."""
-    folder = storage.local_folder(payload.get("run_dir"))
-    command = payload.get(COMMAND)
-    if not ctx.is_main or folder is None or command is None:
+def record(
+    run_dir: str, command: str, ctx: WorkerContext, tracker: WorkerTracker, step: int
+) -> int:
+    """On rank 0: count this start of ``command``; when it is a restart, say so and log the
+    count. Returns the restarts so far (0 on other ranks and where nothing can be counted)."""
+    folder = storage.local_folder(run_dir)
+    if not ctx.is_main or folder is None:
         return 0
     path = folder / FILE
     try:

@@ -26,14 +26,15 @@ on a side stream (``distributed.step_stream``), where their backward passes make
 parameters' gradient accumulators, so an eager backward needs no sync with them. The capture
 runs on a stream of its own: in the graph the accumulators' work is then ordered after the
 backward's by graph edges, not by one stream, and it overlaps the backward (2 H200s: +1.5-2.5%
-at 2 GPUs against capture on the accumulators' stream, equal on one; bench/results,
-thirty-seventh and thirty-eighth sessions). Torch warns of that mismatch once per process at
-capture ("may incur unnecessary synchronization"): the filter around the capture names that
-message alone. A model wrapped in DDP (``bench/ddp_scaling_options.py`` compares the two) is
-captured too, after 11 eager steps, as PyTorch's CUDA notes ask (DDP finishes setting up its
-buckets and logging in the first ten; it must be built on the side stream). The notes also ask
-for NCCL's asynchronous error handling off; capture and replay work with Ray Train's default
-(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, tested on H200s), so nothing sets it.
+at 2 GPUs against capture on the accumulators' stream, equal on one). Torch warns of that
+mismatch once per process at capture ("may incur unnecessary synchronization"): the filter
+around the capture names that message alone. A model wrapped in DDP
+(``bench/ddp_scaling_options.py`` compares the two) is captured too, after 11 eager steps, as
+PyTorch's CUDA notes ask (DDP finishes setting up its buckets and logging in the first ten; it
+must be built on the side stream). The notes also ask
+for NCCL's asynchronous error handling off; capture and replay work with it on
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, as every worker's process-group join sets it, tested on
+H200s).
 
 Every optimizer: Adam and AdamW capturable (step counter and LR on the device), SGD fused with
 its LR in a device tensor (``optim.build_optimizer``). BatchNorm's running statistics and the

@@ -1,4 +1,4 @@
-"""The training loop every Ray Train worker runs — ``run`` reads top to bottom:
+"""The training loop every worker runs, on every worker path — ``run`` reads top to bottom:
 setup → per epoch: train, end of epoch → finish.
 
 Per optimizer step (``Stepper``): ``grad_accum_steps`` micro-batches, each forward+backward
@@ -16,6 +16,7 @@ A loss or weights gone NaN/inf stop the run on every rank before they are logged
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 from contextlib import nullcontext
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from trainforge import config, distributed
-from trainforge.checkpoint import RayReporter, Reporter
+from trainforge.checkpoint import Reporter
 from trainforge.config.schema import PrecisionSection, Recipe, TrainSection
 from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch, streams
 from trainforge.data.types import Split
@@ -37,11 +38,11 @@ from trainforge.optim import PlateauLR, build_optimizer, build_schedule
 from trainforge.precision import Precision
 from trainforge.profiling import StepProfiler
 from trainforge.progress import Progress
-from trainforge.tracking import relay
 from trainforge.tracking.client import redact_all
 from trainforge.tracking.worker import WorkerTracker, handed_over
-from trainforge.worker import faults, restarts
+from trainforge.worker import restarts
 from trainforge.worker.health import check_before_save, nonfinite_flags, raise_if_nonfinite
+from trainforge.worker.payload import WorkerPayload
 from trainforge.worker.rng import seed_everything
 from trainforge.worker.state import Checkpointer, TrainState
 from trainforge.worker.step import Stepper, cuda_graph_choice
@@ -49,32 +50,25 @@ from trainforge.workloads import build_workload
 from trainforge.workloads.base import Workload
 
 
-def train_worker(payload: dict[str, Any]) -> None:
-    """Entry point of each Ray Train worker. ``payload`` comes from ``trainforge.driver.launch``."""
-    handed = run(payload, distributed.ray_context())
-    if handed is not None:  # rank 0 relays: the command takes the model from the run folder
-        relay.keep_handed_model(payload["mlflow"]["relay_path"], handed)
-
-
-def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None = None) -> Any:
-    """One worker's whole run; ``reporter`` takes the checkpoints (default: Ray Train's).
-    Returns the final model for the command to log to MLflow, where rank 0 hands it over
-    (``tracking/relay.py``); else None."""
-    cfg = config.from_container(payload["recipe"])
+def run(payload: WorkerPayload, ctx: WorkerContext, reporter: Reporter) -> None:
+    """One worker's whole run; ``reporter`` takes the checkpoints (Ray Train's, or the run
+    folder's). Rank 0's final model goes to MLflow through the command where rank 0 relays
+    (``tracking/relay.py``)."""
+    cfg = config.from_container(payload.recipe)
     setup_backends(cfg.precision, ctx)
     seed_everything(cfg.run.seed + ctx.rank)  # per-rank streams for augmentation and dropout
-    handle = handed_over(payload, ctx, cfg.tracking.system_metrics)
+    handle = handed_over(payload.mlflow, payload.handover_key, payload.relay_node, ctx,
+                         cfg.tracking.system_metrics)  # fmt: skip
     tracker = WorkerTracker(handle, cfg.tracking, ctx)
     tracker.prewarm()  # MLflow's import and store, while the data and model are built
-    reporter = reporter or RayReporter()
     recipe_yaml = redact_all(config.to_yaml(cfg))  # checkpoints keep no credentials
     checkpointer = Checkpointer(cfg.checkpoint, ctx, recipe_yaml, reporter, tracker)
-    trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.get("run_dir")))
+    trainer = Trainer(cfg, ctx, tracker, resume_from=checkpointer.latest(payload.run_dir))
     checkpointer.before_save = trainer.check_finite  # never a checkpoint of a NaN run
-    faults.inject(payload, trainer, checkpointer)  # only when a test asks for one
+    install_plugins(payload.plugins, trainer, checkpointer)
     state, plan = trainer.state, trainer.plan
     position = state.position
-    restarts.record(payload, ctx, tracker, position.global_step)  # max_failures restarts
+    restarts.record(payload.run_dir, payload.command, ctx, tracker, position.global_step)
 
     while (
         position.epoch < plan.epochs
@@ -84,19 +78,21 @@ def run(payload: dict[str, Any], ctx: WorkerContext, reporter: Reporter | None =
         trainer.train_epoch(checkpointer)  # saves every checkpoint.every_steps steps
         last = trainer.end_of_epoch()  # validation, early stopping, the epoch's metrics
         checkpointer.maybe_save(state, trainer.metrics, epoch_end=True, last=last)
-        if position.epoch == payload.get("fail_after_epoch"):
-            raise RuntimeError(
-                f"injected failure after epoch {position.epoch} (TRAINFORGE_FAIL_AFTER_EPOCH)"
-            )
 
     # Whatever finish changed (best weights, the workload's evaluation) is reported with a
     # final checkpoint: Ray's result carries the metrics of the latest checkpoint, and a resume
     # must find the weights the run ended with. A barrier too: every rank waits here for rank
     # 0's evaluation.
-    if trainer.finish(payload.get("run_dir")):
+    if trainer.finish(payload.run_dir):
         checkpointer.maybe_save(state, trainer.metrics, last=True)
     trainer.close()
-    return tracker.model_for_command
+
+
+def install_plugins(plugins: tuple[str, ...], trainer: Trainer, checkpointer: Checkpointer) -> None:
+    """Each worker plugin's ``install(trainer, checkpointer)`` (``TRAINFORGE_WORKER_PLUGINS``),
+    which may wrap the loop's parts: how the tests cause faults on a CPU."""
+    for name in plugins:
+        importlib.import_module(name).install(trainer, checkpointer)
 
 
 # The plan of a run that early stopping ends (train.epochs: null): a bound never reached
@@ -455,7 +451,7 @@ def setup_backends(precision_cfg: PrecisionSection, ctx: WorkerContext) -> None:
     torch.backends.cuda.matmul.allow_tf32 = precision_cfg.tf32
     torch.backends.cudnn.allow_tf32 = precision_cfg.tf32
     # cuDNN's autotuning: on one H200 the graphed ResNet-18 step ran 8% faster with it, and a
-    # cold worker's first step paid ~1 s for it (bench/results, cudnn_first_step.py)
+    # cold worker's first step paid ~1 s for it (bench/cudnn_first_step.py)
     torch.backends.cudnn.benchmark = precision_cfg.cudnn_benchmark
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)

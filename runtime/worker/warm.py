@@ -26,17 +26,17 @@ import gc
 import importlib
 import io
 import os
-import shutil
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
-from datetime import datetime
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainforge import log, ray_compat
-from trainforge.worker import settings
+from trainforge import log
+from trainforge.worker import environment
+from trainforge.worker.payload import WorkerPayload
+from trainforge.worker.process_group import Place
 
 CHECK_S = 1.0
 """How often a warm worker checks that the command it serves is alive."""
@@ -59,7 +59,7 @@ class WarmWorker:
         what its first step imports (``WorkloadSpec.worker_imports``)."""
         if gpu is not None:  # before torch's import: Ray may have hidden every GPU from us
             os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-            os.environ.update(settings.gpu_worker_env(os.environ))
+            os.environ.update(environment.gpu_worker_env(os.environ))
         self.gpu = gpu
         _use_sys_path(sys_path)
         self.sys_path = list(sys_path)
@@ -107,8 +107,8 @@ class WarmWorker:
         """Check the modules imported since the last look (by a run, a simulation task) at
         later commands too, with their modification times now. Those seen before keep the
         time they had: a module edited while a run used it was imported before the edit, and
-        the next command must not be served from that import (until the forty-sixth session
-        every time was taken anew after each run, and it was). Left open: a module edited
+        the next command must not be served from that import (a time taken anew after each
+        run would have served it). Left open: a module edited
         during the very run that first imported it; marking every module modified since the
         run began would also retire a worker for each file a run generates and imports."""
         new = [name for name in sys.modules if name not in self.loaded]
@@ -144,74 +144,36 @@ class WarmWorker:
             else:
                 self.claimed_by = 0
 
-    def track(self, call: str, args: tuple[Any, ...], env: dict[str, str],
-              console_file: str) -> Any:  # fmt: skip
-        """The command's MLflow calls (``tracking.driver.start_run``, ``finish_run``) in this
-        process, where MLflow is imported and its store open after the first run."""
-        from trainforge.tracking import driver as tracking
-
-        with _lines_to(Path(console_file), 0), settings.applied(env):
-            return getattr(tracking, call)(*args)
-
-    def open_tracking(self, uri: str, env: dict[str, str]) -> None:
-        """MLflow imported and the run's store opened ahead of the run (``warm_pool.prestart``):
-        a new process's first MLflow call costs seconds (2 s on this project's CPU, 5-7 s on a
-        4-core GPU host), which then overlap the data stage. A failure is left to the run's
-        own MLflow call, which reports it."""
-        from trainforge.tracking.client import open_store
-
-        with settings.applied(env), contextlib.suppress(Exception):
-            open_store(uri, ask_server=False)  # a slow server would hold this process's queue
-
-    def run(self, payload: dict[str, Any], rank: int, world_size: int, port: int,
+    def run(self, payload: WorkerPayload, rank: int, world_size: int, port: int,
             driver_pid: int) -> dict[str, Any]:  # fmt: skip
         """One rank of one run; returns what rank 0 reported last with a checkpoint."""
         import torch
-        import torch.distributed as dist
 
+        from trainforge.checkpoint import RunFolderReporter
         from trainforge.distributed import WorkerContext
+        from trainforge.worker import process_group
         from trainforge.worker.trainer import run
 
         self.claimed_by, self.running = driver_pid, True
         try:
-            env = payload["env"] | rank_env(rank, world_size)
-            with _lines_to(Path(payload["console_file"]), rank), settings.applied(env):
-                timeout = payload["recipe"]["scaling"]["timeout_s"]
-                store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
-                                      timeout=_seconds(timeout))  # fmt: skip
+            with _lines_to(Path(str(payload.console_file)), rank), \
+                    environment.applied(payload.env):  # fmt: skip
                 device = torch.device("cpu")
                 if self.gpu is not None:
                     device = torch.device("cuda", 0)  # the one GPU this process sees
                     torch.cuda.set_device(device)
-                # NCCL's communicator is made here (device_id) where there are ranks to talk
-                # to; a lone rank makes no collective call (distributed.several_ranks), so its
-                # group never makes one
-                dist.init_process_group(
-                    "gloo" if self.gpu is None else "nccl", store=store, rank=rank,
-                    world_size=world_size, timeout=_seconds(timeout),
-                    device_id=device if self.gpu is not None and world_size > 1 else None,
-                )  # fmt: skip
+                place = Place.on_one_machine(rank, world_size)
+                process_group.join("gloo" if self.gpu is None else "nccl", place,
+                                   ("127.0.0.1", port), payload.timeout_s, device)  # fmt: skip
                 try:
                     if rank == 0:
-                        started = payload.get("workers_started", 0)
-                        how = {0: "warm", world_size: "started"}.get(
-                            started, f"ready ({started} started, {world_size - started} warm)"
-                        )
-                        gpus = payload.get("gpus") or []
-                        where = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}, nccl"
-                        log.phase("workers", f"{world_size} {how}{where if gpus else ''}, "
-                                  "process group up", payload["workers_requested_at"])  # fmt: skip
+                        say_started(payload, world_size)
                     ctx = WorkerContext(rank, rank, world_size, 0, device)
-                    reporter = RunFolderReporter(
-                        Path(payload["run_dir"]), payload["recipe"]["checkpoint"]["keep_last"], rank
-                    )
-                    model = run(payload, ctx, reporter)
-                    result = reporter.result()
-                    if model is not None:  # the command logs it to MLflow (tracking/relay.py)
-                        result["model"] = model
-                    return result
+                    reporter = RunFolderReporter(Path(payload.run_dir), payload.keep_last, rank)
+                    run(payload, ctx, reporter)
+                    return reporter.result()
                 finally:
-                    dist.destroy_process_group()
+                    process_group.leave()
         finally:
             self.running = False
             release_run_memory()  # the run's model and data, before the process waits
@@ -222,29 +184,40 @@ class WarmWorker:
             self.note_imports()
 
 
-class WarmSimulator(WarmWorker):
-    """A warm simulator: a process of the lasting cluster's pool that simulates the chunks of one
-    command's simulation stage after another's (``simulate.py``), so a stage does not pay again
-    for new processes and their imports (torch, SciPy, the user's simulator: ~3 s of this
-    project's CPU before the first chunk; 7 s of a 16-core GPU host's stage, bench/results,
-    forty-sixth session). It is kept fresh as a warm worker is (``serve``):
-    a simulator whose module changed on disk is replaced, never run from an old import."""
+def say_started(payload: WorkerPayload, world_size: int) -> None:
+    """Rank 0's line once the group is up: how many of the workers were started for this
+    command and how many were warm, on which GPUs."""
+    started = payload.started
+    how = {0: "warm", world_size: "started"}.get(
+        started, f"ready ({started} started, {world_size - started} warm)"
+    )
+    gpus = payload.gpus
+    where = f" on GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}, nccl" if gpus else ""
+    log.phase("workers", f"{world_size} {how}{where}, process group up", payload.requested_at)
 
-    LOOP = "trainforge.workloads.sbi.simulate"
+
+class WarmSimulator(WarmWorker):
+    """A warm simulator: a process of the lasting cluster's pool that runs the tasks of one
+    command's data stage after another's (``driver/stage.py``), so a stage does not pay again
+    for new processes and their imports (torch, SciPy, the user's simulator: ~3 s of a 2-core
+    CPU before the first task; 7 s of a 16-core GPU host's stage). It is kept fresh as a warm
+    worker is (``serve``): a simulator whose module changed on disk is replaced, never run from
+    an old import."""
+
+    LOOP = "trainforge.worker.task"
 
     def __init__(self, sys_path: list[str], driver_pid: int, idle_s: float) -> None:
         super().__init__(sys_path, driver_pid, idle_s, None, imports=())
 
-    def simulate(self, cfg: Any, seed: int, chunks: list[tuple[int, int]], device: str,
-                 env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-        """One task of the stage: ``simulate.simulate_chunks`` in this process, with the
-        command's environment ``env``. Should the command die meanwhile, the process ends
-        (``_watch``): its chunks are nobody's."""
-        from trainforge.workloads.sbi import simulate
+    def run_task(self, function: Callable[..., Any], items: list[Any], args: tuple[Any, ...],
+                 env: dict[str, str]) -> tuple[Any, str]:  # fmt: skip
+        """One task of the stage (``worker/task.py``). Should the command die meanwhile, the
+        process ends (``_watch``): its items are nobody's."""
+        from trainforge.worker import task
 
         self.running = True
         try:
-            return simulate.simulate_chunks(cfg, seed, chunks, device, env)
+            return task.run(function, items, args, env)
         finally:
             self.running = False
             self.note_imports()  # the user's simulator, at the first task
@@ -260,60 +233,6 @@ def release_run_memory() -> None:
     objects are unreachable."""
     gc.collect()
     gc.freeze()
-
-
-def rank_env(rank: int, world_size: int) -> dict[str, str]:
-    """The variables Ray Train (and torchrun) give each worker, which code in the loop may read
-    (the SBI workload sizes its host memory by LOCAL_WORLD_SIZE): one machine, so the local
-    rank is the rank."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(world_size), "NODE_RANK": "0"}  # fmt: skip
-
-
-class RunFolderReporter:
-    """Checkpoints go into the run folder as Ray Train persists them (``checkpoint_<time>``,
-    complete or not at all), the newest ``keep_last`` kept; like ``ray.train.report``, every
-    report is a barrier of all ranks. The loop finds the latest checkpoint in the run folder
-    itself (``checkpoint.latest``), so nothing is registered elsewhere."""
-
-    def __init__(self, run_dir: Path, keep_last: int, rank: int) -> None:
-        self.run_dir, self.keep_last, self.rank = run_dir, keep_last, rank
-        self.last: dict[str, Any] = {}
-        self.checkpoint: Path | None = None
-        if rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            for partial in run_dir.glob(".checkpoint_*.partial"):  # from a killed run
-                shutil.rmtree(partial, ignore_errors=True)
-
-    def report(self, metrics: dict[str, float], folder: Path | None) -> None:
-        import torch.distributed as dist
-
-        from trainforge import distributed
-
-        if folder is not None and self.rank == 0:
-            name = "checkpoint_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
-            partial = self.run_dir / f".{name}.partial"
-            shutil.copytree(folder, partial)
-            os.replace(partial, self.run_dir / name)  # complete, or not there at all
-            self.checkpoint = self.run_dir / name
-            self.last = {**metrics}
-            self._prune()
-        elif self.checkpoint is None:
-            self.last = {**metrics}
-        if distributed.several_ranks():
-            dist.barrier()
-
-    def registered(self) -> dict[str, Any] | None:
-        return None  # the run folder is the registry
-
-    def result(self) -> dict[str, Any]:
-        return {"metrics": self.last, "checkpoint": str(self.checkpoint or "") or None}
-
-    def _prune(self) -> None:
-        # Timestamp names sort by time; Ray Train's folders from earlier runs share the format.
-        folders = sorted(f for f in self.run_dir.glob(ray_compat.CHECKPOINT_DIR_GLOB) if f.is_dir())
-        for old in folders[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def _device_name(gpu: str | None) -> str:
@@ -364,12 +283,6 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
-
-
-def _seconds(seconds: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
 
 
 def _alive(pid: int) -> bool:

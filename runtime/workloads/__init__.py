@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from trainforge.config.schema import PrecisionSection, WorkloadSection
 from trainforge.errors import RecipeError, did_you_mean
 from trainforge.workloads.spec import WorkloadSpec
+from trainforge.workloads.stage import StageRunner
 
 if TYPE_CHECKING:
     from trainforge.workloads.base import Workload
@@ -45,18 +46,23 @@ def train_samples(cfg: WorkloadSection) -> int | None:
     return spec_for(cfg.kind).train_samples(cfg)
 
 
-def start_workload_data(cfg: WorkloadSection, seed: int, storage_root: str) -> None:
+def start_workload_data(
+    cfg: WorkloadSection, seed: int, storage_root: str, runner: StageRunner
+) -> None:
     """Begin what of the data stage needs no cluster, before the command reaches one."""
     start = spec_for(cfg.kind).start_data
     if start is not None:
-        start(cfg, seed, storage_root)
+        start(cfg, seed, storage_root, runner)
 
 
-def resolve_workload(cfg: WorkloadSection, seed: int, storage_root: str) -> WorkloadSection:
+def resolve_workload(
+    cfg: WorkloadSection, seed: int, storage_root: str, runner: StageRunner | None = None
+) -> WorkloadSection:
     """The section with its data made and located (part of ``config.resolve``, on the
-    connected Ray cluster); unchanged for a family without a data stage."""
+    connected Ray cluster, its work run by the driver's ``runner``); unchanged for a family
+    without a data stage."""
     prepare = spec_for(cfg.kind).prepare_data
-    return cfg if prepare is None else prepare(cfg, seed, storage_root)
+    return cfg if prepare is None else prepare(cfg, seed, storage_root, runner)
 
 
 def build_workload(cfg: WorkloadSection, seed: int, precision: PrecisionSection) -> Workload:

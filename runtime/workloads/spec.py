@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from trainforge.config.schema import PrecisionSection, Recipe, WorkloadSection
+from trainforge.workloads.stage import StageRunner
 
 if TYPE_CHECKING:
     from trainforge.workloads.base import Workload
@@ -29,6 +31,28 @@ def _no_data_check(cfg: WorkloadSection) -> None:
 
 def _unknown_size(cfg: WorkloadSection) -> int | None:
     return None
+
+
+def _needs_no_cluster(cfg: WorkloadSection) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Ensembles(Generic[W]):
+    """How runs of a family combine into one model (SBI: posteriors into their equal-weight
+    mixture), for a recipe that asks for several members (``driver/ensemble_run.py``) and for
+    `trainforge ensemble`."""
+
+    members: Callable[[W], int]
+    """How many members the section asks for (1: none, a run of its own)."""
+    output: str
+    """The file a member's run folder holds once it finished, which ``combine`` reads."""
+    combine: Callable[[list[Path], Path], dict[str, Any]]
+    """(members: run folders or output files, out) → what the combined file holds, for lines:
+    ``members``, ``prior``, ``models``. Raises RecipeError for members that do not fit."""
+    evaluate: Callable[[Path, W, int, Path], tuple[dict[str, float], list[Path]]]
+    """(combined file, section, seed, folder) → the recipe's evaluation of it, on this machine's
+    CPU, and the figures written under the folder."""
 
 
 @dataclass(frozen=True)
@@ -51,13 +75,20 @@ class WorkloadSpec(Generic[W]):
     """Rows of the training split as the recipe (or its finished data) says, without loading
     anything; None when only reading the data would tell. Lets the driver refuse a batch larger
     than a worker's shard before any worker starts."""
-    start_data: Callable[[W, int, str], None] | None = None
-    """(section, seed, storage root): begin the data stage before the cluster is reached, where
-    it needs none (SBI: small simulations of a built-in task, made by a process of the
-    command's own while Ray starts); ``prepare_data`` waits for it. None: nothing to begin."""
-    prepare_data: Callable[[W, int, str], W] | None = None
-    """(section, seed, storage root) → the section with its data made and located, run by
-    ``config.resolve`` on the connected cluster (SBI: the simulation stage). None: no stage."""
+    start_data: Callable[[W, int, str, StageRunner], None] | None = None
+    """(section, seed, storage root, runner): begin the data stage before the cluster is
+    reached, where it needs none (SBI: small simulations of a built-in task, made by a process
+    of the command's own while Ray starts); ``prepare_data`` waits for it. None: nothing to
+    begin."""
+    prepare_data: Callable[[W, int, str, StageRunner | None], W] | None = None
+    """(section, seed, storage root, runner) → the section with its data made and located, run
+    by ``config.resolve`` on the connected cluster (SBI: the simulation stage), its work handed
+    to the driver's ``runner`` (``workloads/stage.py``; None where the driver runs no stage: the
+    data must be there). None: no stage."""
+    needs_cluster: Callable[[W], bool] = _needs_no_cluster
+    """Whether the data stage spreads its work over a Ray cluster (SBI: simulations too big for
+    the command's own process): such a command joins or starts one, and its workers run there,
+    not as processes of its own."""
     worker_imports: tuple[str, ...] = ()
     """What a worker imports for its first step beyond torch and the loop (the model's library,
     what its first forward pass imports): a cold command's own workers import it at their start,
@@ -65,6 +96,8 @@ class WorkloadSpec(Generic[W]):
     model_imports: tuple[str, ...] = ("torch", "mlflow.pytorch")
     """What logging the final model imports: the command imports it while the workers train
     where it logs the model that rank 0 hands it (``tracking/relay.py``)."""
+    ensembles: Ensembles[W] | None = None
+    """How runs of the family combine (None: they do not)."""
     rehearsal: dict[str, Any] = field(default_factory=dict)
     """Values of the ``workload`` section for a rehearsal (``driver/rehearsal.py``: new warm
     workers' first run, a few steps in the background): what keeps its final evaluation short.

@@ -14,11 +14,11 @@ from torch import nn
 from tests.gpu.ranks import flat_parameters, gather, run_on_gpus
 from trainforge import checkpoint, config, distributed
 from trainforge.distributed import WorkerContext
-from trainforge.driver import launch
+from trainforge.driver import launch, stage
 from trainforge.optim import build_optimizer
 from trainforge.precision import Precision
 from trainforge.worker.step import GraphedStep, optimizer_step
-from trainforge.workloads.sbi import load_posterior, simulate
+from trainforge.workloads.sbi import load_posterior, simulations
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import get_task
 from trainforge.workloads.sbi.workload import SBIWorkload
@@ -185,7 +185,7 @@ def test_sbi_recipe_on_one_gpu_with_cuda_graphs(ray_cluster, in_tmp: Path) -> No
     posterior = load_posterior(in_tmp / "runs" / "sbi-graphs" / "posterior.pt")
     # the stage's tasks ran in one process for the GPU (a new one each took seconds apiece)
     (entry,) = (in_tmp / "runs" / "simulations").iterdir()
-    ran_on = simulate.read_manifest(entry)["ran_on"]
+    ran_on = simulations.read_manifest(entry)["ran_on"]
     assert [node["processes"] for node in ran_on.values()] == [1], ran_on
     _, x_obs = get_task("two_moons").observation(1)
     assert posterior.sample((100,), x=x_obs, show_progress_bars=False).shape == (100, 2)
@@ -206,7 +206,7 @@ def test_a_gpu_stage_waits_for_a_gpu_that_other_work_holds_and_says_so(
         DEBUG, ["workload.simulation.device=cuda", "workload.simulation.num_simulations=5000"]
     )
     # any actor of an importable class holds a GPU as another run's worker would
-    holder = ray.remote(num_gpus=1)(simulate.StageSimulator)
+    holder = ray.remote(num_gpus=1)(stage.StageProcess)
     holders = [holder.remote() for _ in range(torch.cuda.device_count())]
     ray.get([held.__ray_ready__.remote() for held in holders])
     for held in holders:
@@ -217,7 +217,7 @@ def test_a_gpu_stage_waits_for_a_gpu_that_other_work_holds_and_says_so(
     gpus = torch.cuda.device_count()
     got = "1 GPU" if gpus == 1 else f"1 GPU of {gpus} (the others held by other work at its start)"
     assert f"to simulate for 5,000 two_moons simulations on {got} →" in said, said
-    ran_on = simulate.read_manifest(Path(entry))["ran_on"]
+    ran_on = simulations.read_manifest(Path(entry))["ran_on"]
     assert [node["processes"] for node in ran_on.values()] == [1], ran_on
 
 

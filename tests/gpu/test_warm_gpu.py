@@ -1,5 +1,5 @@
 """Workers on GPUs without and with the lasting local cluster: the first command, with no cluster
-running, trains on processes of its own (``driver/own_workers.py``), one per GPU, over NCCL, and
+running, trains on processes of its own (``driver/workers/own.py``), one per GPU, over NCCL, and
 starts the cluster and a warm worker per GPU in the background (``driver/warm_pool.py``); the
 next finds them warm and trains over a new NCCL group, and a third with one worker finds GPU 0's;
 all train the graphed ResNet-18 step.
@@ -49,8 +49,7 @@ def test_warm_workers_serve_one_gpu_run_after_another_over_nccl(tmp_path: Path) 
             assert re.search(r"val/loss\s+\d", console), console  # the closing table
             consoles.append(console)
             if name == "first":  # its background start of the cluster and its workers
-                wait = ("from trainforge.driver import own_workers; "
-                        "assert own_workers.wait_for_background(300)")  # fmt: skip
+                wait = "from trainforge.driver import background; assert background.wait(300)"
                 waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home))
                 assert waited.returncode == 0
         first, second, alone = consoles
@@ -68,7 +67,7 @@ def test_warm_workers_serve_one_gpu_run_after_another_over_nccl(tmp_path: Path) 
 
 
 def test_a_gpu_worker_makes_its_cuda_context_with_one_work_queue() -> None:
-    """``settings.GPU_WORKER_ENV`` is in the worker's environment before its CUDA context exists
+    """``environment.GPU_WORKER_ENV`` is in the worker's environment before its CUDA context exists
     (own workers and warm workers are both ``WarmWorker``)."""
     if torch.cuda.device_count() < 1:
         pytest.skip("needs a GPU")

@@ -47,8 +47,9 @@ class RayNodes:
     def gcs(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
-    def start_head(self, *args: str, attempts: int = 3) -> RayNodes:
-        """The head, up with its job agent. Its ports are picked free but bound later, by
+    def start_head(self, *args: str, attempts: int = 3, wait_for_jobs: bool = True) -> RayNodes:
+        """The head, up with its job agent (unless not ``wait_for_jobs``: a cluster that
+        commands join by address takes no job). Its ports are picked free but bound later, by
         processes Ray starts: another process may take one first (seen in CI: "Address
         already in use" for the client server), and then the head starts again on new ports.
         So does a head whose raylet did not register within Ray's fixed 30 s (a loaded 2-core
@@ -64,7 +65,8 @@ class RayNodes:
             try:
                 self._wait(lambda: self._status_ok(), "the Ray head")
                 try:
-                    self._wait(self._job_agent_ready, "the head's job agent")
+                    if wait_for_jobs:
+                        self._wait(self._job_agent_ready, "the head's job agent")
                 except TimeoutError as timeout:
                     raise TimeoutError(f"{timeout}; {self._agent_errors()}") from None
                 return self

@@ -205,6 +205,7 @@ def _averaged_loop_rank(rank: int, folder: str) -> dict:
     from trainforge.checkpoint import FolderReporter, newest_in
     from trainforge.gradient_averaging import AveragedModule
     from trainforge.worker import trainer
+    from trainforge.worker.payload import WorkerPayload
 
     made: list[AveragedModule] = []
 
@@ -216,7 +217,7 @@ def _averaged_loop_rank(rank: int, folder: str) -> dict:
     digits = Path(__file__).resolve().parents[2] / "recipes" / "cnn" / "digits_simple_cnn.yaml"
     cfg = config.load(digits, ["tracking.enabled=false", "train.epochs=2"])
     reporter = FolderReporter(Path(folder) / f"checkpoints-{rank}")
-    payload = {"recipe": config.to_container(cfg), "run_dir": f"{folder}/run-{rank}"}
+    payload = WorkerPayload(config.to_container(cfg), f"{folder}/run-{rank}", "test")
     trainer.run(payload, WorkerContext(rank, rank, 2, 0, torch.device("cpu")), reporter)
     model = distributed.unwrap(made[0])
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import faults
 from tests.conftest import RECIPES
 from trainforge import checkpoint
 from trainforge.cli import main as cli_main
 from trainforge.tracking.client import resolve_uri
-from trainforge.worker import faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -38,7 +38,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_one_resumes(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = in_tmp / "runs" / "full"
-    monkeypatch.setenv(faults.DISK_FULL_AT_CHECKPOINT_ENV, "2")
+    faults.ask(monkeypatch, **{faults.DISK_FULL_AT_CHECKPOINT: "2"})
     assert cli_main(COMMAND) == 1
     err = capsys.readouterr().err
     failed = [line for line in err.splitlines() if line.startswith("[trainforge] training")]
@@ -63,7 +63,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_one_resumes(
     assert run.info.status == "FAILED"
     assert run.data.tags["trainforge.failure"] in failed[0]
 
-    monkeypatch.delenv(faults.DISK_FULL_AT_CHECKPOINT_ENV)  # space freed
+    monkeypatch.delenv(faults.DISK_FULL_AT_CHECKPOINT)  # space freed
     assert cli_main(COMMAND) == 0
     out = capsys.readouterr().out
     assert f"resuming at epoch 2 step {STEPS_PER_EPOCH};" in out, out[-3000:]

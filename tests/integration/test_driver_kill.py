@@ -52,11 +52,9 @@ def command_env(private_ray: bool) -> dict[str, str]:
     """No cluster kept, MLflow in the working directory, and either a private Ray and Ray
     Train's workers for the command (not the lasting cluster, not this session's Ray) or, as
     by default with no cluster kept, worker processes of the command's own."""
-    env = {**os.environ, "TRAINFORGE_KEEP_CLUSTER": "0"}
-    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "TRAINFORGE_COLD_WORKERS"):
+    env = {**os.environ, "TRAINFORGE_WORKERS": "private" if private_ray else "own"}
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         env.pop(name, None)
-    if private_ray:
-        env["TRAINFORGE_COLD_WORKERS"] = "ray"
     return env
 
 

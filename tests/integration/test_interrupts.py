@@ -22,7 +22,7 @@ pytestmark = pytest.mark.ray
 
 
 def start(tmp_path: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "TRAINFORGE_KEEP_CLUSTER": "0"}
+    env = {**os.environ, "TRAINFORGE_WORKERS": "own"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=stopped",
@@ -114,7 +114,7 @@ def test_a_ctrl_c_says_so_at_once_while_the_mlflow_run_is_still_being_made(
     server = SlowMlflow(hold_s=10.0)
     env = {**os.environ, "TRAINFORGE_HOME": str(tmp_path / "home"),
            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
-    for key in ("RAY_ADDRESS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_COLD_WORKERS"):
+    for key in ("RAY_ADDRESS", "TRAINFORGE_WORKERS"):
         env.pop(key, None)  # a user's command: none of the test session's settings (conftest)
     process = subprocess.Popen(
         [sys.executable, "-m", "trainforge", "train", str(DIGITS), "run.name=slow",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import faults
 from tests.conftest import RECIPES
 
 pytestmark = pytest.mark.ray
@@ -40,7 +41,7 @@ OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
 def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> None:
     steps = [step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines,
              step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar,
-             step_warm_workers_restart_after_a_failure_and_stop_with_their_command,
+             step_warm_workers_stop_with_their_command_and_end_unused,
              step_new_workers_start_before_the_simulations_are_made,
              step_verbose_without_warm_workers_shows_ray_trains_lines,
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
@@ -65,9 +66,9 @@ def env_for(home: Path, **extra: str) -> dict[str, str]:
     settings for Ray (conftest.py); ``extra`` on top."""
     env = dict(os.environ)
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE",
-                "TRAINFORGE_COLD_WORKERS"):  # fmt: skip
+                "TRAINFORGE_WORKERS"):  # fmt: skip
         env.pop(key, None)
-    return {**env, "TRAINFORGE_HOME": str(home), "TRAINFORGE_KEEP_CLUSTER": "1", **extra}
+    return {**env, "TRAINFORGE_HOME": str(home), **extra}
 
 
 def state_of(home: Path) -> dict:
@@ -104,10 +105,10 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
         "ray_version": "2.60.0", "started_at": 0.0,
     }))  # fmt: skip
 
-    # TRAINFORGE_COLD_WORKERS=ray: the command starts the cluster before its run (by default it
+    # TRAINFORGE_WORKERS=warm: the command starts the cluster before its run (by default it
     # trains on processes of its own and starts it afterwards: the last steps)
     out = run(home, "train", str(DIGITS), "run.name=first", *SHORT, cwd=tmp_path,
-              TRAINFORGE_COLD_WORKERS="ray")  # fmt: skip
+              TRAINFORGE_WORKERS="warm")  # fmt: skip
 
     assert out.returncode == 0, out.stdout + out.stderr
     console = out.stdout + out.stderr
@@ -179,30 +180,17 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert sorted(p.name for p in run_dir.iterdir()) == files
 
 
-def step_warm_workers_restart_after_a_failure_and_stop_with_their_command(
-    home: Path, tmp_path: Path
-) -> None:
-    failing = run(home, "train", str(DIGITS), "run.name=restarted", *SHORT, "run.max_failures=1",
-                  cwd=tmp_path, TRAINFORGE_FAIL_AFTER_EPOCH="1")  # fmt: skip
-    assert failing.returncode == 0, failing.stdout + failing.stderr
-    assert "failed (RuntimeError: injected failure after epoch 1" in failing.stdout
-    assert "restarting the workers" in failing.stdout
-    assert "workers restarted (1 so far, run.max_failures), resuming" in failing.stdout
-    assert "epoch 2/2 done" in failing.stdout
-
-    # A Ctrl-C ends the command with one line and stops its workers; a SIGKILLed command's
-    # workers stop themselves (each checks that its command lives).
-    for stop in (signal.SIGINT, signal.SIGKILL):
-        process, seen = training(home, tmp_path, "stopped")
-        process.send_signal(stop)
-        rest = process.communicate(timeout=60)[0]
-        if stop == signal.SIGINT:
-            assert process.returncode == 130, "".join(seen) + rest
-            assert "interrupted; the run resumes from its last checkpoint" in rest
-        deadline = time.monotonic() + 20
-        while warm_workers(home, ".run") and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert warm_workers(home, ".run") == [], f"after {stop.name}"
+def step_warm_workers_stop_with_their_command_and_end_unused(home: Path, tmp_path: Path) -> None:
+    """A SIGKILLed command cannot stop its warm workers: each stops its loop itself (it checks
+    that its command lives). A restart after a failure and a Ctrl-C, on every worker group:
+    tests/integration/test_worker_groups.py."""
+    process, _ = training(home, tmp_path, "stopped")
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while warm_workers(home, ".run") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert warm_workers(home, ".run") == []
 
     # Unused for TRAINFORGE_WARM_IDLE_S, warm workers end: their memory goes back.
     brief = run(home, "train", str(DIGITS), "run.name=brief", "train.epochs=1",
@@ -293,7 +281,7 @@ def step_new_workers_start_before_the_simulations_are_made(home: Path, tmp_path:
 
 def step_verbose_without_warm_workers_shows_ray_trains_lines(home: Path, tmp_path: Path) -> None:
     out = run(home, "train", "-v", str(DIGITS), "run.name=loud", *SHORT, cwd=tmp_path,
-              TRAINFORGE_WARM_WORKERS="0")  # fmt: skip
+              TRAINFORGE_WORKERS="ray-train")  # fmt: skip
 
     assert out.returncode == 0, out.stderr
     console = out.stdout + out.stderr
@@ -374,14 +362,15 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     home: Path, tmp_path: Path
 ) -> None:
     """No cluster runs (the step before stopped it): the command trains on processes of its
-    own, restarts them after a failure, and starts the cluster and its warm workers in the
-    background as it ends; the next command finds both. The command makes the MLflow run
-    beside its workers, which never wait for it, and sends what rank 0 writes (its imports are
-    listed: -X importtime)."""
+    own and starts the cluster and its warm workers in the background as it ends; the next
+    command finds both. The command makes the MLflow run beside its workers, which never wait
+    for it, and sends what rank 0 writes (its imports are listed: -X importtime). The
+    background's rehearsal runs without the command's worker plugin (a test's fault)."""
     # its store named in the environment (the cluster it starts inherits that environment)
-    out = run(home, "train", str(DIGITS), "run.name=own", *SHORT, "run.max_failures=1",
-              cwd=tmp_path, TRAINFORGE_FAIL_AFTER_EPOCH="1", PYTHONPROFILEIMPORTTIME="1",
-              MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")  # fmt: skip
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run(home, "train", str(DIGITS), "run.name=own", *SHORT, cwd=tmp_path,
+              PYTHONPROFILEIMPORTTIME="1", MLFLOW_TRACKING_URI=store,
+              **faults.env({}, **{faults.FAIL_AFTER_EPOCH: 9}))  # fmt: skip
 
     assert out.returncode == 0, out.stdout + out.stderr
     imports = [line for line in out.stderr.splitlines() if line.startswith("import time:")]
@@ -397,9 +386,7 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert strangers == [], strangers
     phases = ("ray: no local cluster runs; this run's workers are processes of this command",
               "workers: starting 2, processes of this command", "mlflow: run ",
-              "workers: 2 started, process group up (",
-              "failed (RuntimeError: injected failure after epoch 1", "restarting the workers",
-              "workers restarted (1 so far, run.max_failures), resuming", "epoch 2/2 done",
+              "workers: 2 started, process group up (", "epoch 2/2 done",
               "ray: starting the local cluster and 2 warm workers in the background")  # fmt: skip
     for phase in phases:
         assert phase in console, phase
@@ -422,7 +409,7 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     status = run(home, "cluster", "status", cwd=tmp_path).stdout
     assert "a background start is still readying warm workers" in status, status
     assert f"local cluster at {state_of(home)['gcs_address']}" in started.stdout
-    wait = "from trainforge.driver import own_workers; assert own_workers.wait_for_background(240)"
+    wait = "from trainforge.driver import background; assert background.wait(240)"
     waited = subprocess.run([sys.executable, "-c", wait], env=env_for(home), timeout=300)
     assert waited.returncode == 0
     assert alive(state_of(home)["supervisor_pid"])
@@ -461,29 +448,20 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
 
 def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> None:
     """A SIGKILLed command cannot stop its own workers: each ends itself (it checks that its
-    command lives). A Ctrl-C ends the command with one line; it starts no cluster."""
+    command lives), and the killed command starts no cluster. (A Ctrl-C:
+    tests/integration/test_worker_groups.py.)"""
     stopped = run(home, "cluster", "stop", cwd=tmp_path)
     assert stopped.returncode == 0
-    for stop in (signal.SIGINT, signal.SIGKILL):
-        process, seen = training(home, tmp_path, "killed")
-        assert any("processes of this command" in line for line in seen), "".join(seen)
-        assert own_workers_in(tmp_path) != []
-        process.send_signal(stop)
-        rest = process.communicate(timeout=60)[0]
-        if stop == signal.SIGINT:
-            assert process.returncode == 130, "".join(seen) + rest
-            # progress lines the loop printed before the signal may still be unread: after
-            # them, one line and nothing else
-            *before, last = rest.strip().splitlines()
-            assert last == (
-                "[trainforge] interrupted; the run resumes from its last checkpoint when re-run"
-            ), rest
-            assert all(line.startswith("[trainforge] epoch ") for line in before), rest
-        deadline = time.monotonic() + 20
-        while own_workers_in(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert own_workers_in(tmp_path) == [], f"after {stop.name}"
-    assert not (home / "local-cluster" / "state.json").exists()  # neither started one
+    process, seen = training(home, tmp_path, "killed")
+    assert any("processes of this command" in line for line in seen), "".join(seen)
+    assert own_workers_in(tmp_path) != []
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while own_workers_in(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert own_workers_in(tmp_path) == []
+    assert not (home / "local-cluster" / "state.json").exists()
 
 
 def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Path) -> None:
@@ -558,16 +536,16 @@ def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Pa
 def test_with_no_cluster_kept_a_command_trains_on_its_own_processes_and_leaves_nothing(
     home: Path, tmp_path: Path
 ) -> None:
-    """TRAINFORGE_KEEP_CLUSTER=0: a command that needs no Ray starts none (it once started a
+    """TRAINFORGE_WORKERS=own: a command that needs no Ray starts none (it once started a
     private Ray and Ray Train's workers: 38 s of the 2-epoch digits command here, against 9 s),
     trains on processes of its own, and starts no cluster as it ends: nothing of it runs
     afterwards, nothing of a cluster is in its home."""
     out = run(home, "train", str(DIGITS), "run.name=kept-none", *SHORT, cwd=tmp_path,
-              TRAINFORGE_KEEP_CLUSTER="0")  # fmt: skip
+              TRAINFORGE_WORKERS="own")  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     console = out.stdout + out.stderr
     assert (
-        "[trainforge] ray: none for this command (TRAINFORGE_KEEP_CLUSTER=0: nothing "
+        "[trainforge] ray: none for this command (TRAINFORGE_WORKERS=own: nothing "
         "outlives it); this run's workers are processes of this command"
     ) in console
     assert "workers: 2 started, process group up (" in console

@@ -1,11 +1,9 @@
-"""End to end on a command's own worker processes (``driver/own_workers.py``), the path of a
-local command with no cluster to use: accumulation parity, a bitwise resume after a failure and
-SBI's simulations streamed from disk to two ranks, the loop's properties on any path. Each run
-is a real ``trainforge train`` in a child process that no Ray is joined to, with no cluster
-kept (TRAINFORGE_KEEP_CLUSTER=0), as a user's command; the same checks through Ray Train's
-worker groups took 180 s of a suite run on 2 cores, these commands about 55 s alone. Ray
-Train's restarts and resumes are tested in test_kills.py, test_disk_full.py and
-test_ray_training.py."""
+"""End to end on a command's own worker processes (``driver/workers/own.py``), the path of a
+local command with no cluster to use: accumulation parity and SBI's simulations streamed from
+disk to two ranks, the loop's properties on any path. Each run is a real ``trainforge train`` in
+a child process that no Ray is joined to, with no cluster kept (TRAINFORGE_WORKERS=own), as a
+user's command; the same checks through Ray Train's worker groups took 180 s of a suite run on
+2 cores. Restarts and resumes on every worker group: test_worker_groups.py."""
 
 from __future__ import annotations
 
@@ -17,10 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from trainforge import checkpoint
-from trainforge.worker import faults
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +30,8 @@ def train(
     folder: Path, *overrides: str, recipe: Path = DIGITS, **extra_env: str
 ) -> subprocess.CompletedProcess[str]:
     """``trainforge train`` of ``recipe`` in ``folder``, on the command's own workers."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "TRAINFORGE_COLD_WORKERS")}  # fmt: skip
-    env.update(TRAINFORGE_KEEP_CLUSTER="0", **extra_env)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TRAINFORGE_WORKERS="own", **extra_env)
     done = subprocess.run(
         [sys.executable, "-m", "trainforge", "train", str(recipe), *overrides], cwd=folder,
         env=env, capture_output=True, text=True, timeout=300,
@@ -80,42 +75,6 @@ def test_accumulation_matches_more_workers(tmp_path: Path) -> None:
     # and training did move the weights (the comparison is not vacuous)
     one_step = weights(tmp_path, "one-step")
     assert all(not torch.allclose(one_step[name], a[name]) for name in a)
-
-
-def test_resume_after_failure_is_bitwise_identical(tmp_path: Path) -> None:
-    common = ["scaling.num_workers=2", "train.epochs=3", "workload.augment=true",
-              "tracking.system_metrics=false"]  # fmt: skip
-    reference = train(tmp_path, "run.name=straight", *common)
-    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-
-    crashed = train(tmp_path, "run.name=interrupted", *common,
-                    **{faults.FAIL_AFTER_EPOCH_ENV: "1"})  # fmt: skip
-    assert crashed.returncode == 1, crashed.stdout[-3000:] + crashed.stderr[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs(
-        [client.get_experiment_by_name("trainforge").experiment_id],
-        "tags.`trainforge.run_name` = 'interrupted'",
-    )
-    assert run.info.status == "FAILED"
-
-    resumed = train(tmp_path, "run.name=interrupted", *common)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "resuming at epoch 2" in resumed.stdout + resumed.stderr
-    (again,) = client.search_runs(
-        [client.get_experiment_by_name("trainforge").experiment_id],
-        "tags.`trainforge.run_name` = 'interrupted'",
-    )
-    assert again.info.run_id == run.info.run_id  # one MLflow run across the restart
-    assert again.info.status == "FINISHED"
-
-    final = final_state(tmp_path, "interrupted")
-    assert (final["epoch"], final["global_step"]) == (3, 66)
-    ref, got = weights(tmp_path, "straight"), final["model"]
-    for name in ref:
-        assert torch.equal(ref[name], got[name]), name
-    # It continued at epoch 2: each epoch's metrics were logged once, in order, with no gap.
-    epochs = client.get_metric_history(run.info.run_id, "epoch")
-    assert [int(m.value) for m in epochs] == [1, 2, 3]
 
 
 def test_sbi_streamed_from_disk_trains_on_two_workers(tmp_path: Path) -> None:

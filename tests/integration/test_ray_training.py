@@ -1,23 +1,23 @@
-"""End to end through Ray Train on CPU workers (gloo): accuracy, image folders, NaN, out of memory,
-a counted restart (accumulation parity and a bitwise resume: test_own_training.py).
+"""End to end through Ray Train on CPU workers (gloo): accuracy, image folders, out of memory
+(what every worker group does on NaN, a restart, a Ctrl-C: test_worker_groups.py; accumulation
+parity: test_own_training.py).
 
 The tests in one test process share its local Ray instance (``ray_cluster``).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from tests import faults
 from trainforge import checkpoint, config
 from trainforge.cli import main as cli_main
 from trainforge.driver import launch
 from trainforge.tracking.client import resolve_uri
-from trainforge.worker import faults
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -130,37 +130,6 @@ def test_the_jobs_processes_are_pinned_to_their_own_cluster(ray_cluster) -> None
     assert state == "ALIVE"  # the State API, from a job process, finds this cluster's actors
 
 
-def test_a_run_whose_numbers_turn_nan_stops_with_one_line_and_fails_in_mlflow(
-    ray_cluster, in_tmp: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """AdamW at lr 1e5 on 2 workers: the loss or the weights turn non-finite within the first
-    epoch. The command ends with exit 1 and one line, the MLflow run is FAILED with the reason,
-    and every checkpoint left holds finite weights."""
-    code = cli_main(["train", str(DIGITS), "run.name=nan", "scaling.num_workers=2",
-                     "train.lr=1e5", "checkpoint.every_steps=5", "train.log_every_steps=10",
-                     "tracking.system_metrics=false"])  # fmt: skip
-    assert code == 1
-    err = capsys.readouterr().err
-    stopped = [line for line in err.splitlines() if line.startswith("[trainforge] training")]
-    assert len(stopped) == 1, err[-3000:]
-    assert re.match(
-        r"\[trainforge\] training stopped: (train/loss became (nan|inf)|the weights became "
-        r"non-finite) by step \d+ \(rank 0, 1\)",
-        stopped[0],
-    ), stopped
-    client = MlflowClient(tracking_uri=resolve_uri(None))
-    (run,) = client.search_runs(
-        [client.get_experiment_by_name("trainforge").experiment_id],
-        "tags.`trainforge.run_name` = 'nan'",
-    )
-    assert run.info.status == "FAILED"
-    assert run.data.tags["trainforge.failure"] in stopped[0]
-    folders = [f for f in (in_tmp / "runs" / "nan").glob("checkpoint_*") if f.is_dir()]
-    states = [checkpoint.load(folder) for folder in folders]  # beside them: Ray's own files
-    for state in states:
-        assert all(torch.isfinite(weights).all() for weights in state["model"].values())
-
-
 def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -169,7 +138,7 @@ def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     worker starts, naming the key."""
     from trainforge.errors import RecipeError
 
-    monkeypatch.setenv(faults.OOM_AT_STEP_ENV, "30")
+    faults.ask(monkeypatch, **{faults.OOM_AT_STEP: "30"})
     common = [
         "run.name=oom",
         "scaling.num_workers=2",
@@ -198,21 +167,6 @@ def test_out_of_memory_in_a_worker_is_one_line_and_the_checkpoints_stay(
     assert found.state is not None and found.state["global_step"] == 22 and not found.skipped
     assert not (in_tmp / "runs" / ".oom.lock").exists()  # the command's lock went with it
 
-    monkeypatch.delenv(faults.OOM_AT_STEP_ENV)
+    monkeypatch.delenv(faults.OOM_AT_STEP)
     with pytest.raises(RecipeError, match=r"train\.lr 0\.002 -> 0\.01"):
         _train(*common, "train.lr=0.01")
-
-
-def test_a_worker_restart_under_max_failures_is_counted(
-    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The workers fail after epoch 1; with run.max_failures=1 Ray Train restarts them from
-    the checkpoint, the run finishes, and its one MLflow run records one restart."""
-    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
-    outcome = _train("run.name=retried", "scaling.num_workers=2", "train.epochs=2",
-                     "run.max_failures=1", "tracking.system_metrics=false")  # fmt: skip
-    assert outcome.exit_code == 0
-    assert checkpoint.load(outcome.checkpoint_path)["global_step"] == 44
-    client = MlflowClient(tracking_uri=resolve_uri(None))
-    history = client.get_metric_history(outcome.mlflow_run_id, "run/restarts")
-    assert [(m.value, m.step) for m in history] == [(1.0, 22)]

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests import faults
 from tests.conftest import RECIPES
 from trainforge.cli import main as cli_main
 from trainforge.driver import resource_wait
-from trainforge.worker import faults
 
 pytestmark = pytest.mark.ray
 
@@ -108,7 +108,7 @@ def test_a_restart_waiting_for_cpus_is_said(
     monkeypatch.setattr(resource_wait, "FIRST_S", 1.0)
     monkeypatch.setattr(resource_wait, "EVERY_S", 2.0)
     monkeypatch.setattr(resource_wait, "PLACED_POLL_S", 0.5)
-    monkeypatch.setenv(faults.FAIL_AFTER_EPOCH_ENV, "1")
+    faults.ask(monkeypatch, **{faults.FAIL_AFTER_EPOCH: "1"})
     cpus = int(ray.cluster_resources()["CPU"])
     job = ray.get_runtime_context().get_job_id()
 

@@ -20,11 +20,12 @@ from scipy import stats
 
 from trainforge import config
 from trainforge.cli import main as cli_main
-from trainforge.driver import launch
+from trainforge.driver import launch, stage
 from trainforge.errors import RecipeError
 from trainforge.tracking.client import resolve_uri
-from trainforge.workloads.sbi import load_posterior, simulate
+from trainforge.workloads.sbi import load_posterior, simulate, simulating, simulations
 from trainforge.workloads.sbi.tasks import get_task
+from trainforge.workloads.stage import Tasks
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -45,6 +46,9 @@ def simulate(theta):
 '''
 
 
+STAGE = stage.Runner()  # the driver's stage runner, on this session's Ray
+
+
 def _workload(*overrides: str) -> object:
     return config.load(DEBUG, list(overrides)).workload
 
@@ -54,31 +58,31 @@ def test_simulations_are_cached_and_an_interrupted_stage_resumes(ray_cluster, in
         "workload.simulation.num_simulations=1200", "workload.simulation.chunk_size=400"
     )
     storage = str(in_tmp / "runs")
-    folder = simulate.run(cfg, seed=0, storage_root=storage, quiet=True)
+    folder = simulate.run(cfg, 0, storage, STAGE, quiet=True)
     chunks = sorted(folder.glob("chunk-*.pt"))
     assert [c.name for c in chunks] == [f"chunk-00000{i}.pt" for i in range(3)]
-    assert simulate.read_manifest(folder)["invalid"] == 0
-    theta, x = simulate.load(folder, drop_invalid=False)
+    assert simulations.read_manifest(folder)["invalid"] == 0
+    theta, x = simulations.load(folder, drop_invalid=False)
     assert theta.shape == (1200, 2) and x.shape == (1200, 2)
     stamps = {c.name: c.stat().st_mtime_ns for c in chunks}
 
-    assert simulate.run(cfg, seed=0, storage_root=storage, quiet=True) == folder  # reused
+    assert simulate.run(cfg, 0, storage, STAGE, quiet=True) == folder  # reused
     assert {c.name: c.stat().st_mtime_ns for c in chunks} == stamps
 
     # an interruption after two chunks: the manifest and the third chunk never got written
-    (folder / simulate.MANIFEST).unlink()
+    (folder / simulations.MANIFEST).unlink()
     chunks[1].unlink()
-    assert simulate.run(cfg, seed=0, storage_root=storage, quiet=True) == folder
+    assert simulate.run(cfg, 0, storage, STAGE, quiet=True) == folder
     after = {c.name: c.stat().st_mtime_ns for c in sorted(folder.glob("chunk-*.pt"))}
     assert after["chunk-000000.pt"] == stamps["chunk-000000.pt"]  # not simulated again
     assert after["chunk-000002.pt"] == stamps["chunk-000002.pt"]
     assert after["chunk-000001.pt"] != stamps["chunk-000001.pt"]
-    theta_again, x_again = simulate.load(folder, drop_invalid=False)
+    theta_again, x_again = simulations.load(folder, drop_invalid=False)
     assert torch.equal(theta, theta_again) and torch.equal(x, x_again)  # seeded per chunk
     assert not list(folder.glob(".*tmp"))
 
-    other = simulate.run(cfg, seed=1, storage_root=storage, quiet=True)
-    assert other != folder and not torch.equal(simulate.load(other, False)[0], theta)
+    other = simulate.run(cfg, 1, storage, STAGE, quiet=True)
+    assert other != folder and not torch.equal(simulations.load(other, False)[0], theta)
 
 
 def _write_user_files(folder: Path, name: str) -> Path:
@@ -119,8 +123,8 @@ def test_nan_simulations_stop_the_run_unless_dropped(ray_cluster, in_tmp: Path, 
     assert not (in_tmp / "runs" / "user-sim").exists()  # no worker started, nothing written
 
     cfg = config.load(recipe, ["workload.simulation.num_simulations=800"]).workload
-    folder = simulate.run(cfg, seed=0, storage_root=str(in_tmp / "runs"), quiet=True)
-    manifest = simulate.read_manifest(folder)
+    folder = simulate.run(cfg, 0, str(in_tmp / "runs"), STAGE, quiet=True)
+    manifest = simulations.read_manifest(folder)
     # the expected count, from the seeded prior draws and the simulator's rule (NaN where
     # θ0 > 1.5: about 1/8 of 800, but exactly this many for this seed)
     user_code: dict = {}
@@ -130,8 +134,8 @@ def test_nan_simulations_stop_the_run_unless_dropped(ray_cluster, in_tmp: Path, 
     assert f"{expected} of 800 simulations have NaN or inf in x" in error
     assert manifest["invalid"] == expected
     with pytest.raises(RecipeError, match=f"{expected} of 800"):
-        simulate.load(folder, drop_invalid=False)
-    theta, x = simulate.load(folder, drop_invalid=True)
+        simulations.load(folder, drop_invalid=False)
+    theta, x = simulations.load(folder, drop_invalid=True)
     keep = theta_drawn[:, 0] <= 1.5
     assert torch.equal(theta, theta_drawn[keep])  # exactly the rows with θ0 ≤ 1.5 are kept
     assert len(theta) == 800 - expected and bool(torch.isfinite(x).all())
@@ -235,16 +239,18 @@ def test_a_stage_on_processes_of_its_own_runs_its_tasks_there_on_what_is_free(
 
     cfg = _workload("workload.simulation.num_simulations=600", "workload.simulation.chunk_size=100")
 
-    def stage(processes: int) -> tuple[set[str], list[int]]:
+    def six_tasks(processes: int) -> tuple[set[str], list[int]]:
         """Six one-chunk tasks on a stage of up to ``processes``: (who simulated, their pids)."""
-        with simulate.stage_processes(processes, num_cpus=1) as members:
-            launcher = simulate.Launcher(ray, cfg, 0, "cpu", members)
+        with stage.stage_processes(processes, num_cpus=1, label="simulations") as members:
+            work = Tasks(simulating.simulate_chunks, (cfg, 0, "cpu"), [], "cpu", 1,
+                         lambda *_: lambda n: 1, lambda *_: None)  # fmt: skip
+            launcher = stage.Launcher(work, members)
             tasks = [launcher.submit([(index, 100)]) for index in range(6)]
-            workers = {simulate.unpack(r)[0]["worker"] for r in ray.get(tasks, timeout=120)}
+            workers = {worker for _, worker in ray.get(tasks, timeout=120)}
             pids = ray.get([m.__ray_call__.remote(lambda self: os.getpid()) for m in members])
         return {worker.rsplit(":", 1)[1] for worker in workers}, pids
 
-    simulated_by, pids = stage(2)
+    simulated_by, pids = six_tasks(2)
     assert simulated_by == {str(pid) for pid in pids} and len(set(pids)) == 2
     for pid in pids:  # ended with the stage
         deadline = time.monotonic() + 30
@@ -256,15 +262,15 @@ def test_a_stage_on_processes_of_its_own_runs_its_tasks_there_on_what_is_free(
     ray.get(holder.__ray_ready__.remote())
     # where Ray's free count lags the holders, a process that cannot start is dropped sooner
     # than after 30 s (the stage's processes above may take seconds to start on 2 busy cores)
-    monkeypatch.setattr(simulate, "STAGE_PROCESS_START_S", 10.0)
+    monkeypatch.setattr(stage, "STAGE_PROCESS_START_S", 10.0)
     try:
-        simulated_by, pids = stage(2)
+        simulated_by, pids = six_tasks(2)
         assert len(pids) == 1 and simulated_by == {str(pids[0])}  # all six, on the free CPU
         capsys.readouterr()  # what the stages so far said
         other = ray.remote(num_cpus=1)(_Holder).remote()  # now both CPUs are held
         ray.get(other.__ray_ready__.remote())
         threading.Timer(2.0, ray.kill, [other]).start()  # the other work ends after a while
-        simulated_by, pids = stage(2)
+        simulated_by, pids = six_tasks(2)
         assert len(pids) == 1 and simulated_by == {str(pids[0])}
         said = capsys.readouterr().out
         assert said.count("simulations: waiting for CPUs that other work holds") == 1, said

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import faults
 from tests.integration.test_local_cluster import env_for, trainforge
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -78,7 +79,8 @@ def test_an_ensemble_trains_its_members_then_writes_and_scores_their_mixture(
     # More members: the finished ones are kept; the new one fails, and the ensemble stays
     # the two-member one (nothing half-written)
     before = (run / "posterior.pt").read_bytes()
-    grown = _train(home, in_tmp, "workload.ensemble=3", env={"TRAINFORGE_FAIL_AFTER_EPOCH": "1"})
+    grown = _train(home, in_tmp, "workload.ensemble=3",
+                   env=faults.env({}, **{faults.FAIL_AFTER_EPOCH: 1}))  # fmt: skip
     assert grown.returncode == 1, grown.stdout[-3000:] + grown.stderr[-3000:]
     assert "3 members (run.seed 0-2) on the same simulations, 2 at a time; 2 finished " \
            "earlier, kept" in grown.stdout  # fmt: skip

@@ -19,7 +19,7 @@ from tests.integration.ray_nodes import RayNodes
 from trainforge import config
 from trainforge.driver import launch
 from trainforge.tracking.client import resolve_uri
-from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi import simulating, simulations
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -65,13 +65,13 @@ def test_a_scipy_simulator_spreads_over_processes_and_its_failures_are_counted(
     assert outcome.exit_code == 0 and outcome.num_workers == 2
 
     (folder,) = (in_tmp / "runs" / "simulations").iterdir()
-    manifest = simulate.read_manifest(folder)
+    manifest = simulations.read_manifest(folder)
     # 400 simulations in chunks of 16 (per-sample simulators get small chunks to spread)
     assert (manifest["chunks"], manifest["chunk_size"]) == (25, 16)
     ((_, ran),) = manifest["ran_on"].items()
     assert ran["simulations"] == 400 and ran["processes"] >= 2, manifest["ran_on"]
 
-    chunks = [simulate.read_chunk(simulate.chunk_file(folder, i)) for i in range(25)]
+    chunks = [simulations.read_chunk(simulations.chunk_file(folder, i)) for i in range(25)]
     theta = torch.cat([t for t, _ in chunks])
     x = torch.cat([x for _, x in chunks])
     raised = theta[:, 0] > 0.8
@@ -86,7 +86,7 @@ def test_a_scipy_simulator_spreads_over_processes_and_its_failures_are_counted(
     # (and on how many processes) the chunks ran changes nothing
     section = cfg.workload
     for index, (chunk_theta, chunk_x) in enumerate(chunks):
-        alone = simulate.simulate_chunk(section, manifest["seed"], index, len(chunk_theta), "cpu")
+        alone = simulating.simulate_chunk(section, manifest["seed"], index, len(chunk_theta), "cpu")
         assert torch.equal(alone["theta"], chunk_theta)
         torch.testing.assert_close(alone["x"], chunk_x, rtol=0, atol=0, equal_nan=True)
 
@@ -112,13 +112,13 @@ def test_a_two_node_cluster_simulates_on_both_nodes(tmp_path: Path) -> None:
     gives a finished task's worker the next queued one, so a stage shorter than a new worker's
     start (its torch import: seconds on a loaded 2-core machine) runs on one node (seen in CI:
     320 simulations in 3.0 s, "by 1 process on 1 node")."""
-    simulations = 1920  # ~10 s of one core here, ~18 s at CI's loaded rate
+    count = 1920  # ~10 s of one core here, ~18 s at CI's loaded rate
     nodes = RayNodes(tmp_path).start_head("--num-cpus=1")
     try:
         nodes.add_node("--num-cpus=1")
         done = subprocess.run(
             [sys.executable, "-m", "trainforge", "simulate", str(RECIPE),
-             f"workload.simulation.num_simulations={simulations}",
+             f"workload.simulation.num_simulations={count}",
              f"run.storage_path={tmp_path / 'runs'}"],
             env={**nodes.env, "RAY_ADDRESS": nodes.gcs}, capture_output=True, text=True,
             timeout=300,
@@ -128,7 +128,7 @@ def test_a_two_node_cluster_simulates_on_both_nodes(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert " processes on 2 nodes" in done.stdout, done.stdout
     (folder,) = (tmp_path / "runs" / "simulations").iterdir()
-    ran_on = simulate.read_manifest(folder)["ran_on"]
+    ran_on = simulations.read_manifest(folder)["ran_on"]
     assert len(ran_on) == 2, ran_on  # both raylets' CPUs simulated
     assert all(r["simulations"] > 0 for r in ran_on.values())
-    assert sum(r["simulations"] for r in ran_on.values()) == simulations
+    assert sum(r["simulations"] for r in ran_on.values()) == count

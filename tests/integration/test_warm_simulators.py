@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.integration.test_local_cluster import env_for, run, trainforge, warm_workers
-from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi import simulations
 
 pytestmark = pytest.mark.ray
 
@@ -45,8 +45,9 @@ def recipe(n: int, cache: str = "sims") -> list[str]:
 def stage(folder: Path, n: int, cache: str = "sims") -> tuple[Path, set[int]]:
     """The cache entry of ``recipe(n, cache)`` and the pids of the processes that simulated it."""
     (entry,) = [e for e in (folder / cache).iterdir()
-                if simulate.read_manifest(e)["num_simulations"] == n]  # fmt: skip
-    files = [simulate.chunk_file(entry, i) for i in range(simulate.read_manifest(entry)["chunks"])]
+                if simulations.read_manifest(e)["num_simulations"] == n]  # fmt: skip
+    chunks = simulations.read_manifest(entry)["chunks"]
+    files = [simulations.chunk_file(entry, i) for i in range(chunks)]
     workers = [torch.load(f, weights_only=True)["worker"] for f in files]  # "node:pid"
     return entry, {int(worker.rsplit(":", 1)[1]) for worker in workers}
 
@@ -72,11 +73,11 @@ def launched(home: Path, folder: Path, n: int) -> subprocess.Popen[str]:
 
 
 def same_simulations(one: Path, other: Path) -> bool:
-    chunks = simulate.read_manifest(one)["chunks"]
-    assert chunks == simulate.read_manifest(other)["chunks"]
+    chunks = simulations.read_manifest(one)["chunks"]
+    assert chunks == simulations.read_manifest(other)["chunks"]
     for i in range(chunks):
-        mine = simulate.read_chunk(simulate.chunk_file(one, i))
-        theirs = simulate.read_chunk(simulate.chunk_file(other, i))
+        mine = simulations.read_chunk(simulations.chunk_file(one, i))
+        theirs = simulations.read_chunk(simulations.chunk_file(other, i))
         if not all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)):
             return False
     return True
@@ -102,14 +103,14 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     assert "on 2 CPUs (2 warm simulators) →" in second.stdout
     warm_entry, served = stage(tmp_path, 401)
     assert served == started  # the same two processes, no new ones
-    assert simulate.load(warm_entry, drop_invalid=True)[1].max() > 1  # shares, times 1000
+    assert simulations.load(warm_entry, drop_invalid=True)[1].max() > 1  # shares, times 1000
 
     status = run(home, "cluster", "status", cwd=tmp_path)
     assert "[trainforge] warm simulators: 2" in status.stdout, status.stdout
     assert "[trainforge] warm workers: none" in status.stdout
 
     # the same stage on Ray's tasks (new worker processes of this command): the same data
-    cold = run(home, *recipe(401, "cold"), cwd=tmp_path, TRAINFORGE_WARM_WORKERS="0",
+    cold = run(home, *recipe(401, "cold"), cwd=tmp_path, TRAINFORGE_WORKERS="ray-train",
                MYSIM_SCALE="1000")  # fmt: skip
     assert cold.returncode == 0, cold.stdout + cold.stderr
     assert "on 2 CPUs →" in cold.stdout
@@ -138,8 +139,8 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     assert "simulations: a warm simulator ended; its chunks go to the others" in console
     entry, finished_by = stage(tmp_path, 3000)
     assert max(replacements) in finished_by
-    _, x = simulate.load(entry, drop_invalid=True)
-    assert len(x) + simulate.read_manifest(entry)["invalid"] == 3000  # every chunk is there
+    _, x = simulations.load(entry, drop_invalid=True)
+    assert len(x) + simulations.read_manifest(entry)["invalid"] == 3000  # every chunk is there
 
     # the same stage started twice at once (a sweep's runs of one recipe): the second waits
     # for the first and reuses its simulations, where both used to make them all
@@ -158,15 +159,15 @@ def test_warm_simulators_serve_the_next_stage_and_never_an_old_import(
     process = launched(home, tmp_path, 3001)
     # busy with its chunks (polled: a written chunk's task may have ended, the next not begun)
     deadline = time.monotonic() + 30
-    while not warm_workers(home, ".simulate", kind="WarmSimulator") and time.monotonic() < deadline:
+    while not warm_workers(home, ".run_task", kind="WarmSimulator") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert warm_workers(home, ".simulate", kind="WarmSimulator")
+    assert warm_workers(home, ".run_task", kind="WarmSimulator")
     process.kill()
     process.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while warm_workers(home, ".simulate", kind="WarmSimulator") and time.monotonic() < deadline:
+    while warm_workers(home, ".run_task", kind="WarmSimulator") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert warm_workers(home, ".simulate", kind="WarmSimulator") == []
+    assert warm_workers(home, ".run_task", kind="WarmSimulator") == []
     again = run(home, *recipe(3001), cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "done)" in again.stdout and "(resuming: " in again.stdout, again.stdout

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi import simulations
 from trainforge.workloads.sbi.tasks import get_task
 
 
@@ -34,10 +34,10 @@ def write_simulations(folder: Path, n: int, chunk_size: int, nan_rows: int = 0) 
         part = slice(start, start + chunk_size)
         invalid = int((~torch.isfinite(x[part]).all(dim=1)).sum())
         chunk = {"theta": theta[part].clone(), "x": x[part].clone(), "invalid": invalid}
-        torch.save(chunk, simulate.chunk_file(folder, i))
+        torch.save(chunk, simulations.chunk_file(folder, i))
     manifest = {
         "num_simulations": n, "chunk_size": chunk_size, "chunks": -(-n // chunk_size),
         "invalid": nan_rows, "dim_theta": 2, "dim_x": 2,
     }  # fmt: skip
-    simulate._write_json(folder / simulate.MANIFEST, manifest)
+    simulations.write_json(folder / simulations.MANIFEST, manifest)
     return folder

@@ -90,8 +90,7 @@ def test_train_names_this_machine_where_its_own_workers_would_not_fit(tmp_path: 
     own: a worker count the machine cannot hold is refused naming the machine, before any
     worker starts."""
     env = _subprocess_env() | {"TRAINFORGE_HOME": str(tmp_path / "home"),
-                               "TRAINFORGE_KEEP_CLUSTER": "0"}  # fmt: skip
-    env.pop("TRAINFORGE_COLD_WORKERS", None)  # the test session's (conftest)
+                               "TRAINFORGE_WORKERS": "own"}  # fmt: skip
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
         [sys.executable, "-m", "trainforge", "train", str(DIGITS),

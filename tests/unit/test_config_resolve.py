@@ -14,7 +14,7 @@ from trainforge import config
 from trainforge.config.resolve import resolve_scaling, worker_resources
 from trainforge.config.schema import ScalingSection
 from trainforge.errors import RecipeError
-from trainforge.workloads.sbi import simulate
+from trainforge.workloads.sbi import simulations
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,7 +151,7 @@ def _finished_simulations(folder: Path, num: int = 20, invalid: int = 0) -> Path
     """A folder that says it holds finished simulations (all the resolve step reads)."""
     folder.mkdir(parents=True)
     manifest = {"num_simulations": num, "invalid": invalid, "dim_theta": 2, "dim_x": 2}
-    (folder / simulate.MANIFEST).write_text(json.dumps(manifest))
+    (folder / simulations.MANIFEST).write_text(json.dumps(manifest))
     return folder
 
 

@@ -1,5 +1,6 @@
-"""Driver-side launch checks (``trainforge.driver.launch``) that run before any Ray worker
-starts: an existing run folder is refused unless the recipe resumes."""
+"""Driver-side launch checks (``trainforge.driver.launch``) that run before any worker starts:
+an existing run folder is refused unless the recipe resumes; and a run stopped before its
+workers' run began still ends its MLflow run (``driver/run.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from trainforge import config
-from trainforge.driver import launch
+from trainforge.driver import launch, run
+from trainforge.driver.workers.base import Finished, WorkerGroup
 from trainforge.errors import RecipeError
+from trainforge.worker.payload import WorkerPayload
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -44,36 +47,33 @@ def test_a_run_whose_checkpoints_all_fail_verification_is_refused(tmp_path: Path
     assert (folder / checkpoint.STATE_FILE).exists()
 
 
+class StoppedAtOnce(WorkerGroup):
+    """A group whose workers' run is stopped (Ctrl-C) as it is asked for."""
+
+    kind = "stopped"
+
+    def run(self, payload: WorkerPayload) -> Finished:
+        assert payload.mlflow is not None and payload.mlflow["relay_path"]  # rank 0 relays
+        raise KeyboardInterrupt
+
+
 def test_a_ctrl_c_before_the_workers_run_begins_still_ends_the_mlflow_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The command makes the MLflow run on a thread; a Ctrl-C between that thread's start and
-    the workers' run (here: as the workers' handle is taken, the step after it) ends the run
-    KILLED, not left RUNNING."""
+    """The command makes the MLflow run on a thread; a Ctrl-C as the workers' run is asked
+    for ends that run KILLED, not left RUNNING, after the command's one line."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = config.load(DIGITS, [f"run.storage_path={tmp_path}", f"tracking.tracking_uri={uri}",
                                "tracking.system_metrics=false", "run.name=stopped"])  # fmt: skip
-    root = str(tmp_path)
-    making_run = launch.run_in_the_making
-
-    def interrupted_after_the_thread_starts(*args: object) -> object:
-        making = making_run(*args)
-
-        def ctrl_c() -> None:
-            raise KeyboardInterrupt
-
-        making.for_workers.for_workers = ctrl_c  # what run_workers calls next
-        return making
-
-    monkeypatch.setattr(launch, "run_in_the_making", interrupted_after_the_thread_starts)
-    payload = launch.worker_payload(cfg, root)
-    never_started = object()  # the workers' run is never reached
-    outcome = launch.run_workers(cfg, payload, root, None, {}, (), None, own=never_started)  # type: ignore[arg-type]
+    payload = run.worker_payload(cfg, str(tmp_path))
+    outcome = run.run_workers(cfg, payload, StoppedAtOnce(cfg))
     assert outcome.exit_code == 130
+    assert capsys.readouterr().out.splitlines()[-1] == f"[trainforge] {run.INTERRUPTED}"
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     assert [(r.info.run_name, r.info.status) for r in runs] == [("stopped", "KILLED")]
+    assert runs[0].info.run_id == outcome.mlflow_run_id

@@ -18,7 +18,7 @@ import pytest
 
 from trainforge.driver import local_cluster
 from trainforge.driver.local_cluster import ClusterState
-from trainforge.worker import settings
+from trainforge.worker import environment
 
 
 @pytest.fixture(autouse=True)
@@ -64,17 +64,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-@pytest.mark.parametrize(
-    ("value", "keep"), [(None, True), ("0", False), ("false", False), ("1", True)]
-)
-def test_keep_cluster(value: str | None, keep: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    if value is None:
-        monkeypatch.delenv("TRAINFORGE_KEEP_CLUSTER", raising=False)
-    else:
-        monkeypatch.setenv("TRAINFORGE_KEEP_CLUSTER", value)
-    assert local_cluster.keep_cluster() is keep
 
 
 def test_the_cluster_keeps_no_mlflow_setting_of_the_command_that_started_it(
@@ -184,7 +173,7 @@ def test_the_lasting_cluster_gets_the_commands_whole_environment_but_each_proces
     env.pop("OMP_NUM_THREADS")  # a command that sets no thread count
     env.pop("PYTHONPATH")  # (it would extend this process's sys.path)
     monkeypatch.setattr(os, "environ", dict(worker))  # a warm worker's own environment
-    with settings.applied(env):
+    with environment.applied(env):
         assert os.environ["MYSIM_DATA"] == "/data/run7"
         assert os.environ["PATH"] == "/opt/solver/bin:/usr/bin"
         kept = {key: os.environ[key] for key in worker if key != "MYSIM_DATA"}

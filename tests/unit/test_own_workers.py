@@ -1,7 +1,8 @@
-"""A cold command's own workers, their parts in this process (``driver/own_workers.py``,
-``worker/own.py``): which commands run on them, what the machine offers without Ray, how a
-worker's exception crosses back. Their whole path — a real command, a failure and restart, the
-cluster started in the background, a Ctrl-C and a SIGKILL — is in
+"""A cold command's own workers, their parts in this process (``driver/workers/own.py``,
+``worker/own.py``) and the cluster's start in the background after them
+(``driver/background.py``): which commands run on them, what the machine offers without Ray,
+how a worker's exception crosses back. Their whole path — a real command, a failure and
+restart, a Ctrl-C and a SIGKILL — is in tests/integration/test_worker_groups.py and
 tests/integration/test_local_cluster.py."""
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainforge import cli
-from trainforge import home as trainforge_home
-from trainforge.driver import local_cluster, own_workers
-from trainforge.errors import NonFiniteLoss
+from trainforge import cli, settings
+from trainforge.driver import background, local_cluster
+from trainforge.driver.workers import own
+from trainforge.driver.workers.base import how_it_ended
+from trainforge.errors import NonFiniteLoss, RecipeError
 from trainforge.worker.own import portable
+
+HOME_ENV = settings.HOME.name
 
 
 def recipe(kind: str = "cnn", use_gpu: str = "auto", **resources: float) -> SimpleNamespace:
@@ -38,40 +42,39 @@ def a_users_command(
     """A command as a user runs it: a home where no cluster runs, none of the test session's
     settings (conftest.py), and unless ``joined_ray`` no Ray joined in its process (a Ray test
     before this one in the same test process joined this session's)."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
-    for name in (own_workers.ENV, "RAY_ADDRESS", "TRAINFORGE_WARM_WORKERS"):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    for name in (settings.WORKERS.name, "RAY_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
     if not joined_ray:
-        monkeypatch.setattr(own_workers, "_connected_to_ray", lambda: False)
+        monkeypatch.setattr(own, "_connected_to_ray", lambda: False)
 
 
 def test_which_commands_train_on_their_own_workers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     a_users_command(monkeypatch, tmp_path)
-    monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
     local = str(tmp_path / "runs")
+    workers = settings.WORKERS.name
 
     def why(cfg: SimpleNamespace | None = None, storage: str = local) -> str | None:
-        return own_workers.unavailable(cfg or recipe(), storage)  # type: ignore[arg-type]
+        return own.unavailable(cfg or recipe(), storage)  # type: ignore[arg-type]
 
     assert why() is None
     assert why(recipe(use_gpu="true", GPU=1)) is None
     assert why(recipe(use_gpu="true", GPU=2)) == "workers of other than one GPU each"
     assert why(storage="s3://bucket/runs") == "remote storage"
-    monkeypatch.setenv(own_workers.ENV, "ray")
-    assert why() == f"{own_workers.ENV}=ray"
-    monkeypatch.delenv(own_workers.ENV)
-    monkeypatch.setenv("TRAINFORGE_WARM_WORKERS", "0")  # Ray Train's worker group was asked for
-    assert why() == "TRAINFORGE_WARM_WORKERS=0"
-    monkeypatch.delenv("TRAINFORGE_WARM_WORKERS")
+    for choice in ("warm", "ray-train", "private"):  # another worker group was asked for
+        monkeypatch.setenv(workers, choice)
+        assert why() == f"{workers}={choice}"
+    monkeypatch.delenv(workers)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert why() == "RAY_ADDRESS names a cluster"
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setenv(local_cluster.KEEP_ENV, "0")  # no cluster kept: none is needed either
+    monkeypatch.setenv(workers, "own")  # no cluster kept: none is needed either
     assert why() is None
-    monkeypatch.setenv(own_workers.ENV, "ray")
-    assert why() == f"{own_workers.ENV}=ray"
+    monkeypatch.setenv(workers, "ownn")
+    with pytest.raises(RecipeError, match=r"TRAINFORGE_WORKERS: 'ownn' is not one of auto, own"):
+        why()
 
 
 @pytest.mark.ray
@@ -81,9 +84,9 @@ def test_a_process_connected_to_ray_trains_there(
     """A script or notebook that called ``ray.init`` before ``launch.train``: its run goes to
     that Ray, not to processes of its own."""
     a_users_command(monkeypatch, tmp_path, joined_ray=True)
-    for keep in ("0", "1"):
-        monkeypatch.setenv(local_cluster.KEEP_ENV, keep)
-        why = own_workers.unavailable(recipe(), str(tmp_path / "runs"))  # type: ignore[arg-type]
+    for choice in ("auto", "own"):
+        monkeypatch.setenv(settings.WORKERS.name, choice)
+        why = own.unavailable(recipe(), str(tmp_path / "runs"))  # type: ignore[arg-type]
         assert why == "this process is connected to Ray"
 
 
@@ -94,46 +97,45 @@ def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     from trainforge import config
 
     a_users_command(monkeypatch, tmp_path)
-    monkeypatch.setenv(local_cluster.KEEP_ENV, "1")
     built_in = config.load(RECIPES / "sbi" / "two_moons_debug.yaml")  # seconds of one core
     custom = RECIPES / "sbi" / "sir_custom.yaml"  # a user's simulator: its cost is unknown
     spread, here = config.load(custom), config.load(custom, ["workload.simulation.where=here"])
     made = config.load(custom, ["workload.simulation.path=/data/sims"])
-    assert own_workers.unavailable(built_in, str(tmp_path)) is None  # made by the command
-    assert own_workers.unavailable(spread, str(tmp_path)) == "its data stage runs on the cluster"
-    assert own_workers.unavailable(here, str(tmp_path)) is None
-    assert own_workers.unavailable(made, str(tmp_path)) is None  # nothing to simulate
+    assert own.unavailable(built_in, str(tmp_path)) is None  # made by the command
+    assert own.unavailable(spread, str(tmp_path)) == "its data stage runs on the cluster"
+    assert own.unavailable(here, str(tmp_path)) is None
+    assert own.unavailable(made, str(tmp_path)) is None  # nothing to simulate
 
 
 def test_a_worker_process_end_is_said_in_words_a_user_acts_on() -> None:
     """From a real process's return code: a SIGKILL (the OOM killer's signal) names memory."""
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     killed.kill()
-    assert own_workers.how_it_ended(killed.wait()) == (
+    assert how_it_ended(killed.wait()) == (
         "was killed by SIGKILL (out of memory: the kernel's OOM killer; or a kill -9)"
     )
     crashed = subprocess.run([sys.executable, "-c", "import os; os.abort()"], timeout=60,
                              capture_output=True)  # fmt: skip
-    assert own_workers.how_it_ended(crashed.returncode) == (
+    assert how_it_ended(crashed.returncode) == (
         "crashed (SIGABRT: a fault in native code, or an abort)"
     )
-    assert own_workers.how_it_ended(-signal.SIGTERM) == "was stopped by SIGTERM"
-    assert own_workers.how_it_ended(3) == "ended with exit code 3"
+    assert how_it_ended(-signal.SIGTERM) == "was stopped by SIGTERM"
+    assert how_it_ended(3) == "ended with exit code 3"
 
 
 def test_the_gpus_a_new_process_would_see(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
-    assert own_workers.visible_gpus() == ["2", "5"]
+    assert own.visible_gpus() == ["2", "5"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert own_workers.visible_gpus() == []
+    assert own.visible_gpus() == []
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert own_workers.visible_gpus() == []
+    assert own.visible_gpus() == []
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     expected = len(os.listdir("/proc/driver/nvidia/gpus")) if os.path.isdir(
         "/proc/driver/nvidia/gpus") else None  # fmt: skip
     if expected is not None:
-        assert len(own_workers.visible_gpus()) == expected
-    resources = own_workers.resources()
+        assert len(own.visible_gpus()) == expected
+    resources = own.resources()
     assert resources["CPU"] == len(os.sched_getaffinity(0))
 
 
@@ -159,17 +161,17 @@ def test_a_background_start_under_way_is_not_waited_for(
 ) -> None:
     """Another command's background start holds its lock: this command starts no second one
     and ends at once (it used to wait for the lock, 40 s after a cluster stop)."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
-    assert own_workers.wait_for_background(0.1)  # no folder yet: nothing to wait for
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    assert background.wait(0.1)  # no folder yet: nothing to wait for
     home = local_cluster.folder()
     home.mkdir(parents=True)
     with open(home / "background.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as the other command's background process does
-        own_workers.start_cluster_in_background(recipe())  # type: ignore[arg-type]
-        assert not own_workers.wait_for_background(0.2)  # still the other one's
+        background.start_cluster(recipe())  # type: ignore[arg-type]
+        assert not background.wait(0.2)  # still the other one's
     assert "being started in the background by another command" in capsys.readouterr().out
     assert not (home / "background.log").read_bytes()  # no process of this command wrote there
-    assert own_workers.wait_for_background(1)
+    assert background.wait(1)
 
 
 def test_cluster_status_during_a_background_start_says_it_is_being_started(
@@ -177,7 +179,7 @@ def test_cluster_status_during_a_background_start_says_it_is_being_started(
 ) -> None:
     """Right after a command that ran without the cluster, its background start is bringing
     Ray up: `cluster status` says so (it said no cluster runs), still with exit 1."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     home = local_cluster.folder()
     home.mkdir(parents=True)
     with open(home / "background.lock", "a") as held:
@@ -210,7 +212,7 @@ def test_cluster_stop_during_a_background_start_ends_that_start_first(
     background start does: `cluster stop` says it ends that start, SIGTERMs the process, waits
     for its lock, then stops the cluster (none here). The whole way, with a real background
     start and `cluster start --num-cpus`, is in tests/integration/test_local_cluster.py."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     local_cluster.folder().mkdir(parents=True)
     holder = subprocess.Popen(
         [sys.executable, "-c", BACKGROUND_START, str(local_cluster.background_lock_path())],
@@ -233,7 +235,7 @@ def test_cluster_stop_during_a_background_start_ends_that_start_first(
 
 STOPPED_WHILE_STARTING = """
 import os, signal
-from trainforge.driver.own_workers import StopAsked, _StopOnTerm
+from trainforge.driver.background import StopAsked, _StopOnTerm
 stop = _StopOnTerm()
 os.kill(os.getpid(), signal.SIGTERM)  # while the cluster starts: only noted
 print("went on", flush=True)
@@ -256,7 +258,7 @@ def test_a_stop_asked_while_the_background_start_starts_the_cluster_waits_for_th
 
 
 def test_a_command_says_whether_its_background_start_starts_the_cluster_or_found_it() -> None:
-    assert own_workers.background_start_line(2, None) == (
+    assert background.start_line(2, None) == (
         "ray: starting the local cluster and 2 warm workers in the background; later commands "
         "use them, the cluster stops after 30 min unused or on `trainforge cluster stop`"
     )
@@ -264,7 +266,7 @@ def test_a_command_says_whether_its_background_start_starts_the_cluster_or_found
         gcs_address="127.0.0.1:6380", dashboard_url="", supervisor_pid=1, temp_dir="",
         python="", ray_version="", started_at=0.0,
     )  # fmt: skip
-    assert own_workers.background_start_line(1, came_up) == (
+    assert background.start_line(1, came_up) == (
         "ray: the local cluster at 127.0.0.1:6380 came up while this command ran; readying 1 "
         "warm worker there in the background for later commands"
     )
@@ -284,7 +286,7 @@ def test_a_warm_worker_busy_with_a_rehearsal_is_waited_for_and_a_hung_one_replac
 
     from trainforge.driver import warm_pool
 
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
     monkeypatch.setattr(warm_pool, "ANSWER_S", 1.0)
     local_cluster.folder().mkdir(parents=True)
     assert not local_cluster.background_start_running()

@@ -9,7 +9,8 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.v2._internal.execution.scaling_policy import ResizeDecision, create_scaling_policy
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 
-from trainforge import process_group, ray_compat
+from trainforge import ray_compat
+from trainforge.driver.workers.ray_train_backend import ProcessGroupConfig
 
 
 def test_the_dropped_callbacks_are_those_that_start_processes_for_nothing() -> None:
@@ -20,7 +21,7 @@ def test_the_dropped_callbacks_are_those_that_start_processes_for_nothing() -> N
 
     trainer = ray_compat.trainer_class()(
         train_loop_per_worker=lambda: None,
-        backend_config=process_group.ProcessGroupConfig(),
+        backend_config=ProcessGroupConfig(),
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="callbacks"),
     )

@@ -61,7 +61,8 @@ def _undecodable_variable() -> Iterator[None]:
 
 
 class _ReachedRay(Exception):
-    """Raised where `train` would connect to Ray: every check before workers start passed."""
+    """Raised where `train` would pick its workers (and join Ray): every check before workers
+    start passed."""
 
 
 @pytest.fixture(autouse=True)
@@ -69,10 +70,11 @@ def _ray_door(monkeypatch: pytest.MonkeyPatch) -> None:
     """No command here may get as far as Ray: `train` stops at its door, and `validate` must
     never knock."""
 
-    def connect(*args: object, **kwargs: object) -> None:
+    def door(*args: object, **kwargs: object) -> None:
         raise _ReachedRay()
 
-    monkeypatch.setattr(launch, "connect", connect)
+    monkeypatch.setattr(launch, "choose", door)
+    monkeypatch.setattr(launch, "connect", door)  # `simulate` joins Ray itself
     # `train` records its command line for the MLflow run: not for later tests in this process
     monkeypatch.setattr(tracking_driver, "_invoked", [])
 
@@ -353,7 +355,7 @@ def _workers_accept(cfg: Recipe) -> None:
 
     from trainforge.optim import build_optimizer, build_schedule
     from trainforge.worker.rng import seed_everything
-    from trainforge.workloads.sbi.simulate import chunk_seed
+    from trainforge.workloads.sbi.simulating import chunk_seed
 
     def finite(node: Any, key: str) -> None:
         if isinstance(node, dict):

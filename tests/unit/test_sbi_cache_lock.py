@@ -1,6 +1,7 @@
-"""One command at a time makes a simulation cache entry (``simulate.making``): another command
-on the same recipe waits for it, with its progress on disk, and then reuses the entry, or makes
-what is missing where the first was killed. Real processes holding a real lock."""
+"""One command at a time makes a data stage's output (``driver/stage.Runner.one_maker``, around
+a simulation cache entry): another command on the same recipe waits for it, saying what is on
+disk, and then finds the entry whole, or makes what is missing where the first was killed. Real
+processes holding a real lock."""
 
 from __future__ import annotations
 
@@ -12,19 +13,24 @@ from typing import Any
 
 import pytest
 
-from trainforge.workloads.sbi import simulate
+from trainforge.driver import stage
+from trainforge.workloads.sbi import simulations
 
 PROCESSES = multiprocessing.get_context("fork")
 
 
-def entry(folder: Path) -> simulate.Plan:
-    return simulate.Plan(folder, "key", {}, [(0, 16), (1, 16)], "cpu")
+def on_disk(folder: Path) -> str:
+    return f"{len(list(folder.glob('chunk-*')))}/2 chunks on disk"
+
+
+def making(folder: Path, say: Any) -> Any:
+    """As the simulation stage takes its entry."""
+    return stage.Runner().one_maker(folder, "simulations", say, lambda: on_disk(folder))
 
 
 def hold(folder: Path, holding: Any, release: Any) -> None:
     """Another command: making the entry until ``release``."""
-    with simulate.making(entry(folder), lambda _: None) as made:
-        assert made is False
+    with making(folder, lambda _: None):
         holding.set()
         release.wait(60)
 
@@ -46,13 +52,13 @@ def test_a_command_waits_for_the_one_making_the_entry_and_reuses_it(
     tmp_path: Path, maker: Any
 ) -> None:
     def finished() -> None:  # the maker writes the manifest last, then ends
-        (tmp_path / simulate.MANIFEST).write_text("{}")
+        (tmp_path / simulations.MANIFEST).write_text("{}")
         maker.release.set()
 
     threading.Timer(0.5, finished).start()
     said: list[str] = []
-    with simulate.making(entry(tmp_path), said.append) as made_by_another:
-        assert made_by_another is True
+    with making(tmp_path, said.append):
+        assert (tmp_path / simulations.MANIFEST).exists()  # the other made it all
     assert said == [f"simulations: another command (pid {maker.pid}) is making these; "
                     f"waiting for it → {tmp_path}"]  # fmt: skip
 
@@ -60,11 +66,11 @@ def test_a_command_waits_for_the_one_making_the_entry_and_reuses_it(
 def test_a_command_makes_what_a_killed_maker_left(
     tmp_path: Path, maker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(simulate, "WAIT_SAY_EVERY_S", 0.3)
-    simulate.chunk_file(tmp_path, 0).write_bytes(b"")  # the one chunk it wrote
+    monkeypatch.setattr(stage, "WAIT_SAY_EVERY_S", 0.3)
+    simulations.chunk_file(tmp_path, 0).write_bytes(b"")  # the one chunk it wrote
     threading.Timer(1.0, maker.kill).start()  # its lock goes with it
     said: list[str] = []
-    with simulate.making(entry(tmp_path), said.append) as made_by_another:
-        assert made_by_another is False  # this command makes the rest
-        assert (tmp_path / simulate.MAKER_FILE).read_text() == f"{os.getpid()}\n"
+    with making(tmp_path, said.append):
+        assert not (tmp_path / simulations.MANIFEST).exists()  # this command makes the rest
+        assert (tmp_path / stage.MAKER_FILE).read_text() == f"{os.getpid()}\n"
     assert f"simulations: waiting for pid {maker.pid}: 1/2 chunks on disk" in said

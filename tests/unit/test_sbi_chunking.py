@@ -116,12 +116,12 @@ def test_the_stages_progress_line_shows_a_pace_only_once_there_is_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first task's chunks are in after the workers' start: no "0/s" line from them."""
-    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi import progress as stage_lines
 
     clock = [0.0]
-    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stage_lines.time, "monotonic", lambda: clock[0])
     lines: list[str] = []
-    progress = simulate.Progress(20_000, 0, lines.append, started=0.0, last=0.0)
+    progress = stage_lines.Progress(20_000, 0, lines.append, started=0.0, last=0.0)
     clock[0] = 6.0  # the first task, after the workers started
     progress.add(2_500, {"node:1"})
     clock[0] = 12.0
@@ -139,12 +139,12 @@ def test_the_stages_pace_is_its_processes_at_their_measured_speed(
     each process's speed in its chunks' own seconds, not the few finished simulations over the
     time since the first (which said 41/s, ETA 71 s, of a stage done five seconds later). More
     processes than the cluster runs at once (a replaced worker) do not count twice."""
-    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi import progress as stage_lines
 
     clock = [0.0]
-    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stage_lines.time, "monotonic", lambda: clock[0])
     lines: list[str] = []
-    progress = simulate.Progress(3_000, 0, lines.append, started=0.0, last=0.0, slots=2)
+    progress = stage_lines.Progress(3_000, 0, lines.append, started=0.0, last=0.0, slots=2)
     clock[0] = 3.5
     progress.add(16, {"node:1"}, 0.032)
     clock[0] = 5.0
@@ -160,17 +160,17 @@ def test_the_stages_pace_is_its_processes_at_their_measured_speed(
 def test_the_stages_last_line_counts_processes_and_nodes_in_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainforge.workloads.sbi import simulate
+    from trainforge.workloads.sbi import progress as stage_lines
 
     clock = [0.0]
-    monkeypatch.setattr(simulate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stage_lines.time, "monotonic", lambda: clock[0])
     manifest = {"invalid": 0}
     lines: list[str] = []
-    alone = simulate.Progress(400, 0, lines.append, started=0.0, last=0.0)
+    alone = stage_lines.Progress(400, 0, lines.append, started=0.0, last=0.0)
     alone.add(400, {"nodeA:11"})
     clock[0] = 2.0
     alone.finish(manifest)
-    several = simulate.Progress(400, 0, lines.append, started=0.0, last=2.0)
+    several = stage_lines.Progress(400, 0, lines.append, started=0.0, last=2.0)
     several.add(400, {"nodeA:11", "nodeA:12", "nodeB:13"})
     several.finish(manifest)
     assert lines == [

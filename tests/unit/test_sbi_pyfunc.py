@@ -12,7 +12,7 @@ import torch
 
 from tests.unit.sbi_helpers import _data
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import export, pyfunc
+from trainforge.workloads.sbi import export, posterior_model, pyfunc
 from trainforge.workloads.sbi.config import EstimatorSection, SBIWorkloadConfig
 from trainforge.workloads.sbi.workload import SBIWorkload
 
@@ -28,7 +28,7 @@ def test_the_registered_posterior_loads_and_samples(
     export.save_posterior(path, estimator, record, {"task": "two_moons"})
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     with mlflow.start_run():
-        info = pyfunc.log(pyfunc.PosteriorExport(path, x[:2].numpy(), 2))
+        info = pyfunc.log(posterior_model.PosteriorExport(path, x[:2].numpy(), 2))
     version = mlflow.register_model(info.model_uri, "two_moons_posterior").version
     path.unlink()  # what loads is the registered copy
 

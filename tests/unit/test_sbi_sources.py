@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trainforge.errors import RecipeError
-from trainforge.workloads.sbi import sources
+from trainforge.workloads.sbi import simulating, sources
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 
 USER_MODULE = """
@@ -145,20 +145,19 @@ def test_a_chunk_is_decided_by_its_seed_through_the_global_generators(user_modul
     stage seeds per chunk: a chunk's θ and x are those of ``torch.manual_seed`` and
     ``np.random.seed`` with the chunk's seed, whatever was drawn before it (on the CPU the stage
     seeds torch's CPU generator alone, the one these draws come from)."""
-    from trainforge.workloads.sbi import simulate
 
     cfg = _custom(user_module, "simulate")
     source = sources.resolve(cfg)  # its probe draws too: before the seeds
-    seed = simulate.chunk_seed(7, 3)
+    seed = simulating.chunk_seed(7, 3)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     theta = source.sample_prior(16, torch.Generator())
     x = source.simulate(theta, torch.Generator())
     for _ in range(2):
         torch.rand(5), np.random.rand(5)  # other draws before the chunk change nothing
-        chunk = simulate.simulate_chunk(cfg, 7, 3, 16, "cpu")
+        chunk = simulating.simulate_chunk(cfg, 7, 3, 16, "cpu")
         assert torch.equal(chunk["theta"], theta) and torch.equal(chunk["x"], x)
-    other = simulate.simulate_chunk(cfg, 7, 4, 16, "cpu")
+    other = simulating.simulate_chunk(cfg, 7, 4, 16, "cpu")
     assert not torch.equal(other["theta"], theta)
 
 
@@ -166,13 +165,12 @@ def test_a_tasks_chunks_cross_as_one_tensor_and_come_back_apart(user_module: str
     """A task returns its chunks' θ and x as one tensor each; each chunk comes back equal to
     its own result, holding only its own rows (``torch.save`` writes a view's whole storage,
     so a slice of the task's tensor would put every chunk into each chunk's file)."""
-    from trainforge.workloads.sbi import simulate
 
     cfg = _custom(user_module, "simulate")
-    alone = [simulate.simulate_chunk(cfg, 7, i, n, "cpu") for i, n in ((0, 16), (1, 16), (2, 5))]
-    packed = simulate.pack([dict(chunk) for chunk in alone], "node:1")
+    alone = [simulating.simulate_chunk(cfg, 7, i, n, "cpu") for i, n in ((0, 16), (1, 16), (2, 5))]
+    packed = simulating.pack([dict(chunk) for chunk in alone])
     assert packed["theta"].shape[0] == 37 and packed["rows"] == [16, 16, 5]
-    back = simulate.unpack(packed)
+    back = simulating.unpack(packed, "node:1")  # where the stage runner says it ran
     for chunk, mine in zip(alone, back, strict=True):
         assert torch.equal(mine["theta"], chunk["theta"]) and torch.equal(mine["x"], chunk["x"])
         assert mine["x"].untyped_storage().nbytes() == mine["x"].numel() * 4
@@ -186,12 +184,11 @@ def test_a_tasks_chunks_drawn_together_equal_each_chunk_alone(
     """On the CPU a task draws all its chunks' θ before it simulates any: each chunk's x still
     continues from its own seed and prior draw (torch's global RNG for ``simulate``, NumPy's
     for ``numpy_noise``), so a chunk's values do not depend on the task that ran it."""
-    from trainforge.workloads.sbi import simulate
 
     cfg = _custom(user_module, simulator)
     chunks = [(3, 16), (4, 16), (9, 7)]
-    together = simulate.simulate_chunk_list(cfg, 7, chunks, "cpu")
+    together = simulating.simulate_chunk_list(cfg, 7, chunks, "cpu")
     for (index, size), chunk in zip(chunks, together, strict=True):
-        alone = simulate.simulate_chunk(cfg, 7, index, size, "cpu")
+        alone = simulating.simulate_chunk(cfg, 7, index, size, "cpu")
         assert torch.equal(chunk["theta"], alone["theta"]) and torch.equal(chunk["x"], alone["x"])
     assert not torch.equal(together[0]["x"], together[1]["x"])

@@ -14,7 +14,7 @@ from trainforge import config
 from trainforge.data.chunked import ChunkedData
 from trainforge.data.types import TensorData
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import simulate, stream
+from trainforge.workloads.sbi import simulations, stream
 from trainforge.workloads.sbi.tasks import get_task
 from trainforge.workloads.sbi.workload import SBIWorkload, split
 
@@ -24,14 +24,14 @@ def by_rows(theta: torch.Tensor) -> torch.Tensor:
 
 
 def streamed_rows(job: stream.StreamPlan, rows: list[torch.Tensor]) -> torch.Tensor:
-    split = ChunkedData(job.files, rows, simulate.read_chunk, window_rows=1)
+    split = ChunkedData(job.files, rows, simulations.read_chunk, window_rows=1)
     return by_rows(split.read_rows(list(range(len(rows))))[0])
 
 
 @pytest.mark.parametrize("nan_rows", [0, 37])
 def test_the_streamed_split_is_the_in_memory_split(tmp_path: Path, nan_rows: int) -> None:
     folder = write_simulations(tmp_path / "sims", n=2300, chunk_size=500, nan_rows=nan_rows)
-    theta, x = simulate.load(folder, drop_invalid=True)
+    theta, x = simulations.load(folder, drop_invalid=True)
     (train_theta, _), (val_theta, _) = split(theta, x, val_fraction=0.1, seed=3)
     job = stream.plan(folder, val_fraction=0.1, seed=3, drop_invalid=True)
     assert (job.num_train, job.num_val) == (len(train_theta), len(val_theta))

@@ -19,7 +19,7 @@ from tests.git_repo import commit_all
 from trainforge import cli, resources
 from trainforge.driver import submit
 from trainforge.errors import RecipeError
-from trainforge.tracking.driver import GIT_COMMIT_ENV, USER_ENV
+from trainforge.settings import GIT_COMMIT, USER
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -137,7 +137,7 @@ def test_default_runtime_env_is_the_packaged_one(project: Path, submitted: list[
 def test_the_git_commit_is_the_projects(project: Path, submitted: list[list[str]]) -> None:
     commit = commit_all(project, "mine")
     submit.submit("recipes/mine.yaml", [])
-    assert _runtime_env(submitted[0])["env_vars"][GIT_COMMIT_ENV] == commit
+    assert _runtime_env(submitted[0])["env_vars"][GIT_COMMIT.name] == commit
     assert submit.git_commit_of(project) == commit
 
 
@@ -205,4 +205,4 @@ def test_the_job_carries_the_submitters_login_for_mlflow_user(
     project: Path, submitted: list[list[str]]
 ) -> None:
     submit.submit("recipes/mine.yaml", [])
-    assert _runtime_env(submitted[0])["env_vars"][USER_ENV] == getpass.getuser()
+    assert _runtime_env(submitted[0])["env_vars"][USER.name] == getpass.getuser()

@@ -21,7 +21,7 @@ from trainforge.tracking.spool import replay
 from trainforge.tracking.worker import WorkerTracker
 from trainforge.workloads.cnn.checks import train_samples
 from trainforge.workloads.cnn.workload import CNNWorkload
-from trainforge.workloads.sbi import simulate, sources
+from trainforge.workloads.sbi import simulate, simulating, simulations, sources
 from trainforge.workloads.sbi.workload import SBIWorkload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,9 +104,9 @@ def _simulate(tmp_path: Path, seed: int, *overrides: str) -> tuple[config.Recipe
     job = simulate.plan(section, sources.resolve(section), seed, tmp_path / "sims", "cpu")
     job.folder.mkdir(parents=True, exist_ok=True)
     for index, size in job.chunks:
-        chunk = simulate.simulate_chunk(section, seed, index, size, "cpu")
+        chunk = simulating.simulate_chunk(section, seed, index, size, "cpu")
         torch.save(chunk, job.chunk_path(index))
-    (job.folder / simulate.MANIFEST).write_text(json.dumps(simulate.summarize(job)))
+    simulate.finish(job, {})
     section.simulation.path = str(job.folder)  # type: ignore[attr-defined]
     return cfg, job.folder
 
@@ -127,7 +127,7 @@ def test_sbi_names_the_task_and_digests_the_simulation_cache_without_reading_it(
     )  # fmt: skip
     assert data.profile == {"val_rows": 60, "num_simulations": 600, "invalid": 0,
                             "dim_theta": 2, "dim_x": 2}  # fmt: skip
-    key = simulate.read_manifest(folder)["key"]
+    key = simulations.read_manifest(folder)["key"]
     assert key in folder.name
     assert data.digest == digest_of(
         {"simulations": key, "num_simulations": 600, "drop_invalid": False,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from trainforge import config
+from trainforge import config, settings
 from trainforge.config.schema import TrackingSection
 from trainforge.tracking import driver
 from trainforge.tracking.client import RUNS_FILE, RunHandle
@@ -37,8 +37,8 @@ def test_the_command_line_and_recipe_are_read_from_argv(argv0: str) -> None:
 
 
 def test_source_tags_fill_what_the_mlflow_ui_shows(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(driver.GIT_COMMIT_ENV, "0123456789abcdef")
-    monkeypatch.delenv(driver.USER_ENV, raising=False)
+    monkeypatch.setenv(settings.GIT_COMMIT.name, "0123456789abcdef")
+    monkeypatch.delenv(settings.USER.name, raising=False)
     tags = driver.source_tags(False, ["trainforge", "train", "cnn/digits_simple_cnn", "a=1"])
     assert tags == {
         "mlflow.source.name": "cnn/digits_simple_cnn",
@@ -49,7 +49,7 @@ def test_source_tags_fill_what_the_mlflow_ui_shows(monkeypatch: pytest.MonkeyPat
         "mlflow.source.git.commit": "0123456789abcdef",
         "git.commit": "0123456789abcdef",
     }
-    monkeypatch.setenv(driver.USER_ENV, "alice")  # set by `trainforge submit` for the job
+    monkeypatch.setenv(settings.USER.name, "alice")  # set by `trainforge submit` for the job
     submitted = driver.source_tags(True, ["trainforge", "train", "x.yaml"])
     assert submitted["mlflow.user"] == "alice" and submitted["mlflow.source.type"] == "JOB"
 
@@ -77,7 +77,7 @@ def _run_recipe(storage: Path | str, uri: str) -> config.Recipe:
 def test_a_run_in_a_real_store_has_source_user_commit_and_comparable_params(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(driver.GIT_COMMIT_ENV, "fedcba9876543210")
+    monkeypatch.setenv(settings.GIT_COMMIT.name, "fedcba9876543210")
     monkeypatch.setattr(sys, "argv", ["trainforge", "train", str(DIGITS)])
     driver.invoked_as([])
     uri = f"sqlite:///{tmp_path}/mlflow.db"

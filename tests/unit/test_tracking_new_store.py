@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from trainforge import home as trainforge_home
+from trainforge import settings
 from trainforge.tracking import new_store
 
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(settings.HOME.name, str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root, ./mlruns, is the folder's
     return tmp_path / "home"
 

@@ -1,6 +1,6 @@
 """trainforge.tracking.relay: rank 0 writes its records to the run folder and imports no MLflow;
 the command's thread sends them into a real SQLite MLflow run as they come, and logs the final
-model rank 0 hands it (a module; SBI's posterior pyfunc); what it cannot send goes to the
+model rank 0 keeps for it (a module; SBI's posterior pyfunc); what it cannot send goes to the
 spool; what a killed command left is sent by the next from where it stopped."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 
 from tests.integration.mlflow_server import free_port
 from trainforge import config
-from trainforge.driver.launch import spool_relay_rest
 from trainforge.tracking import driver, model_logging, relay
 from trainforge.tracking.client import RUNS_FILE, RunHandle, configure_client_env
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
@@ -32,8 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
 
 # Rank 0 of a relayed run, in a new process (this one has MLflow imported): everything a run
-# logs, then whether MLflow was imported for it; the model it hands the command, pickled as its
-# result crosses to the command
+# logs, then whether MLflow was imported for it; the model it keeps for the command beside the
+# relay's files
 RANK_0 = """
 import json, sys
 from pathlib import Path
@@ -60,7 +59,6 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 tracker.log_model(model, torch.zeros(2, 1, 8, 8))
 tracker.close()
-(Path(folder) / "handed.pkl").write_bytes(tracker.model_for_command)
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "monitor": tracker.system_monitor is None,
                   "warming": tracker._warming is None}))
 """
@@ -119,9 +117,9 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     handle, sending = making.made()
     assert handle is not None and handle.run_id is not None and sending is not None
     assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
-    handed = (tmp_path / "handed.pkl").read_bytes()
-    sending.log_model(handed)
-    model, example, custom = pickle.loads(handed)
+    kept = relay.files_folder(run_dir / relay.RELAY_FILE) / relay.HANDED_MODEL
+    model, example, custom = pickle.loads(kept.read_bytes())
+    sending.log_kept_model()
     assert custom is None
     making.stop()
 
@@ -179,21 +177,21 @@ def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Pat
     first = len(path.read_bytes().splitlines(keepends=True)[0])
     relay.offset_path(path).write_text(str(first))  # the killed command had sent epoch 1 only
 
-    # a command that does not relay (no own workers) spools the rest …
-    spool_relay_rest(handle)
-    spooled = [json.loads(line) for line in (run_dir / SPOOL_FILE).read_text().splitlines()]
-    assert [r["metrics"][0][1] for r in spooled] == [2.0, 3.0]
+    # the next command's relay sends from where the last one stopped …
+    sending = relay.start(handle, run_dir, system_metrics_s=None)
+    sending.stop()
+    client = MlflowClient(handle.tracking_uri)
+    assert [m.value for m in client.get_metric_history(handle.run_id, "epoch")] == [2.0, 3.0]
     assert not path.exists() and not relay.offset_path(path).exists()
 
-    # … one that relays sends from where the last one stopped
+    # … and a command whose run was never made (MLflow down) spools it
     for epoch in (1, 2, 3):
         records.write("metrics", metrics=[["loss", float(epoch), epoch, epoch]])
     first = len(path.read_bytes().splitlines(keepends=True)[0])
     relay.offset_path(path).write_text(str(first))
-    sending = relay.start(handle, run_dir, system_metrics_s=None)
-    sending.stop()
-    client = MlflowClient(handle.tracking_uri)
-    assert [m.value for m in client.get_metric_history(handle.run_id, "loss")] == [2.0, 3.0]
+    assert relay.spool_rest(path, run_dir / SPOOL_FILE) == 2
+    spooled = [json.loads(line) for line in (run_dir / SPOOL_FILE).read_text().splitlines()]
+    assert [r["metrics"][0][1] for r in spooled] == [2.0, 3.0]
     assert not path.exists() and not relay.offset_path(path).exists()
 
 
@@ -218,7 +216,6 @@ workload.train_theta, workload.train_x, workload.dim_theta, workload.dim_x = the
 model = workload.build_model()
 with tracker.model_folder() as where:
     tracker.log_model(model, None, workload.mlflow_model(model, where))
-(Path(folder) / "handed.pkl").write_bytes(tracker.model_for_command)
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "where": str(where)}))
 """
 
@@ -238,7 +235,7 @@ def test_an_sbi_posterior_is_handed_over_and_logged_by_the_command(
     assert said["mlflow"] is False
     # the posterior's files wait beside the relay's until the command has logged them
     assert Path(said["where"]).parent == relay.files_folder(run_dir / relay.RELAY_FILE)
-    sending.log_model((tmp_path / "handed.pkl").read_bytes())
+    sending.log_kept_model()
     sending.stop()
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", handle.tracking_uri)
@@ -314,7 +311,7 @@ def test_on_ray_trains_workers_node_0_is_sampled_once_rank_0_writes_and_its_mode
     example = torch.zeros(2, 1, 8, 8)
     logged_model, example_array = model_logging.for_mlflow(model, example)
     handed = model_logging.handed_over(logged_model, example_array, None)
-    relay.keep_handed_model(str(relay_file), handed)  # as Ray Train's rank 0 does at its end
+    relay.keep_handed_model(str(relay_file), handed)  # as rank 0 does at its end
     time.sleep(0.5)  # a sample of the system
     sending.log_kept_model()
     making.stop()

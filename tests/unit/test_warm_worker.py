@@ -8,13 +8,10 @@ from __future__ import annotations
 import gc
 import io
 import os
-import pickle
-import socket
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,13 +20,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainforge import checkpoint, log
-from trainforge import home as trainforge_home
+from trainforge import checkpoint, log, settings
+from trainforge.checkpoint import RunFolderReporter
 from trainforge.driver import console, warm_pool
 from trainforge.driver.console import Console
+from trainforge.driver.workers.base import from_ray
 from trainforge.worker import warm
-from trainforge.worker.own import portable
-from trainforge.worker.warm import RunFolderReporter, WarmWorker
+from trainforge.worker.warm import WarmWorker
 
 
 @pytest.fixture
@@ -204,7 +201,8 @@ def recipe(use_gpu: str = "false", **resources: float) -> SimpleNamespace:
 
 
 def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(warm_pool.ENV, raising=False)
+    workers = settings.WORKERS.name
+    monkeypatch.delenv(workers, raising=False)
     local = str(tmp_path / "runs")
     assert warm_pool.unavailable(recipe(), local, on_lasting_cluster=True) is None  # type: ignore[arg-type]
     assert warm_pool.unavailable(recipe(), local, False) == "not on the lasting local cluster"  # type: ignore[arg-type]
@@ -216,9 +214,11 @@ def test_which_runs_use_warm_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert warm_pool.unavailable(recipe(), "s3://bucket/runs", True) == "remote storage"  # type: ignore[arg-type]
     assert warm_pool.simulators_unavailable(on_lasting_cluster=True) is None
     assert warm_pool.simulators_unavailable(False) == "not on the lasting local cluster"
-    monkeypatch.setenv(warm_pool.ENV, "0")
-    assert warm_pool.unavailable(recipe(), local, True) == f"{warm_pool.ENV}=0"  # type: ignore[arg-type]
-    assert warm_pool.simulators_unavailable(True) == f"{warm_pool.ENV}=0"
+    monkeypatch.setenv(workers, "warm")
+    assert warm_pool.unavailable(recipe(), local, True) is None  # type: ignore[arg-type]
+    monkeypatch.setenv(workers, "ray-train")  # Ray Train's worker group on the lasting cluster
+    assert warm_pool.unavailable(recipe(), local, True) == f"{workers}=ray-train"  # type: ignore[arg-type]
+    assert warm_pool.simulators_unavailable(True) == f"{workers}=ray-train"
 
 
 @pytest.mark.ray
@@ -247,12 +247,12 @@ def test_a_warm_worker_whose_process_was_killed_is_said_in_words(
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ray.exceptions.ActorDiedError) as died:
         ray.get(running, timeout=60)
-    assert str(warm_pool.worded(died.value, 1)) == (
+    assert str(from_ray(died.value, 1)) == (
         f"worker process {pid} (rank 1) ended unexpectedly (out of memory: the kernel's OOM "
         "killer; a kill -9; or a crash in native code)"
     )
     error = ValueError("the run's own")
-    assert warm_pool.worded(error, 0) is error
+    assert from_ray(error, 0) is error
     # Ray's raylet says the worker died on this process's console a moment later: read here,
     # else a later test of this process finds it in its own captured output
     seen, deadline = "", time.monotonic() + 15
@@ -260,87 +260,6 @@ def test_a_warm_worker_whose_process_was_killed_is_said_in_words(
         captured = capsys.readouterr()
         seen += captured.out + captured.err
         time.sleep(0.2)
-
-
-def test_a_failed_group_names_the_first_rank_and_keeps_every_cause() -> None:
-    class Wrapped(Exception):  # what Ray's RayTaskError carries: the worker's own exception
-        def __init__(self, cause: BaseException) -> None:
-            super().__init__("ray::WarmWorker.run() failed")
-            self.cause = cause
-
-    failed = warm_pool.WorkersFailed({1: Wrapped(torch.OutOfMemoryError("no room"))})
-    assert str(failed) == "rank 1: OutOfMemoryError: no room"
-    from trainforge import ray_compat
-
-    assert [type(e) for e in ray_compat.worker_errors(failed)] == [torch.OutOfMemoryError]
-
-
-def port_taken_error() -> dist.DistNetworkError:
-    """What rank 0's TCP store (``WarmWorker.run``) raises on a port another process took."""
-    with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
-        other.listen()
-        port = other.getsockname()[1]
-        try:
-            dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timedelta(seconds=5))
-        except dist.DistNetworkError as exc:
-            return exc
-    raise AssertionError(f"the store listened on port {port}, which another socket holds")
-
-
-def as_it_arrives(error: BaseException, path: str) -> BaseException:
-    """A worker's exception as the driver gets it: the cause of Ray's RayTaskError from a warm
-    worker, pickled over the pipe from a command's own worker (``worker/own.py``)."""
-    if path == "warm":
-        from ray.exceptions import RayTaskError
-
-        return RayTaskError("WarmWorker.run", "Traceback: ...", error).as_instanceof_cause()
-    return pickle.loads(pickle.dumps(portable(error)))
-
-
-@pytest.mark.parametrize("path", ["warm", "own"])
-def test_a_group_whose_rendezvous_port_was_taken_starts_again_without_using_a_restart(
-    path: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    outcomes = [{0: as_it_arrives(port_taken_error(), path)}, warm_pool.Finished({}, None)]
-    calls: list[str] = []
-    payload: dict[str, float] = {}
-    finished = warm_pool.with_restarts(
-        0, lambda: outcomes.pop(0), lambda: calls.append("stop"), lambda: calls.append("start"),
-        payload,
-    )  # fmt: skip
-    assert isinstance(finished, warm_pool.Finished)  # max_failures 0: no restart was used
-    assert calls == ["stop", "start"]
-    assert "workers_requested_at" in payload  # the new group's start is timed from then
-    assert capsys.readouterr().out.splitlines() == [
-        "[trainforge] rank 0's rendezvous port was taken by another process; starting the "
-        "workers again on another port"
-    ]
-
-
-def failing_every_time(
-    error: BaseException,
-) -> tuple[list[int], Callable[[], dict[int, BaseException]]]:
-    """A ``run_once`` whose group fails with ``error`` at every start, and its starts."""
-    starts: list[int] = []
-
-    def run_once() -> dict[int, BaseException]:
-        starts.append(1)
-        return {0: error}
-
-    return starts, run_once
-
-
-def test_a_rendezvous_port_taken_at_every_start_ends_the_run_all_the_same() -> None:
-    starts, run_once = failing_every_time(as_it_arrives(port_taken_error(), "warm"))
-    with pytest.raises(warm_pool.WorkersFailed, match=r"rank 0: DistNetworkError: .*EADDRINUSE"):
-        warm_pool.with_restarts(0, run_once, lambda: None, lambda: None, {})
-    assert len(starts) == 1 + warm_pool.PORT_TAKEN_RESTARTS
-    # the same text from the loop's own code is an ordinary failure: max_failures 0 ends it
-    starts, run_once = failing_every_time(OSError(98, "EADDRINUSE: address already in use"))
-    with pytest.raises(warm_pool.WorkersFailed, match=r"rank 0: OSError: .*EADDRINUSE"):
-        warm_pool.with_restarts(0, run_once, lambda: None, lambda: None, {})
-    assert len(starts) == 1
 
 
 def test_slot_n_takes_the_nth_gpu_the_command_sees(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -355,7 +274,7 @@ def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
     """Slots are claimed lowest first, but a free slot with a living warm worker (a background
     start put one in slot 4 while another command held 0-3) replaces one without, where both
     have the same GPU (slot n: GPU n mod 4 here); a slot another command holds is never taken."""
-    monkeypatch.setenv(trainforge_home.HOME_ENV, str(tmp_path / "home"))
+    monkeypatch.setenv(settings.HOME.name, str(tmp_path / "home"))
     with warm_pool.claimed_slots(1, living={4}, gpus=4) as slots:
         assert slots == [4]  # slot 4's worker is on GPU 0, as slot 0's would be
     with warm_pool.claimed_slots(2, living={4, 6}, gpus=4) as slots:
@@ -377,19 +296,22 @@ def test_a_command_takes_free_slots_where_warm_workers_live_on_its_gpus(
 
 
 def test_a_gpu_worker_gets_one_cuda_work_queue_unless_the_user_chose() -> None:
-    from trainforge.worker import settings
+    from trainforge.worker import environment
 
-    assert settings.gpu_worker_env({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert environment.gpu_worker_env({}) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     chosen = {"CUDA_DEVICE_MAX_CONNECTIONS": "8", "PATH": "/bin"}
-    assert settings.gpu_worker_env(chosen) == {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    assert environment.gpu_worker_env(chosen) == {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
 
 
 def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from trainforge.worker import settings
-    from trainforge.worker.warm import rank_env
+    from trainforge.worker import environment
+    from trainforge.worker.process_group import Place
     from trainforge.workloads.sbi import workload
+
+    def rank_env(rank: int, world_size: int) -> dict[str, str]:
+        return Place.on_one_machine(rank, world_size).env()
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert rank_env(1, 4) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
@@ -399,9 +321,9 @@ def test_a_warm_run_gives_each_rank_the_variables_a_ray_train_worker_has(
     # the SBI workload's memory rule counts every worker on the machine: what one worker may
     # load alone, four may not
     one_quarter = psutil.virtual_memory().available // (workload.HOST_COPIES * 3)
-    with settings.applied(rank_env(0, 1)):
+    with environment.applied(rank_env(0, 1)):
         assert workload._fits_in_host_memory(one_quarter)
-    with settings.applied(rank_env(0, 4)):
+    with environment.applied(rank_env(0, 4)):
         assert not workload._fits_in_host_memory(one_quarter)
     assert "LOCAL_WORLD_SIZE" not in os.environ  # the next command's run starts clean
 

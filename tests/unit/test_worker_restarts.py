@@ -22,15 +22,14 @@ def test_each_later_start_of_the_same_command_is_a_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tracker = WorkerTracker(None, TrackingSection(enabled=False), ctx(0))
-    first = {"run_dir": str(tmp_path / "run"), restarts.COMMAND: "a"}
-    assert restarts.record(first, ctx(0), tracker, step=0) == 0
+    run_dir = str(tmp_path / "run")
+    assert restarts.record(run_dir, "a", ctx(0), tracker, step=0) == 0
     assert capsys.readouterr().out == ""
-    assert restarts.record(first, ctx(1), tracker, step=22) == 0  # only rank 0 counts
-    assert restarts.record(first, ctx(0), tracker, step=22) == 1
-    assert restarts.record(first, ctx(0), tracker, step=44) == 2
+    assert restarts.record(run_dir, "a", ctx(1), tracker, step=22) == 0  # only rank 0 counts
+    assert restarts.record(run_dir, "a", ctx(0), tracker, step=22) == 1
+    assert restarts.record(run_dir, "a", ctx(0), tracker, step=44) == 2
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "[trainforge] workers restarted (2 so far, run.max_failures), resuming"
-    # the next command starts from zero; remote storage and no id: nothing counted
-    assert restarts.record({**first, restarts.COMMAND: "b"}, ctx(0), tracker, step=44) == 0
-    assert restarts.record({**first, "run_dir": "s3://b/run"}, ctx(0), tracker, step=0) == 0
-    assert restarts.record({"run_dir": str(tmp_path)}, ctx(0), tracker, step=0) == 0
+    # the next command starts from zero; remote storage: nothing counted
+    assert restarts.record(run_dir, "b", ctx(0), tracker, step=44) == 0
+    assert restarts.record("s3://b/run", "a", ctx(0), tracker, step=0) == 0

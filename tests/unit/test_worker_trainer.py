@@ -9,19 +9,23 @@ run ends, with augmentation on so that the RNG streams matter.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
+from tests import faults
 from trainforge import checkpoint, config
 from trainforge.checkpoint import FolderReporter
 from trainforge.distributed import WorkerContext
 from trainforge.errors import NonFiniteLoss
+from trainforge.worker.payload import WorkerPayload
 from trainforge.worker.trainer import run
 from trainforge.workloads.cnn.models import build_model
 
@@ -40,11 +44,20 @@ STATE_KEYS = {"model", "optimizer", "scheduler", "scaler", "epoch", "step_in_epo
 
 
 def train(
-    run_dir: Path, *overrides: str, reporter: FolderReporter | None = None, **payload: Any
+    run_dir: Path,
+    *overrides: str,
+    reporter: FolderReporter | None = None,
+    fail_after_epoch: int | None = None,
 ) -> FolderReporter:
+    """The loop on the digits recipe; with ``fail_after_epoch``, the tests' fault plugin makes
+    it fail once that epoch's checkpoint is saved."""
     cfg = config.load(DIGITS, [*COMMON, *overrides])
     reporter = reporter or FolderReporter(run_dir)
-    run({"recipe": config.to_container(cfg), "run_dir": str(run_dir), **payload}, CTX, reporter)
+    fault = {} if fail_after_epoch is None else {faults.FAIL_AFTER_EPOCH: str(fail_after_epoch)}
+    payload = WorkerPayload(config.to_container(cfg), str(run_dir), "test",
+                            plugins=("tests.faults",) if fault else ())  # fmt: skip
+    with mock.patch.dict(os.environ, fault):
+        run(payload, CTX, reporter)
     return reporter
 
 
@@ -289,13 +302,15 @@ import torch
 from trainforge import config
 from trainforge.checkpoint import FolderReporter
 from trainforge.distributed import WorkerContext
+from trainforge.worker.payload import WorkerPayload
 from trainforge.worker.trainer import run
 ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
 run_dir = Path(sys.argv[2])
 for epochs in (1, 2):
     cfg = config.load(sys.argv[1], ["scaling.num_workers=1", "tracking.enabled=false",
                                     f"train.epochs={epochs}", "workload.augment=true"])
-    run({"recipe": config.to_container(cfg), "run_dir": str(run_dir)}, ctx, FolderReporter(run_dir))
+    payload = WorkerPayload(config.to_container(cfg), str(run_dir), "test")
+    run(payload, ctx, FolderReporter(run_dir))
 print(len(list(run_dir.glob("checkpoint_*"))))
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
 """

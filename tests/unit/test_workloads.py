@@ -127,11 +127,11 @@ def test_cifar10_missing_data_root(tmp_path: Path) -> None:
 DRIVER_STEPS = """
 import sys
 from trainforge import config
-from trainforge.driver import launch, recipe_change, warm_pool
+from trainforge.driver import launch, mlflow_run, recipe_change, run, warm_pool
 from trainforge.driver.cluster import storage_root
+from trainforge.driver.workers import base, failures, own
 from trainforge.resources import find_recipe
 from trainforge.tracking import driver as tracking
-from trainforge.worker import faults
 from trainforge.workloads import check_workload_data
 
 cfg = config.load(find_recipe("cnn/digits_simple_cnn")[0], ["run.name=fresh"])
@@ -140,7 +140,7 @@ root = storage_root(cfg.run)
 launch.check_existing_run(cfg, root)
 cfg = config.resolve(cfg, {"CPU": 2.0}, root)
 recipe_change.check(cfg, root)
-faults.requested()
+run.worker_payload(cfg, root)
 tracking.driver_tags()
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
@@ -186,13 +186,13 @@ def test_an_sbi_command_checks_a_built_in_task_without_importing_torch(tmp_path:
     import subprocess
     import sys
 
-    from trainforge.workloads.sbi import catalogue, simulate
+    from trainforge.workloads.sbi import catalogue, simulations
     from trainforge.workloads.sbi.tasks import TASKS
 
     folder = tmp_path / "simulations"
     folder.mkdir()
     manifest = {"num_simulations": 2000, "invalid": 0, "dim_theta": 2, "dim_x": 2}
-    (folder / simulate.MANIFEST).write_text(json.dumps(manifest))
+    (folder / simulations.MANIFEST).write_text(json.dumps(manifest))
     done = subprocess.run([sys.executable, "-c", SBI_DRIVER_STEPS, str(folder)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr

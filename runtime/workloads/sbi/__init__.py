@@ -6,18 +6,20 @@ itself is built in the workers (``workload.py``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainforge.config.schema import PrecisionSection
 from trainforge.workloads.sbi.checks import (
     check,
     check_data,
+    needs_cluster,
     prepare_data,
     start_data,
     train_samples,
 )
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
-from trainforge.workloads.spec import WorkloadSpec
+from trainforge.workloads.spec import Ensembles, WorkloadSpec
 
 if TYPE_CHECKING:
     from trainforge.workloads.sbi.workload import SBIWorkload
@@ -29,6 +31,20 @@ def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBI
     return workload.build(cfg, seed, precision)
 
 
+def combine(members: list[Path], out: Path) -> dict[str, Any]:
+    from trainforge.workloads.sbi import ensemble  # torch
+
+    return ensemble.combine(members, out)
+
+
+def evaluate_mixture(
+    posterior: Path, cfg: SBIWorkloadConfig, seed: int, folder: Path
+) -> tuple[dict[str, float], list[Path]]:
+    from trainforge.workloads.sbi import evaluate  # torch, sbi
+
+    return evaluate.evaluate_ensemble(posterior, cfg, seed, folder)
+
+
 SPEC = WorkloadSpec(
     kind="sbi",
     schema=SBIWorkloadConfig,
@@ -38,10 +54,15 @@ SPEC = WorkloadSpec(
     train_samples=train_samples,
     start_data=start_data,
     prepare_data=prepare_data,
+    needs_cluster=needs_cluster,
     # sbi's estimators (sbi.utils brings scipy.stats, sklearn, matplotlib), and what their
     # first forward pass imports: torch.broadcast_shapes imports symbolic_shapes (sympy)
     worker_imports=("sbi.neural_nets", "torch.fx.experimental.symbolic_shapes"),
     model_imports=("trainforge.workloads.sbi.pyfunc", "sbi"),  # the posterior's pyfunc
+    ensembles=Ensembles(
+        members=lambda cfg: int(cfg.ensemble), output="posterior.pt", combine=combine,
+        evaluate=evaluate_mixture,
+    ),
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored
     rehearsal={"evaluation": {"c2st": False, "sbc_runs": 0, "num_samples": 100}},
 )

@@ -11,8 +11,9 @@ from pathlib import Path
 from trainforge import log
 from trainforge.config.schema import Recipe
 from trainforge.errors import RecipeError, did_you_mean
-from trainforge.workloads.sbi import architecture, catalogue, observations, simulate
+from trainforge.workloads.sbi import architecture, catalogue, observations, simulate, simulations
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.stage import StageRunner
 
 
 def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
@@ -51,12 +52,12 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
         folder = Path(cfg.simulation.path)
         if not folder.is_dir():
             raise RecipeError(f"workload.simulation.path: folder {folder} does not exist")
-        if not (folder / simulate.MANIFEST).is_file():
+        if not (folder / simulations.MANIFEST).is_file():
             raise RecipeError(
                 f"workload.simulation.path: {folder} holds no finished simulations "
-                f"({simulate.MANIFEST} missing)"
+                f"({simulations.MANIFEST} missing)"
             )
-        manifest = simulate.read_manifest(folder)
+        manifest = simulations.read_manifest(folder)
         if (manifest["dim_theta"], manifest["dim_x"]) != (source.dim_theta, source.dim_x):
             raise RecipeError(
                 f"workload.simulation.path: {folder} holds θ of dim {manifest['dim_theta']} and "
@@ -76,21 +77,31 @@ def train_samples(cfg: SBIWorkloadConfig) -> int:
     at them (invalid ones dropped if asked), else of the simulations it asks for."""
     total = cfg.simulation.num_simulations
     folder = Path(cfg.simulation.path) if cfg.simulation.path else None
-    if folder is not None and (folder / simulate.MANIFEST).is_file():
-        manifest = simulate.read_manifest(folder)
+    if folder is not None and (folder / simulations.MANIFEST).is_file():
+        manifest = simulations.read_manifest(folder)
         total = manifest["num_simulations"]
         if cfg.simulation.drop_invalid:
             total -= manifest["invalid"]
     return total - max(1, int(cfg.val_fraction * total))
 
 
-def start_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> None:
+def needs_cluster(cfg: SBIWorkloadConfig) -> bool:
+    """Simulations to make that the command does not make itself (``simulate.simulates_here``)
+    are spread over the cluster."""
+    return cfg.simulation.path is None and not simulate.simulates_here(cfg)
+
+
+def start_data(
+    cfg: SBIWorkloadConfig, seed: int, storage_root: str, runner: StageRunner
+) -> None:
     """Small simulations of a built-in task begin before the cluster is reached
     (``simulate.start_early``); a given simulation folder needs nothing."""
-    simulate.start_early(cfg, seed, storage_root)
+    simulate.start_early(cfg, seed, storage_root, runner)
 
 
-def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWorkloadConfig:
+def prepare_data(
+    cfg: SBIWorkloadConfig, seed: int, storage_root: str, runner: StageRunner | None
+) -> SBIWorkloadConfig:
     """The simulation stage, unless the recipe points at finished simulations. Returns the
     section with ``code_dir`` (a custom task: where its prior and simulator were imported
     from, for Ray tasks and workers on other machines) and ``simulation.path`` filled in;
@@ -104,7 +115,8 @@ def prepare_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str) -> SBIWor
         cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
     path = cfg.simulation.path
     if path is None:
-        path = str(simulate.run(cfg, seed, storage_root))
-    simulate.check_invalid(Path(path), cfg.simulation.drop_invalid)
+        assert runner is not None, "simulations to make need the driver's stage runner"
+        path = str(simulate.run(cfg, seed, storage_root, runner))
+    simulations.check_invalid(Path(path), cfg.simulation.drop_invalid)
     log.say(f"simulations ready: {path}")
     return dataclasses.replace(cfg, simulation=dataclasses.replace(cfg.simulation, path=path))

@@ -21,11 +21,11 @@ Two sizes, kept apart on purpose:
   others: about half a last task each. So the minimum is short there (0.05 s: the last tasks
   are single chunks of a per-sample simulator): on 4-16 cores of a GPU host, the slots'
   seconds outside their chunks fell from 4.4-6.6% of a 3-5 s stage at 0.25 s to 2.5-3.3%,
-  mostly the wait at the end (bench/results, forty-first session). Tasks shrink on a cluster
+  mostly the wait at the end. Tasks shrink on a cluster
   of one slot too, to ``MIN_TASK_SECONDS_ONE_SLOT``: there is nothing to balance, but the
   driver writes each chunk to the cache after its task returns, and what the last task returns
   is written while nothing simulates (a 5 s last task's ~200 chunk files: tens of
-  milliseconds; bench/results, thirty-ninth session); there a shorter minimum only adds task
+  milliseconds); there a shorter minimum only adds task
   ends.
 """
 

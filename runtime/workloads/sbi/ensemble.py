@@ -5,7 +5,7 @@ mixture of its members.
 Why: runs of one recipe that differ only in their seed end at different validation losses,
 and their posteriors err in different places. On slcp at 10^6 simulations, mixtures of four
 such runs scored 0.541 and 0.558 (C2ST, sbibm's observations 1-10) against 0.570-0.610 for
-their members (bench/results/README.md, sixteenth session). On a machine with several GPUs
+their members. On a machine with several GPUs
 the members train at once, one per GPU, in the wall time of one run:
 
     trainforge ensemble --out slcp_ensemble.pt runs/slcp_s0 runs/slcp_s1 runs/slcp_s2 runs/slcp_s3

@@ -187,3 +187,22 @@ def sbc(
     ranks = calibration.sbc_ranks(theta, samples.transpose(0, 1))
     calibration.plot_sbc(ranks, cfg.sbc_samples, path, labels=labels)
     return calibration.sbc_summary(ranks, cfg.sbc_samples)
+
+
+
+def evaluate_ensemble(
+    posterior: Path, workload: Any, seed: int, folder: Path
+) -> tuple[dict[str, float], list[Path]]:
+    """The recipe's evaluation (C2ST at its observations, SBC, pair plot) of the ensemble's
+    posterior, on this machine's CPU: the number the ensemble is for
+    (``driver/ensemble_run.py``)."""
+    evaluation = workload.evaluation
+    if not evaluation.observations and evaluation.sbc_runs == 0:
+        return {}, []
+    from trainforge.workloads.sbi import export, sources
+
+    say("ensemble: evaluating the mixture of the members' posteriors (on this CPU)")
+    folder.mkdir(parents=True, exist_ok=True)
+    return run_posterior(
+        export.load_posterior(posterior), sources.resolve(workload), evaluation, seed, folder
+    )

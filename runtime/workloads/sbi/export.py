@@ -14,11 +14,9 @@ Several such files (runs of other seeds) combine into one with ``trainforge ense
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -92,21 +90,3 @@ def _direct_posterior(bundle: dict[str, Any]) -> Any:
     return DirectPosterior(posterior_estimator=_estimator(bundle), prior=prior, device="cpu")
 
 
-@dataclass
-class PosteriorExport:
-    """What ``pyfunc.log`` needs: the posterior file, an observation or two as the input
-    example, and the user's modules a custom task's prior lives in."""
-
-    posterior_file: Path
-    example_x: np.ndarray
-    dim_theta: int
-    user_modules: list[str] = field(default_factory=list)
-
-
-def log_pyfunc(spec: PosteriorExport) -> Any:
-    """The posterior as the pyfunc model, into the active MLflow run (``pyfunc.log``). Here,
-    not in ``pyfunc``, so that a process that only prepares it imports no MLflow: rank 0 may
-    hand it to the command as ``functools.partial(log_pyfunc, spec)`` (``tracking/relay.py``)."""
-    from trainforge.workloads.sbi import pyfunc
-
-    return pyfunc.log(spec)

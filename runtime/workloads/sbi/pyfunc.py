@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow.pyfunc
 import numpy as np
@@ -25,7 +25,9 @@ from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
-from trainforge.workloads.sbi.export import PosteriorExport
+if TYPE_CHECKING:
+    from trainforge.workloads.sbi.posterior_model import PosteriorExport
+
 
 DEFAULT_SAMPLES = 1000
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import bz2
 import hashlib
 import io
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainforge import atomic, home
+from trainforge import atomic, settings
 from trainforge.errors import RecipeError
 
 if TYPE_CHECKING:  # torch only where the files are read into tensors (not the driver's checks)
@@ -46,7 +45,7 @@ VERSION = "1.1.0"
 WHEEL = f"sbibm-{VERSION}-py2.py3-none-any.whl"
 # sha256 of the wheel on PyPI (files.pythonhosted.org), checked on every use.
 WHEEL_SHA256 = "12ecc6b4d327b92f9225f08faa6405e4274fb8e75943d86a53157d1b1bcfaf74"
-PATH_ENV = "TRAINFORGE_SBIBM"
+PATH_ENV = settings.SBIBM.name
 NUM_OBSERVATIONS = 10
 NUM_REFERENCE_SAMPLES = 10_000
 
@@ -155,11 +154,11 @@ def locate(path: str | None = None, *, sha256: str = WHEEL_SHA256) -> Path:
 
 def given_path() -> str | None:
     """``$TRAINFORGE_SBIBM``, when set."""
-    return os.environ.get(PATH_ENV) or None
+    return settings.SBIBM.get() or None
 
 
 def cache_dir() -> Path:
-    return home.folder() / "sbibm"
+    return settings.home() / "sbibm"
 
 
 def check_wheel(path: Path, sha256: str, what: str) -> None:

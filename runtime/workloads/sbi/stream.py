@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from trainforge.data.chunked import ChunkedData
-from trainforge.workloads.sbi import chunking, simulate
+from trainforge.workloads.sbi import chunking, simulations
 from trainforge.workloads.sbi.split import split_order
 
 
@@ -41,13 +41,13 @@ class StreamPlan:
 
 
 def plan(folder: Path, val_fraction: float, seed: int, drop_invalid: bool) -> StreamPlan:
-    manifest = simulate.read_manifest(folder)
-    files = [simulate.chunk_file(folder, i) for i in range(manifest["chunks"])]
+    manifest = simulations.read_manifest(folder)
+    files = [simulations.chunk_file(folder, i) for i in range(manifest["chunks"])]
     total = manifest["num_simulations"]
     sizes = chunking.chunk_sizes(total, manifest["chunk_size"])
     if manifest["invalid"]:
-        simulate.check_invalid(folder, drop_invalid)  # refuses unless dropped
-        valid = torch.cat([torch.isfinite(simulate.read_chunk(f)[1]).all(dim=1) for f in files])
+        simulations.check_invalid(folder, drop_invalid)  # refuses unless dropped
+        valid = torch.cat([torch.isfinite(simulations.read_chunk(f)[1]).all(dim=1) for f in files])
         valid_rows = valid.nonzero().squeeze(1)
     else:
         valid_rows = torch.arange(total)
@@ -121,7 +121,7 @@ def scan(job: StreamPlan, structured_theta: bool, structured_x: bool, keep_val: 
     val_theta: list[Tensor] = []
     val_x: list[Tensor] = []
     for path, train, val in zip(job.files, job.train_rows, job.val_rows, strict=True):
-        theta, x = simulate.read_chunk(path)
+        theta, x = simulations.read_chunk(path)
         theta_moments.add(theta[train])
         x_moments.add(x[train])
         if keep_val:
@@ -135,4 +135,4 @@ def scan(job: StreamPlan, structured_theta: bool, structured_x: bool, keep_val: 
 
 
 def chunked(job: StreamPlan, rows: list[Tensor], window_rows: int) -> ChunkedData:
-    return ChunkedData(job.files, rows, simulate.read_chunk, window_rows)
+    return ChunkedData(job.files, rows, simulations.read_chunk, window_rows)

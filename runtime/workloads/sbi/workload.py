@@ -27,7 +27,7 @@ from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import fast_tanh, simulate, sources, stream
+from trainforge.workloads.sbi import fast_tanh, simulations, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.split import split_order
 
@@ -58,7 +58,7 @@ class SBIWorkload(Workload):
         folder = Path(self.cfg.simulation.path)
         if self._streams(folder):
             return self._streamed(folder, device)
-        theta, x = simulate.load(folder, self.cfg.simulation.drop_invalid)
+        theta, x = simulations.load(folder, self.cfg.simulation.drop_invalid)
         (train_theta, train_x), (val_theta, val_x) = split(
             theta, x, self.cfg.val_fraction, self.seed
         )
@@ -85,7 +85,7 @@ class SBIWorkload(Workload):
         with what selects the training rows: invalid rows dropped or not, the split's fraction
         and seed."""
         folder = Path(str(self.cfg.simulation.path))
-        manifest = simulate.read_manifest(folder)
+        manifest = simulations.read_manifest(folder)
         # the cache's key; for a folder made otherwise, what its manifest says of it
         made_of = manifest.get("key") or {k: v for k, v in manifest.items() if k != "created"}
         identity = {
@@ -111,7 +111,7 @@ class SBIWorkload(Workload):
     def _streams(self, folder: Path) -> bool:
         if self.cfg.stream_from_disk != "auto":
             return self.cfg.stream_from_disk == "true"
-        manifest = simulate.read_manifest(folder)
+        manifest = simulations.read_manifest(folder)
         return not _fits_in_host_memory(manifest["num_simulations"] * _row_bytes(manifest))
 
     def _streamed(self, folder: Path, device: torch.device) -> tuple[Split, Split]:
@@ -119,7 +119,7 @@ class SBIWorkload(Workload):
         GPU when they fit there) unless they are too large too."""
         drop_invalid = self.cfg.simulation.drop_invalid
         job = stream.plan(folder, self.cfg.val_fraction, self.seed, drop_invalid)
-        manifest = simulate.read_manifest(folder)
+        manifest = simulations.read_manifest(folder)
         keep_val = _fits_in_host_memory(job.num_val * _row_bytes(manifest))
         estimator = self.cfg.estimator
         scan = stream.scan(
@@ -199,17 +199,18 @@ class SBIWorkload(Workload):
         import copy
         import functools
 
-        from trainforge.workloads.sbi import export
+        from trainforge.workloads.sbi import export, posterior_model
 
         assert isinstance(model, estimators.NPELoss)
         estimator = copy.deepcopy(model.estimator).cpu().eval()
         path = folder / "posterior.pt"
         export.save_posterior(path, estimator, self.record(), export.prior_spec(self.cfg))
         prior_module = [self.cfg.prior.partition(":")[0]] if self.cfg.prior else []
-        spec = export.PosteriorExport(
+        spec = posterior_model.PosteriorExport(
             path, self.train_x[:2].cpu().numpy(), self.dim_theta, prior_module
         )
-        return functools.partial(export.log_pyfunc, spec)  # picklable: rank 0 may hand it over
+        # picklable: rank 0 hands it to the command
+        return functools.partial(posterior_model.log_pyfunc, spec)
 
     def describe(self) -> dict[str, Any]:
         return {"task": self._source_name(), "estimator": self.cfg.estimator.model, **self.info}

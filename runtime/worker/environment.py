@@ -1,4 +1,4 @@
-"""The command's settings in a worker (``driver/local_cluster.worker_env`` collects them).
+"""The command's environment in a worker (``driver/local_cluster.worker_env`` collects it).
 
 A worker of the lasting local cluster is a child of a Ray started by an earlier command, and a
 warm worker (``worker/warm.py``) serves one command after another: neither inherited this
@@ -18,8 +18,7 @@ GPU_WORKER_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 work queue per GPU instead of 8: the gradient all-reduce that DDP launches on NCCL's stream
 during the backward pass then starts in the order it was launched, between the backward
 kernels, instead of waiting behind them in a queue of its own. 4×H200, graphed ResNet-18 at
-batch 256: weak scaling 0.938 → 0.956; one GPU and eager steps unchanged (bench/results,
-issue 13)."""
+batch 256: weak scaling 0.938 → 0.956; one GPU and eager steps unchanged."""
 
 
 def gpu_worker_env(env: Mapping[str, str]) -> dict[str, str]:

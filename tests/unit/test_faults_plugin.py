@@ -1,7 +1,7 @@
-"""Faults injected for tests (``trainforge.worker.faults``): an out-of-memory error raised by,
-or an endless wait in, the last rank's step at the step asked for, an endless wait before the
-last rank's checkpoint report, a full disk while rank 0 writes the checkpoint asked for, and
-nothing otherwise; the environment variables that ask for them."""
+"""The tests' fault plugin (``tests/faults.py``, a worker plugin): an out-of-memory error raised
+by, or an endless wait in, the last rank's step at the step asked for, an endless wait before the
+last rank's checkpoint report, a full disk while rank 0 writes the checkpoint asked for, a
+failure after an epoch's checkpoint, and nothing otherwise; the environment that asks for them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests import faults
 from trainforge import checkpoint
 from trainforge.checkpoint import FolderReporter, Position
 from trainforge.distributed import WorkerContext
-from trainforge.worker import faults
 
 
 def trainer(rank: int, world_size: int) -> SimpleNamespace:
@@ -26,15 +26,33 @@ def trainer(rank: int, world_size: int) -> SimpleNamespace:
 
 
 def checkpointer(root: Path | None = None) -> SimpleNamespace:
-    return SimpleNamespace(reporter=FolderReporter(root or Path("unused")))
+    return SimpleNamespace(reporter=FolderReporter(root or Path("unused")),
+                           write=checkpoint.save, maybe_save=lambda *a, **k: None)  # fmt: skip
 
 
-def test_the_last_rank_runs_out_of_memory_at_the_step_asked_for() -> None:
+@pytest.fixture
+def inject(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """``inject(asked, trainer, checkpointer)``: the plugin installed, with the faults ``asked``
+    (variable → value) in the environment as a command's workers have them."""
+
+    def installed(asked: dict[str, int], trainer: object, holder: object) -> None:
+        for name in faults.FAULTS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in asked.items():
+            monkeypatch.setenv(name, str(value))
+        faults.install(trainer, holder)
+
+    return installed
+
+
+def test_the_last_rank_runs_out_of_memory_at_the_step_asked_for(
+    inject: Callable[..., None],
+) -> None:
     first, last = trainer(0, 2), trainer(1, 2)
     for each in (first, last):
-        faults.inject({faults.OOM_AT_STEP: 3}, each, checkpointer())
+        inject({faults.OOM_AT_STEP: 3}, each, checkpointer())
     untouched = trainer(1, 2)
-    faults.inject({}, untouched, checkpointer())
+    inject({}, untouched, checkpointer())
     position = last.state.position
     for done in range(2):
         position.global_step = done
@@ -59,10 +77,12 @@ def sleeps_forever(slept: list[float]) -> Callable[[float], None]:
     return sleep
 
 
-def test_the_last_rank_stops_responding_before_the_step_asked_for() -> None:
+def test_the_last_rank_stops_responding_before_the_step_asked_for(
+    inject: Callable[..., None],
+) -> None:
     first, last = trainer(0, 2), trainer(1, 2)
     for each in (first, last):
-        faults.inject({faults.HANG_AT_STEP: 3}, each, checkpointer())
+        inject({faults.HANG_AT_STEP: 3}, each, checkpointer())
     assert isinstance(last.step, faults.HangAt) and not isinstance(first.step, faults.HangAt)
     slept: list[float] = []
     last.step.sleep = sleeps_forever(slept)
@@ -77,13 +97,15 @@ def test_the_last_rank_stops_responding_before_the_step_asked_for() -> None:
     assert slept == [3600, 3600, 3600]
 
 
-def test_the_last_rank_never_reaches_the_report_of_the_step_asked_for(tmp_path: Path) -> None:
+def test_the_last_rank_never_reaches_the_report_of_the_step_asked_for(
+    tmp_path: Path, inject: Callable[..., None]
+) -> None:
     """Rank 0's reports go through; the last rank's reports before step 5 go through, the one
     at step 5 never happens."""
     first, last = trainer(0, 2), trainer(1, 2)
     first_saves, last_saves = checkpointer(tmp_path / "0"), checkpointer(tmp_path / "1")
-    faults.inject({faults.HANG_AT_REPORT: 5}, first, first_saves)
-    faults.inject({faults.HANG_AT_REPORT: 5}, last, last_saves)
+    inject({faults.HANG_AT_REPORT: 5}, first, first_saves)
+    inject({faults.HANG_AT_REPORT: 5}, last, last_saves)
     assert isinstance(first_saves.reporter, FolderReporter)
     hanging = last_saves.reporter
     assert isinstance(hanging, faults.HangAtReport)
@@ -99,31 +121,37 @@ def test_the_last_rank_never_reaches_the_report_of_the_step_asked_for(tmp_path: 
     assert hanging.registered() is None  # no checkpoint folder was reported
 
 
-def test_the_faults_asked_for_by_the_environment_become_payload_entries() -> None:
-    environ = {
-        "TRAINFORGE_FAIL_AFTER_EPOCH": "1",
-        "TRAINFORGE_OOM_AT_STEP": "30",
-        "TRAINFORGE_HANG_AT_STEP": "",  # set but empty: not asked for
-        "HOME": "/root",
-    }
-    assert faults.requested(environ) == {faults.FAIL_AFTER_EPOCH: 1, faults.OOM_AT_STEP: 30}
-    assert faults.requested({faults.HANG_AT_STEP_ENV: "7", faults.HANG_AT_REPORT_ENV: "9"}) == {
-        faults.HANG_AT_STEP: 7,
-        faults.HANG_AT_REPORT: 9,
-    }
-    assert faults.requested({}) == {}
+def test_a_command_asks_for_faults_through_its_environment() -> None:
+    env = faults.env({"PYTHONPATH": "/elsewhere"}, **{faults.OOM_AT_STEP: 30})
+    assert env[faults.OOM_AT_STEP] == "30" and env[faults.PLUGINS] == "tests.faults"
+    assert env["PYTHONPATH"].split(":") == [str(faults.ROOT), "/elsewhere"]  # found by workers
+
+
+def test_every_rank_fails_after_the_checkpoint_of_the_epoch_asked_for(
+    inject: Callable[..., None],
+) -> None:
+    saved: list[bool] = []
+    holder = SimpleNamespace(maybe_save=lambda state, metrics, epoch_end=False, last=False:
+                             saved.append(epoch_end))  # fmt: skip
+    each = trainer(1, 2)
+    inject({faults.FAIL_AFTER_EPOCH: 2}, each, holder)
+    position = each.state.position
+    position.epoch = 1
+    holder.maybe_save(None, {}, epoch_end=True)  # epoch 1's checkpoint: on we go
+    position.epoch = 2
+    holder.maybe_save(None, {})  # a checkpoint within the epoch: on we go
+    with pytest.raises(RuntimeError, match="injected failure after epoch 2"):
+        holder.maybe_save(None, {}, epoch_end=True, last=False)
+    assert saved == [True, False, True]  # the epoch's checkpoint was saved before
 
 
 def test_rank_0_s_checkpoint_asked_for_meets_a_full_disk_and_leaves_no_part_of_it(
-    tmp_path: Path,
+    tmp_path: Path, inject: Callable[..., None]
 ) -> None:
-    assert faults.requested({faults.DISK_FULL_AT_CHECKPOINT_ENV: "2"}) == {
-        faults.DISK_FULL_AT_CHECKPOINT: 2
-    }
     writers = []
     for rank in (0, 1):
-        holder = SimpleNamespace(reporter=FolderReporter(tmp_path), write=checkpoint.save)
-        faults.inject({faults.DISK_FULL_AT_CHECKPOINT: 2}, trainer(rank, 2), holder)
+        holder = checkpointer(tmp_path)
+        inject({faults.DISK_FULL_AT_CHECKPOINT: 2}, trainer(rank, 2), holder)
         writers.append(holder.write)
     write, other = writers
     assert other is checkpoint.save  # only rank 0 writes checkpoints

@@ -1,0 +1,307 @@
+"""The contract every worker group keeps (``driver/workers/``), tested the same way on each of
+the three: the command's own processes (``TRAINFORGE_WORKERS=own``), the lasting local
+cluster's warm workers (``warm``, in a home of its own) and Ray Train's worker group on a
+cluster joined by address (``RAY_ADDRESS`` to a `ray start --head` on this machine). Every run
+is a real ``trainforge train`` command; faults come from the tests' worker plugin
+(``tests/faults.py``) or from outside (a SIGKILL, a Ctrl-C).
+
+- a worker SIGKILLed mid-run with ``run.max_failures=1``: the restart is said once, naming the
+  killed rank's process; the run resumes from its checkpoint in the same MLflow run, counts the
+  restart, logs each epoch once, and ends bitwise where an uninterrupted run ends;
+- a second command on the same run is refused while the first runs; a Ctrl-C then ends the
+  first with one line, exit 130, the MLflow run KILLED and no worker process left;
+- a rank that stops responding: the others' collective times out, one line names the rank that
+  waited and the setting, exit 1, no worker left;
+- a loss gone NaN stops every rank at once, with one line, and is not restarted;
+- a resume with a changed recipe is refused, naming the key, before any worker starts.
+
+A capability added later gets a test here, and so runs on every path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests import faults
+from tests.conftest import RECIPES
+from tests.integration.ray_nodes import RayNodes
+from trainforge import checkpoint
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("worker-groups")]
+
+DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+# batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s; augmentation on,
+# so that a resume must restore every rank's random streams to end bitwise the same
+STEPS_PER_EPOCH = 89
+COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
+          "workload.augment=true", "tracking.system_metrics=false"]  # fmt: skip
+TIMEOUT_S = 20  # the hang test's scaling.timeout_s
+GROUPS = ["own", "warm", "ray-train"]
+
+
+@dataclass
+class Place:
+    """Where a group's commands run: their environment, and how to find their workers."""
+
+    kind: str
+    folder: Path
+    env: dict[str, str]
+    marker: bytes = b""
+    """In every worker process's environment (a home, a cluster's token): ours, not another
+    test's."""
+    runs: list[str] = field(default_factory=list)
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "trainforge", *args]
+
+    def train(self, *overrides: str, env: dict[str, str] | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        return subprocess.run(
+            self.command("train", str(DIGITS), *COMMON, *overrides), cwd=self.folder,
+            env=env or self.env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    def start(self, *overrides: str) -> subprocess.Popen[str]:
+        """A command in the background, stoppable as from a terminal (an xdist worker ignores
+        SIGINT, and its children inherit that)."""
+        return subprocess.Popen(
+            self.command("train", str(DIGITS), *COMMON, *overrides), cwd=self.folder,
+            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+
+    def workers(self) -> list[int]:
+        """The pids of this place's worker processes now."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                if self.kind == "own":
+                    ours = b"trainforge.worker.own" in cmdline and (
+                        (entry / "cwd").resolve() == self.folder.resolve()
+                    )
+                else:
+                    name = b"WarmWorker" if self.kind == "warm" else b"RayTrainWorker"
+                    ours = name in cmdline and self.marker in (entry / "environ").read_bytes()
+                if ours and not _zombie(entry):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    def mlflow_run(self, name: str) -> Any:
+        client = MlflowClient(f"sqlite:///{self.folder / 'mlflow.db'}")
+        experiment = client.get_experiment_by_name("trainforge")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id],
+                                  f"tags.`trainforge.run_name` = '{name}'")  # fmt: skip
+        assert len(runs) == 1, [r.info.run_id for r in runs]  # one MLflow run, however it went
+        return runs[0]
+
+
+def _zombie(entry: Path) -> bool:
+    return (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+@pytest.fixture(scope="module", params=GROUPS)
+def place(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Place]:
+    kind: str = request.param
+    folder = tmp_path_factory.mktemp(kind)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "TRAINFORGE_", "MLFLOW_TRACKING_URI"))}  # fmt: skip
+    env["TRAINFORGE_HOME"] = str(folder / "home")
+    if kind == "ray-train":
+        nodes = RayNodes(folder).start_head("--num-cpus=2", wait_for_jobs=False)
+        env |= {k: v for k, v in nodes.env.items() if k.startswith("RAY_")}
+        env["RAY_ADDRESS"] = nodes.gcs
+        yield Place(kind, folder, env, marker=f"RAY_AUTH_TOKEN={env['RAY_AUTH_TOKEN']}".encode())
+        nodes.stop()
+        return
+    env["TRAINFORGE_WORKERS"] = kind
+    yield Place(kind, folder, env, marker=f"TRAINFORGE_HOME={env['TRAINFORGE_HOME']}".encode())
+    if kind == "warm":
+        subprocess.run(Place(kind, folder, env).command("cluster", "stop"), env=env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The final checkpoint of the same recipe run without a fault, on the command's own
+    processes (MLflow off: it does not change what is computed)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    env = {**os.environ, "TRAINFORGE_WORKERS": "own", "TRAINFORGE_HOME": str(folder / "home")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainforge", "train", str(DIGITS), *COMMON,
+         "run.name=uninterrupted", "tracking.enabled=false"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = checkpoint.newest_in(folder / "runs" / "uninterrupted")
+    assert found.state is not None
+    return found.state
+
+
+STEP_OF_EPOCH_2 = re.compile(
+    r"^\((?:RayTrainWorker|TrainforgeWorker rank=0) (\d+)\) \[trainforge\] epoch 2/3 step", re.M
+)
+
+
+def kill_rank_0_in_epoch_2(log: Path, done: threading.Event, killed: list[int]) -> None:
+    """Once rank 0 says a step of epoch 2 (epoch 1's checkpoint is saved), SIGKILL its process:
+    the one that prints, saves and logs."""
+    while not done.wait(0.05):
+        step = STEP_OF_EPOCH_2.search(log.read_text() if log.exists() else "")
+        if step is not None:
+            os.kill(int(step[1]), signal.SIGKILL)
+            killed.append(int(step[1]))
+            return
+
+
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(
+    place: Place, uninterrupted: dict[str, Any]
+) -> None:
+    log = place.folder / "runs" / "killed" / "worker-output.log"
+    done, killed = threading.Event(), []  # killed: the pid, once it is
+    killer = threading.Thread(target=kill_rank_0_in_epoch_2, args=(log, done, killed))
+    killer.start()
+    try:
+        ran = place.train("run.name=killed", "run.max_failures=1")
+    finally:
+        done.set()
+        killer.join()
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0 and len(killed) == 1, said[-3000:]
+    restarts = [line for line in said.splitlines() if "restarting the workers" in line]
+    assert len(restarts) == 1, said[-3000:]
+    assert "(rank 0) " in restarts[0] and str(killed[0]) in restarts[0], restarts
+    assert "workers restarted (1 so far, run.max_failures), resuming" in said
+    final = checkpoint.newest_in(place.folder / "runs" / "killed").state
+    assert final is not None and (final["epoch"], final["global_step"]) == (3, 3 * STEPS_PER_EPOCH)
+    for name, weights in uninterrupted["model"].items():
+        assert torch.equal(final["model"][name], weights), name
+    run = place.mlflow_run("killed")
+    assert run.info.status == "FINISHED"
+    client = MlflowClient(f"sqlite:///{place.folder / 'mlflow.db'}")
+    restarted = client.get_metric_history(run.info.run_id, "run/restarts")
+    assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
+    epochs = client.get_metric_history(run.info.run_id, "epoch")
+    assert [int(m.value) for m in epochs] == [1, 2, 3]  # each epoch once: none repeated
+
+
+def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(
+    place: Place,
+) -> None:
+    running = place.start("run.name=stopped", "train.epochs=50")
+    try:
+        assert running.stdout is not None
+        seen: list[str] = []
+        for line in running.stdout:  # once the loop has begun
+            seen.append(line)
+            if re.match(r"\[trainforge\] epoch 1/50 step", line):
+                break
+        workers = place.workers()
+        assert len(workers) == 2, "".join(seen)
+        second = place.train("run.name=stopped", "train.epochs=50", timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        (refusal,) = second.stderr.splitlines()
+        assert refusal.startswith("trainforge: error: run.name: run 'stopped' is in use by "
+                                  f"another trainforge command (pid {running.pid} "), refusal
+        running.send_signal(signal.SIGINT)
+        rest, _ = running.communicate(timeout=120)
+    finally:
+        running.kill()
+    lines = [line for line in rest.splitlines() if line.strip()]
+    assert running.returncode == 130, "".join(seen) + rest
+    assert lines[-1].startswith("[trainforge] interrupted;"), lines
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+    deadline = time.monotonic() + 30
+    while set(workers) & set(place.workers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(workers) & set(place.workers()), "a worker outlived the run"
+    assert place.mlflow_run("stopped").info.status == "KILLED"
+
+
+def test_a_rank_that_stops_responding_ends_the_run_in_one_line_naming_who_waited(
+    place: Place,
+) -> None:
+    """Rank 1 stops before a step of epoch 2; rank 0 waits for it in the step's all-reduce
+    until the process group's timeout."""
+    ran = place.train("run.name=hung", f"scaling.timeout_s={TIMEOUT_S}",
+                      env=faults.env(place.env, **{faults.HANG_AT_STEP: STEPS_PER_EPOCH + 11}))
+    failed = [line for line in ran.stderr.splitlines() if line.startswith("[trainforge] training")]
+    assert ran.returncode == 1, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert failed == [
+        f"[trainforge] training failed: rank 0 waited scaling.timeout_s={TIMEOUT_S} s in a "
+        "collective for a worker that stopped responding (a deadlock, a stuck data loader, "
+        "device or storage); all workers were stopped. If a worker is only slow at times (a "
+        "long evaluation or checkpoint on one rank), raise scaling.timeout_s; the same command "
+        "resumes from the last checkpoint"
+    ], ran.stderr[-3000:]
+    assert "Traceback" not in ran.stdout + ran.stderr
+    assert place.workers() == [] or (place.kind == "warm" and _hung_gone(place))
+    run = place.mlflow_run("hung")
+    assert run.info.status == "FAILED" and run.data.tags["trainforge.failure"] in failed[0]
+
+
+def _hung_gone(place: Place) -> bool:
+    """Warm workers outlive runs, but not a failed one's: those were stopped (a worker blocked
+    in a collective is not reusable); none runs a loop."""
+    deadline = time.monotonic() + 30
+    while place.workers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return place.workers() == []
+
+
+def test_a_loss_gone_nan_stops_every_rank_in_one_line_without_a_restart(place: Place) -> None:
+    ran = place.train("run.name=nan", "train.lr=1e5", "checkpoint.every_steps=5",
+                      "train.log_every_steps=10", "run.max_failures=1")  # fmt: skip
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 1, said[-3000:]
+    stopped = [line for line in ran.stderr.splitlines() if line.startswith("[trainforge] training")]
+    assert len(stopped) == 1, said[-3000:]
+    assert re.match(
+        r"\[trainforge\] training stopped: (train/loss became (nan|inf)|the weights became "
+        r"non-finite) by step \d+ \(rank 0, 1\)",
+        stopped[0],
+    ), stopped
+    assert "restarting the workers" not in said  # restarting would only repeat it
+    run = place.mlflow_run("nan")
+    assert run.info.status == "FAILED" and run.data.tags["trainforge.failure"] in stopped[0]
+    for folder in (place.folder / "runs" / "nan").glob("checkpoint_*"):
+        if not folder.is_dir():  # beside them: Ray Train's own record of its checkpoints
+            continue
+        state = checkpoint.load(folder)
+        assert all(torch.isfinite(weights).all() for weights in state["model"].values())
+
+
+def test_a_resume_with_a_changed_recipe_is_refused_naming_the_key(place: Place) -> None:
+    """After the killed run of this place (its checkpoints are there)."""
+    ran = place.train("run.name=killed", "checkpoint.resume=true", "train.lr=0.01",
+                      "train.epochs=4", timeout=300)  # fmt: skip
+    assert ran.returncode == 2, ran.stdout[-3000:] + ran.stderr[-3000:]
+    (refusal,) = ran.stderr.splitlines()
+    assert refusal.startswith("trainforge: error: run.name: run 'killed' was trained with "
+                              "another recipe (train.lr 0.002 -> 0.01)"), refusal
+    assert "Traceback" not in ran.stdout and "workers: starting" not in ran.stdout  # none started
+    deadline = time.monotonic() + 30
+    while place.workers() and place.kind != "warm" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert place.kind == "warm" or place.workers() == []  # warm workers stay warm, idle
