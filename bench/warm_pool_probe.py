@@ -57,8 +57,9 @@ def pool_run(recipe: str, overrides: list[str], workers: int) -> None:
     handle = tracking.start_run(
         cfg.tracking, cfg.run.name, recipe_container, recipe_yaml, str(spool_file(cfg, root))
     )
-    payload = WorkerPayload(recipe_container, f"{root}/{cfg.run.name}", "probe",
-                            env=local_cluster.worker_env(), mlflow=handle.for_workers())  # fmt: skip
+    run_dir = f"{root}/{cfg.run.name}"
+    payload = WorkerPayload(recipe_container, run_dir, "probe", env=local_cluster.worker_env(),
+                            mlflow=handle.for_workers())  # fmt: skip
     log.phase("mlflow", f"run {handle.run_id}", mlflow_started)
     requested = time.time()
     pool = [pool_worker(i) for i in range(workers)]
