@@ -6,6 +6,9 @@
 #          commands and Ray Train's worker group on a cluster joined by address (`address`),
 #          this checkout against the session's start (f1a4527, in .base: carried), and the
 #          hand-written torchrun script; REPEATS (default 3) interleaved rounds
+#   hook   the same on Ray Train's path alone (`address`), this checkout against one whose workers
+#          do not begin the loop's imports at their process's start (.nohook: carried), REPEATS
+#          (default 3) interleaved rounds
 #   loop   bench/loop_throughput.py: the worker loop's steady-state samples/s on GPU 0 (CNN
 #          graphed and eager, SBI at batch 4,096), this checkout against .base, alternating
 set -u
@@ -24,6 +27,11 @@ for step in "$@"; do
         --modes cold,warm,address,baseline_cold,baseline_warm,baseline_address \
         --torchrun bench/startup_torchrun_resnet.py --torchrun-procs 1 --timeout-s 150 \
         --out "$OUT/start.json" train.max_steps=40 > "$OUT/start.log" 2>&1 ;;
+    hook)
+      CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-400}" python3 bench/startup.py \
+        --recipe cnn/synthetic_resnet18_bench --repeats "${REPEATS:-3}" --warmup \
+        --baseline "$PWD/.nohook" --modes address,baseline_address --timeout-s 150 \
+        --out "$OUT/hook.json" train.max_steps=40 > "$OUT/hook.log" 2>&1 ;;
     loop)
       CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-540}" python3 bench/loop_throughput.py \
         --baseline "$PWD/.base" --rounds "${ROUNDS:-3}" --out "$OUT/loop.json" \
