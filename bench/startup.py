@@ -160,8 +160,9 @@ class Heads:
             port, dashboard = ports
             head_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
             temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
+            ray_cli = [sys.executable, "-m", "trainforge.driver.ray_cli"]  # the mode's package's
             head = subprocess.Popen(
-                ["ray", "start", "--head", "--block", f"--port={port}",
+                [*ray_cli, "start", "--head", "--block", f"--port={port}",
                  "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
                  f"--dashboard-port={dashboard}", "--dashboard-agent-listen-port=0",
                  "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
@@ -172,8 +173,8 @@ class Heads:
             address = f"127.0.0.1:{port}"
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # up once `ray status` answers
-                status = subprocess.run(["ray", "status", f"--address={address}"], env=head_env,
-                                        capture_output=True, timeout=60)  # fmt: skip
+                status = subprocess.run([*ray_cli, "status", f"--address={address}"],
+                                        env=head_env, capture_output=True, timeout=60)  # fmt: skip
                 if status.returncode == 0:
                     break
                 time.sleep(1)
