@@ -80,8 +80,11 @@ TIMEOUT_S: float | None = None  # --timeout-s: a command still running then is e
 MODE_ENV = {
     "cold_ray": {"TRAINFORGE_WORKERS": "warm", "TRAINFORGE_COLD_WORKERS": "ray"},
     "private": {"TRAINFORGE_WORKERS": "own", "TRAINFORGE_KEEP_CLUSTER": "0"},
-    "private_ray": {"TRAINFORGE_WORKERS": "private", "TRAINFORGE_KEEP_CLUSTER": "0",
-                    "TRAINFORGE_COLD_WORKERS": "ray"},
+    "private_ray": {
+        "TRAINFORGE_WORKERS": "private",
+        "TRAINFORGE_KEEP_CLUSTER": "0",
+        "TRAINFORGE_COLD_WORKERS": "ray",
+    },
     "raytrain": {"TRAINFORGE_WORKERS": "ray-train", "TRAINFORGE_WARM_WORKERS": "0"},
 }
 
@@ -178,8 +181,11 @@ class Heads:
                 if status.returncode == 0:
                     break
                 time.sleep(1)
-            self.started[mode] = (head, {k: head_env[k] for k in ("RAY_AUTH_MODE",
-                                                                  "RAY_AUTH_TOKEN")}, address)
+            self.started[mode] = (
+                head,
+                {k: head_env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
+                address,
+            )
         _, auth, address = self.started[mode]
         return {**env, **auth, "RAY_ADDRESS": address}
 
@@ -301,8 +307,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tf-startup-"))
     env = {**os.environ, "TRAINFORGE_HOME": str(work / "home"), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
-    for name in ("TRAINFORGE_WORKERS", "TRAINFORGE_KEEP_CLUSTER", "TRAINFORGE_COLD_WORKERS",
-                 "TRAINFORGE_WARM_WORKERS"):
+    for name in (
+        "TRAINFORGE_WORKERS",
+        "TRAINFORGE_KEEP_CLUSTER",
+        "TRAINFORGE_COLD_WORKERS",
+        "TRAINFORGE_WARM_WORKERS",
+    ):
         env.pop(name, None)
     if args.baseline:
         args.baseline = baseline_path(args.baseline, env, work)

@@ -319,7 +319,8 @@ def _cluster(action: str, num_cpus: int | None) -> int:
         )
         if starting:
             log.say(f"a background start is still readying warm workers (its log: {log_path})")
-        for kind, what in (("worker", "workers"), ("simulator", "simulators")):
+        kinds = (("worker", "workers"), ("tracker", "trackers"), ("simulator", "simulators"))
+        for kind, what in kinds:
             lines = [line for line in workers if line.startswith(f"{kind}-")]
             log.say(f"warm {what}: {len(lines) or 'none'}")
             for line in lines:
@@ -381,7 +382,7 @@ def _cluster_runs_already(state: Any, num_cpus: int | None) -> int:
 
 
 def _cluster_view(state: Any) -> tuple[int, int, list[str]]:
-    """The lasting cluster's CPUs and GPUs, and its warm workers and simulators
+    """The lasting cluster's CPUs and GPUs, and its warm workers, trackers and simulators
     (``driver/warm_pool.py``), a line each."""
     import logging
 

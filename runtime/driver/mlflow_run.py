@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainforge import config, log, storage
 from trainforge.config import Recipe
@@ -26,13 +26,16 @@ def spool_file(cfg: Recipe, storage_path: str) -> Path:
     return spool_path(base / cfg.run.name)
 
 
-def start(cfg: Recipe, root: str, quiet: Any = None) -> RunHandle:
-    """Create or reopen the MLflow run; its phase line unless ``quiet`` (a
-    ``threading.Event``) is set by then."""
+def start(
+    cfg: Recipe, root: str, quiet: Any = None, tags: dict[str, str] | None = None
+) -> RunHandle:
+    """Create or reopen the MLflow run, tagged with ``tags`` (default: this command's,
+    ``tracking.driver_tags``); its phase line unless ``quiet`` (a ``threading.Event``) is set
+    by then."""
     started = time.time()
     handle = tracking.start_run(cfg.tracking, cfg.run.name, config.to_container(cfg),
                                 config.to_yaml(cfg), str(spool_file(cfg, root)),
-                                tracking.driver_tags(),
+                                tags if tags is not None else tracking.driver_tags(),
                                 resolve_uri(cfg.tracking.tracking_uri))  # fmt: skip
     if handle.run_id is not None and not (quiet is not None and quiet.is_set()):
         state = "reopened" if handle.resumed else "created"
@@ -41,31 +44,66 @@ def start(cfg: Recipe, root: str, quiet: Any = None) -> RunHandle:
     return handle
 
 
-class CommandRun:
-    """The run in the making (``begin``), and its end (``end``)."""
+def handle_for_workers(cfg: Recipe) -> RunHandle:
+    """The run as its workers are given it before it is made: where rank 0 writes its records
+    for the command to send (``tracking/relay.py``), where they wait while MLflow is away."""
+    from trainforge.tracking import relay
 
-    def __init__(self, cfg: Recipe, hand_over: Callable[[Any], None] | None) -> None:
+    spool = spool_file(cfg, storage.absolute(cfg.run.storage_path))
+    section = cfg.tracking
+    return RunHandle(resolve_uri(section.tracking_uri), section.experiment, cfg.run.name, None,
+                     False, str(spool), str(relay.relay_path(spool.parent)))  # fmt: skip
+
+
+class MadeRun(Protocol):
+    """A command's MLflow run in the making: ``CommandRun``, or the warm tracker's
+    (``warm_tracker.TrackerRun``)."""
+
+    for_workers: RunHandle
+
+    def end(
+        self,
+        status: str,
+        checkpoint_path: str | None = None,
+        reason: str | None = None,
+        quiet: bool = False,
+    ) -> RunHandle | None: ...
+
+
+class CommandRun:
+    """The run in the making (``begin``), and its end (``end``). Made in the command, or, for
+    warm workers, in the lasting cluster's warm tracker (``driver/warm_tracker.py``), given the
+    command's ``tags``."""
+
+    def __init__(
+        self,
+        cfg: Recipe,
+        hand_over: Callable[[Any], None] | None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         from trainforge.tracking import relay
         from trainforge.workloads import spec_for
 
         root = storage.absolute(cfg.run.storage_path)
         section = cfg.tracking
-        spool = spool_file(cfg, root)
-        relay_file = str(relay.relay_path(spool.parent))
-        self.for_workers = RunHandle(resolve_uri(section.tracking_uri), section.experiment,
-                                     cfg.run.name, None, False, str(spool), relay_file)  # fmt: skip
+        self.for_workers = handle_for_workers(cfg)
         interval = section.system_metrics_interval_s if section.system_metrics else None
         imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
-        self.making = relay.RunInTheMaking(
-            lambda: start(cfg, root, quiet=self.making.quiet),
+        self.making: relay.RunInTheMaking = relay.RunInTheMaking(
+            lambda: start(cfg, root, quiet=self.making.quiet, tags=tags),
             self.for_workers, interval, imports, hand_over,
         )  # fmt: skip
 
     @classmethod
-    def begin(cls, cfg: Recipe, hand_over: Callable[[Any], None] | None = None) -> CommandRun:
+    def begin(
+        cls,
+        cfg: Recipe,
+        hand_over: Callable[[Any], None] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> CommandRun:
         """The run, being made (``hand_over``: where the workers that talk to MLflow themselves
         are given it)."""
-        run = cls(cfg, hand_over)
+        run = cls(cfg, hand_over, tags)
         run.making.start()  # from here on a Ctrl-C still ends the run (``end``)
         return run
 

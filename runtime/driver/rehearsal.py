@@ -68,7 +68,7 @@ def rehearse(cfg: Recipe, ahead: dict[str, Any]) -> int | None:
     from trainforge.driver import run
     from trainforge.driver.workers.warm import WarmWorkers
 
-    slots = sorted(int(name.rsplit("-", 1)[1]) for name in ahead)
+    slots = sorted(int(name.rsplit("-", 1)[1]) for name in ahead if name.startswith("worker-"))
     if len(slots) != cfg.scaling.num_workers:
         return None
     with tempfile.TemporaryDirectory(prefix="trainforge-rehearsal-") as folder:

@@ -13,7 +13,7 @@ from typing import Any
 from trainforge import config, log, settings
 from trainforge.config import Recipe
 from trainforge.driver import console, local_cluster
-from trainforge.driver.mlflow_run import CommandRun
+from trainforge.driver.mlflow_run import MadeRun
 from trainforge.driver.workers import failures
 from trainforge.driver.workers.base import Finished, WorkerGroup, WorkersFailed, run_with_restarts
 from trainforge.worker.payload import WorkerPayload
@@ -52,11 +52,11 @@ def worker_payload(cfg: Recipe, root: str) -> WorkerPayload:
 
 def run_workers(cfg: Recipe, payload: WorkerPayload, group: WorkerGroup) -> Outcome:
     """The workers' run on ``group``, with restarts, and the MLflow run made beside it."""
-    record: CommandRun | None = None
+    record: MadeRun | None = None
     try:
         payload = group.prepare(payload)  # the workers' lines are shown from here on
         if cfg.tracking.enabled:
-            record = CommandRun.begin(cfg, group.hand_over)
+            record = group.begin_run(cfg)
             payload = payload.but(mlflow=record.for_workers.for_workers())
         finished = run_with_restarts(group, payload, cfg.run.max_failures)
     except KeyboardInterrupt:
@@ -76,7 +76,7 @@ def run_workers(cfg: Recipe, payload: WorkerPayload, group: WorkerGroup) -> Outc
     return _finished(cfg, finished, handle)
 
 
-def _ended(record: CommandRun | None, status: str, **how: Any) -> str | None:
+def _ended(record: MadeRun | None, status: str, **how: Any) -> str | None:
     handle = record.end(status, **how) if record is not None else None
     return handle.run_id if handle is not None else None
 

@@ -13,6 +13,9 @@ memory back to the machine). A GPU run's warm workers are bound to one GPU each 
 the ``n``-th of the machine's GPUs) and keep their CUDA context between runs. Remote storage
 and clusters joined through RAY_ADDRESS keep Ray Train's worker group.
 
+A warm tracker (``tracker``, ``driver/warm_tracker.py``) makes and ends the MLflow runs of
+commands on warm workers, with MLflow imported once.
+
 The pool's other kind: warm simulators (``simulators``), one per CPU slot, which run the CPU
 simulation stage's tasks (a user's simulator) for one command after another, so the stage does
 not start and import new processes every time. Their slots and names (``simulator-<slot>``) are
@@ -36,7 +39,7 @@ from trainforge.driver import local_cluster
 from trainforge.worker.payload import WorkerPayload
 
 NAMESPACE = "trainforge-warm"
-WORKER, SIMULATOR = "worker", "simulator"  # the pool's two kinds of actor, named <kind>-<slot>
+WORKER, SIMULATOR, TRACKER = "worker", "simulator", "tracker"  # its actors: <kind>-<slot>
 
 
 def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str | None:
@@ -52,12 +55,13 @@ def unavailable(cfg: Recipe, storage_path: str, on_lasting_cluster: bool) -> str
 
 
 def describe() -> list[str]:
-    """A line per warm worker and warm simulator of the connected cluster, for ``trainforge
-    cluster status``."""
+    """A line per warm worker, warm tracker and warm simulator of the connected cluster, for
+    ``trainforge cluster status``."""
     import ray
 
     lines = []
-    for name in [f"{kind}-{n}" for kind in (WORKER, SIMULATOR) for n in sorted(living_slots(kind))]:
+    kinds = (WORKER, TRACKER, SIMULATOR)
+    for name in [f"{kind}-{n}" for kind in kinds for n in sorted(living_slots(kind))]:
         try:
             info = ray.get(ray.get_actor(name, namespace=NAMESPACE).info.remote(), timeout=2)
         except ray.exceptions.GetTimeoutError:
@@ -140,7 +144,52 @@ def prestart(cfg: Recipe) -> dict[str, Any]:
                 started[name] = _new_worker(ray, name, gpus[index] if gpus else None)
     if started:
         log.say(f"workers: starting {len(started)} (they stay warm for later runs)")
+    if cfg.tracking.enabled:
+        with claimed_slots(1, living_slots(TRACKER), prefix=TRACKER) as (slot,):
+            name = f"{TRACKER}-{slot}"
+        if _named(ray, name) is None:
+            with contextlib.suppress(ValueError):
+                started[name] = _new_tracker(ray, name)
     return started
+
+
+def _new_tracker(ray: Any, name: str) -> Any:
+    """A new warm tracker process (its imports begin at once); ValueError when the name is
+    taken."""
+    from trainforge.driver.warm_tracker import WarmTracker
+
+    sys_path, _, pid, idle_s = _claim()
+    return _detached(ray, WarmTracker, name).remote(sys_path, pid, idle_s)
+
+
+@contextlib.contextmanager
+def tracker(ahead: dict[str, Any], claim: bool = True) -> Iterator[Any]:
+    """The warm tracker for one command's MLflow run: this command's own, started ``ahead`` (by
+    ``prestart``), found fit to serve it, or started now; its slot held until the run's end.
+    A rehearsal's (``claim`` false) is its own, unclaimed, as its workers are."""
+    import ray
+
+    claim_args = _claim()
+    own = sorted(int(name.rsplit("-", 1)[1]) for name in ahead if name.startswith(TRACKER))
+    slots = (claimed_slots(1, living_slots(TRACKER), prefix=TRACKER) if claim
+             else contextlib.nullcontext(own[:1] or [0]))  # fmt: skip
+    with slots as (slot,):
+        name = f"{TRACKER}-{slot}"
+        member = ahead.pop(name, None)
+        new = member is not None
+        if member is None:
+            member = _named(ray, name)
+            why = _ask(ray, member.serve.remote(*claim_args, None)) if member else None
+            if why is not None:
+                log.say(f"mlflow: replacing the warm tracker ({why})")
+                with contextlib.suppress(Exception):
+                    ray.kill(member, no_restart=True)
+                member = None
+        if member is None:
+            member, new = _new_tracker(ray, name), True
+        if new:  # this command's, before its run begins (its calls run in order)
+            member.serve.remote(*claim_args, None)
+        yield member
 
 
 def members(

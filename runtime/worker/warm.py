@@ -156,7 +156,7 @@ class WarmWorker:
 
         self.claimed_by, self.running = driver_pid, True
         try:
-            with _lines_to(Path(str(payload.console_file)), rank), \
+            with lines_to(Path(str(payload.console_file)), rank), \
                     environment.applied(payload.env):  # fmt: skip
                 device = torch.device("cpu")
                 if self.gpu is not None:
@@ -320,7 +320,7 @@ class _LineWriter(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def _lines_to(path: Path, rank: int) -> Any:
+def lines_to(path: Path, rank: int) -> Any:
     """Send this process's Python output (stdout, stderr: trainforge's lines, warnings) to
     ``path`` while the run lasts."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,7 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     leader, follower = pty.openpty()
     process = subprocess.Popen(
         [*trainforge(), "train", str(DIGITS), "run.name=second", *SHORT,
-         "train.log_every_steps=2"],
+         "train.log_every_steps=2", "tracking.system_metrics_interval_s=0.5"],
         env=env_for(home), cwd=tmp_path, stdout=follower, stderr=follower,
     )  # fmt: skip
     os.close(follower)
@@ -160,13 +160,15 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert "[trainforge] epoch 2/2 step" not in console  # … instead of the step lines
     assert "[trainforge] epoch 2/2 done" in console  # epoch lines still print above it
     assert "workers: 2 warm, process group up (" in console  # the first run's processes
+    assert_the_warm_tracker_made_the_run(tmp_path, console, "second")
 
     status = run(home, "cluster", "status", cwd=tmp_path)  # what is kept warm, and its cost
     assert status.returncode == 0, status.stdout + status.stderr
     assert "[trainforge] warm workers: 2" in status.stdout
+    assert "[trainforge] warm trackers: 1" in status.stdout
     assert "[trainforge] resources: " in status.stdout
-    for slot in (0, 1):
-        assert re.search(rf"  worker-{slot}: pid \d+, the CPU, [\d,]+ MB, unused for \d+ s "
+    for name in ("worker-0", "worker-1", "tracker-0"):
+        assert re.search(rf"  {name}: pid \d+, the CPU, [\d,]+ MB, unused for \d+ s "
                          r"\(ends after 600 s unused\)", status.stdout), status.stdout  # fmt: skip
 
     # The same command on the finished run: its outcome again; no worker, nothing written.
@@ -462,6 +464,30 @@ def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> N
         time.sleep(0.2)
     assert own_workers_in(tmp_path) == []
     assert not (home / "local-cluster" / "state.json").exists()
+
+
+def assert_the_warm_tracker_made_the_run(folder: Path, console: str, name: str) -> None:
+    """A warm command's MLflow run, made and ended by the warm tracker, is as whole as a
+    command's own (``step_a_lone_workers_tracking_is_sent_by_its_command``), its lines shown
+    by the command, its console file removed."""
+    from mlflow.tracking import MlflowClient
+
+    assert re.search(r"\[trainforge\] mlflow: run [0-9a-f]{32} created at sqlite:", console)
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    (found,) = client.search_runs(
+        [client.get_experiment_by_name("trainforge").experiment_id],
+        f"tags.`trainforge.run_name` = '{name}'",
+    )
+    assert found.info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(found.info.run_id, "epoch")] == [1, 2]
+    assert found.data.tags["mlflow.source.name"] == str(DIGITS)  # the command's, not the tracker's
+    assert any(key.startswith("system/node_0/") for key in found.data.metrics)
+    assert {"model_state", "plots", "recipe.yaml"} <= {
+        a.path for a in client.list_artifacts(found.info.run_id)
+    }
+    models = client.search_logged_models([found.info.experiment_id])
+    assert found.info.run_id in [m.source_run_id for m in models]
+    assert not list((folder / "runs" / name).glob(".*-lines-*"))
 
 
 def step_a_lone_workers_tracking_is_sent_by_its_command(home: Path, tmp_path: Path) -> None:

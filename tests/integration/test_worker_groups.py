@@ -222,8 +222,10 @@ def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker
         second = place.train("run.name=stopped", "train.epochs=50", timeout=120)
         assert second.returncode == 2, second.stdout + second.stderr
         (refusal,) = second.stderr.splitlines()
-        assert refusal.startswith("trainforge: error: run.name: run 'stopped' is in use by "
-                                  f"another trainforge command (pid {running.pid} "), refusal
+        assert refusal.startswith(
+            "trainforge: error: run.name: run 'stopped' is in use by "
+            f"another trainforge command (pid {running.pid} "
+        ), refusal
         running.send_signal(signal.SIGINT)
         rest, _ = running.communicate(timeout=120)
     finally:
@@ -244,8 +246,11 @@ def test_a_rank_that_stops_responding_ends_the_run_in_one_line_naming_who_waited
 ) -> None:
     """Rank 1 stops before a step of epoch 2; rank 0 waits for it in the step's all-reduce
     until the process group's timeout."""
-    ran = place.train("run.name=hung", f"scaling.timeout_s={TIMEOUT_S}",
-                      env=faults.env(place.env, **{faults.HANG_AT_STEP: STEPS_PER_EPOCH + 11}))
+    ran = place.train(
+        "run.name=hung",
+        f"scaling.timeout_s={TIMEOUT_S}",
+        env=faults.env(place.env, **{faults.HANG_AT_STEP: STEPS_PER_EPOCH + 11}),
+    )
     failed = [line for line in ran.stderr.splitlines() if line.startswith("[trainforge] training")]
     assert ran.returncode == 1, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert failed == [
@@ -298,8 +303,10 @@ def test_a_resume_with_a_changed_recipe_is_refused_naming_the_key(place: Place) 
                       "train.epochs=4", timeout=300)  # fmt: skip
     assert ran.returncode == 2, ran.stdout[-3000:] + ran.stderr[-3000:]
     (refusal,) = ran.stderr.splitlines()
-    assert refusal.startswith("trainforge: error: run.name: run 'killed' was trained with "
-                              "another recipe (train.lr 0.002 -> 0.01)"), refusal
+    assert refusal.startswith(
+        "trainforge: error: run.name: run 'killed' was trained with "
+        "another recipe (train.lr 0.002 -> 0.01)"
+    ), refusal
     assert "Traceback" not in ran.stdout and "workers: starting" not in ran.stdout  # none started
     deadline = time.monotonic() + 30
     while place.workers() and place.kind != "warm" and time.monotonic() < deadline:

@@ -129,6 +129,7 @@ def test_a_failure_is_said_in_one_line_and_its_reason_kept_for_mlflow(
     other = failures.said(WorkersFailed({1: ValueError("shape mismatch")}), cfg, str(tmp_path))
     assert other == "ValueError: shape mismatch"
     said = capsys.readouterr().err.splitlines()
-    assert said == ["[trainforge] training failed: rank 1: ValueError: shape mismatch",
-                    f"[trainforge] re-run with run.name={cfg.run.name} to resume"]
-
+    assert said == [
+        "[trainforge] training failed: rank 1: ValueError: shape mismatch",
+        f"[trainforge] re-run with run.name={cfg.run.name} to resume",
+    ]

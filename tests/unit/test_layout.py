@@ -108,9 +108,13 @@ def layer(name: str) -> str:
 def is_family(tree: Tree, name: str) -> bool:
     """A module of a workload family: a package under ``trainforge.workloads``."""
     parts = name.split(".")
-    return len(parts) >= 3 and parts[1] == "workloads" and (
-        f"{PACKAGE}.workloads.{parts[2]}" in tree.modules
-        and tree.modules[f"{PACKAGE}.workloads.{parts[2]}"].path.name == "__init__.py"
+    return (
+        len(parts) >= 3
+        and parts[1] == "workloads"
+        and (
+            f"{PACKAGE}.workloads.{parts[2]}" in tree.modules
+            and tree.modules[f"{PACKAGE}.workloads.{parts[2]}"].path.name == "__init__.py"
+        )
     )
 
 

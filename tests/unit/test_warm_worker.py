@@ -175,7 +175,7 @@ def test_a_warm_workers_lines_reach_the_console_as_relayed_lines_do(tmp_path: Pa
     out = io.StringIO()
     shown = Console(tmp_path / "worker-output.log", out)
     stop = console.relay_file(lines_file, shown)
-    with warm._lines_to(lines_file, rank=1):
+    with warm.lines_to(lines_file, rank=1):
         log.say("epoch 1/2 done: val/loss 0.5")
         print("an internal line the user does not need")
         sys.stderr.write("model.py:3: UserWarning: careful\n")

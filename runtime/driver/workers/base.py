@@ -17,13 +17,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainforge import log
 from trainforge.config import Recipe
 from trainforge.errors import NonFiniteLoss
 from trainforge.log import first_line
 from trainforge.worker.payload import WorkerPayload
+
+if TYPE_CHECKING:
+    from trainforge.driver.mlflow_run import MadeRun
 
 OUT_OF_MEMORY = "out of memory: the kernel's OOM killer"  # the likeliest cause of a SIGKILL
 CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
@@ -88,6 +91,12 @@ class WorkerGroup(ABC):
     hand_over: Callable[[Any], None] | None = None
     """Where ``rank0_may_be_elsewhere``: gives the MLflow run, once made, to the workers that
     talk to MLflow themselves."""
+
+    def begin_run(self, cfg: Recipe) -> MadeRun:
+        """The command's MLflow run, begun beside the workers (``driver/mlflow_run.py``)."""
+        from trainforge.driver.mlflow_run import CommandRun
+
+        return CommandRun.begin(cfg, self.hand_over)
 
     @abstractmethod
     def run(self, payload: WorkerPayload) -> Finished | Failures:

@@ -107,9 +107,7 @@ class RayTrainWorkers(WorkerGroup):
                 name=cfg.run.name,
                 storage_path=os.path.dirname(payload.run_dir),
                 failure_config=ray.train.FailureConfig(max_failures=0),  # base.run_with_restarts
-                checkpoint_config=ray.train.CheckpointConfig(
-                    num_to_keep=cfg.checkpoint.keep_last
-                ),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                 # Ray Train logs every report at INFO; our own progress lines say what matters.
                 logging_config=ray.train.LoggingConfig(log_level="WARNING"),
                 worker_runtime_env=self._worker_env(use_gpu),

@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainforge import storage
+from trainforge import log, storage
 from trainforge.config import Recipe
 from trainforge.driver import console, local_cluster, warm_pool
+from trainforge.driver.mlflow_run import MadeRun
 from trainforge.driver.workers.base import Failures, Finished, WorkerGroup, from_ray
 from trainforge.worker.payload import WorkerPayload
 
@@ -44,6 +45,7 @@ class WarmWorkers(WorkerGroup):
         self.started = 0
         self._unanswered: list[Any] = []  # the last attempt's calls still running at its end
         self._held = contextlib.ExitStack()
+        self.tracker_lines = Path()  # where the warm tracker's lines go (``prepare``)
 
     def start(self) -> None:
         """The first time: start the workers the run needs where none lives, so that their
@@ -58,8 +60,9 @@ class WarmWorkers(WorkerGroup):
             self.members, self.started = warm_pool.members(self.slots, self.gpus, {})
 
     def prepare(self, payload: WorkerPayload) -> WorkerPayload:
-        for left in Path(payload.run_dir).glob(".worker-lines-*"):  # a killed command's
+        for left in Path(payload.run_dir).glob(".*-lines-*"):  # a killed command's
             left.unlink(missing_ok=True)  # (one command per run at a time: run_lock.py)
+        self.tracker_lines = Path(payload.run_dir) / f".tracker-lines-{payload.command}"
         output = console.attach(storage.local_folder(payload.run_dir))
         if output is not None:
             self._held.callback(output.close)
@@ -73,6 +76,25 @@ class WarmWorkers(WorkerGroup):
         self.gpus = warm_pool.slot_gpus(self.slots) if cfg.scaling.use_gpu == "true" else None
         self.members, self.started = warm_pool.members(self.slots, self.gpus, self.ahead or {})
         return payload.but(console_file=str(lines), gpus=tuple(self.gpus or ()))
+
+    def begin_run(self, cfg: Recipe) -> MadeRun:
+        """Made by the lasting cluster's warm tracker (``driver/warm_tracker.py``), where MLflow
+        is imported already; by the command where the tracker cannot be had."""
+        import ray
+
+        from trainforge.driver.warm_tracker import TrackerRun
+
+        held = contextlib.ExitStack()
+        try:
+            tracker = held.enter_context(
+                warm_pool.tracker(self.ahead or {}, claim=self.given_slots is None)
+            )
+            return TrackerRun(tracker, cfg, self.tracker_lines, held)
+        except (ray.exceptions.RayError, ValueError) as exc:
+            held.close()
+            log.warn(f"the warm tracker could not be had ({log.first_line(exc)}); this "
+                     "command makes the MLflow run")  # fmt: skip
+            return super().begin_run(cfg)
 
     def run(self, payload: WorkerPayload) -> Finished | Failures:
         import ray
@@ -125,4 +147,3 @@ class WarmWorkers(WorkerGroup):
 
     def close(self) -> None:
         self._held.close()  # the workers' last lines shown, the slots released
-

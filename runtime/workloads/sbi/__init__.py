@@ -60,7 +60,9 @@ SPEC = WorkloadSpec(
     worker_imports=("sbi.neural_nets", "torch.fx.experimental.symbolic_shapes"),
     model_imports=("trainforge.workloads.sbi.pyfunc", "sbi"),  # the posterior's pyfunc
     ensembles=Ensembles(
-        members=lambda cfg: int(cfg.ensemble), output="posterior.pt", combine=combine,
+        members=lambda cfg: int(cfg.ensemble),
+        output="posterior.pt",
+        combine=combine,
         evaluate=evaluate_mixture,
     ),
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored

@@ -91,9 +91,7 @@ def needs_cluster(cfg: SBIWorkloadConfig) -> bool:
     return cfg.simulation.path is None and not simulate.simulates_here(cfg)
 
 
-def start_data(
-    cfg: SBIWorkloadConfig, seed: int, storage_root: str, runner: StageRunner
-) -> None:
+def start_data(cfg: SBIWorkloadConfig, seed: int, storage_root: str, runner: StageRunner) -> None:
     """Small simulations of a built-in task begin before the cluster is reached
     (``simulate.start_early``); a given simulation folder needs nothing."""
     simulate.start_early(cfg, seed, storage_root, runner)

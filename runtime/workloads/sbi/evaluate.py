@@ -189,7 +189,6 @@ def sbc(
     return calibration.sbc_summary(ranks, cfg.sbc_samples)
 
 
-
 def evaluate_ensemble(
     posterior: Path, workload: Any, seed: int, folder: Path
 ) -> tuple[dict[str, float], list[Path]]:

@@ -88,5 +88,3 @@ def _direct_posterior(bundle: dict[str, Any]) -> Any:
 
     prior = prior_from_spec(bundle["prior"])
     return DirectPosterior(posterior_estimator=_estimator(bundle), prior=prior, device="cpu")
-
-
