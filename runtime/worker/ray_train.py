@@ -5,16 +5,11 @@ these functions without importing torch)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import threading
 from typing import Any
 
 from trainforge import log
 from trainforge.worker import environment
 from trainforge.worker.payload import WorkerPayload
-
-LOOP = "trainforge.worker.trainer"
 
 
 def join_group(backend: str, address: str, port: int, timeout_s: float) -> None:
@@ -57,23 +52,6 @@ class OnWorkerDevice:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-AHEAD = (LOOP, "torch.distributed")
-"""What every worker imports for its loop (torch among it), from its process's start."""
-
-
-def import_ahead() -> None:
-    """Ray's setup hook of each of the run's worker processes: the loop's imports (``AHEAD``)
-    on a thread of their own from the process's start, beside Ray Train's set-up of the worker
-    and of its process group, instead of after it."""
-
-    def load() -> None:
-        for module in AHEAD:
-            with contextlib.suppress(Exception):  # the loop's own import meets any problem
-                importlib.import_module(module)
-
-    threading.Thread(target=load, name="trainforge-imports", daemon=True).start()
 
 
 def entry(config: dict[str, Any]) -> None:

@@ -114,15 +114,10 @@ class RayTrainWorkers(WorkerGroup):
             ),
         )
 
-    def _worker_env(self, use_gpu: bool) -> dict[str, Any]:
-        """Each worker process's start: the loop's imports begin at once, beside Ray Train's
-        set-up (``import_ahead``, by name: Ray Train keeps the runtime env as JSON), and on
-        GPUs the settings CUDA reads when its context is made, before Ray Train makes it."""
-        hook = f"{on_workers.__name__}.{on_workers.import_ahead.__name__}"
-        env: dict[str, Any] = {"worker_process_setup_hook": hook}
-        if use_gpu:
-            env["env_vars"] = environment.gpu_worker_env(os.environ)
-        return env
+    def _worker_env(self, use_gpu: bool) -> dict[str, Any] | None:
+        """On GPUs, the settings CUDA reads when its context is made, before Ray Train makes
+        it."""
+        return {"env_vars": environment.gpu_worker_env(os.environ)} if use_gpu else None
 
     def close(self) -> None:
         self._held.close()
