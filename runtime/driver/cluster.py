@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from typing import Any
 
 from trainforge import log, ray_compat, settings, storage
 from trainforge.config.schema import RunSection
 from trainforge.driver import local_cluster, reaper
+from trainforge.errors import RecipeError
 
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
@@ -51,8 +53,16 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
                **init_options}  # fmt: skip
     address = None if local_only else os.environ.get("RAY_ADDRESS")
     if address:
+        refuse_unreachable(address)
         ray_compat.poll_controller_fast()
-        _init_pinned(ray, address, address, options)
+        try:
+            _init_pinned(ray, address, address, options)
+        except ConnectionError as exc:  # something listens there, but no GCS (Ray tried ~20 s)
+            raise RecipeError(
+                f"RAY_ADDRESS={address}: no Ray cluster answers there ({exc}); check that it "
+                f"names the head's GCS port (6379 unless `ray start --port` said otherwise), "
+                f"{UNSET_HINT}"
+            ) from None
         return None
     if not local_only and settings.keeps_cluster():
         return _join_lasting_cluster(ray, options)
@@ -107,6 +117,49 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
             f"reuse it, it stops after {idle_min:.0f} min unused or on `trainforge cluster stop`"
         )
     return f"ray: connected to the local cluster at {state.gcs_address} ({took:.1f} s)"
+
+
+REACH_TIMEOUT_S = 5.0
+UNSET_HINT = "or unset RAY_ADDRESS to run on this machine"
+
+
+def refuse_unreachable(address: str) -> None:
+    """One line, before anything starts, for a RAY_ADDRESS nothing answers at: Ray itself waits
+    for such a GCS without end, printing only its own warnings once a minute."""
+    if address in ("auto", "local"):  # Ray finds (or starts) the cluster itself
+        return
+    if address.startswith(("http://", "https://")):
+        raise RecipeError(
+            f"RAY_ADDRESS={address} is a dashboard address (what `trainforge submit` and `ray job "
+            f"submit` take); `trainforge train` joins a cluster by its head's GCS address "
+            f"(HOST:6379), {UNSET_HINT}"
+        )
+    target = address.rpartition("://")[2]
+    if not target.rpartition(":")[2].isdigit():
+        raise RecipeError(
+            f"RAY_ADDRESS={address}: expected HOST:PORT (the head's GCS), {UNSET_HINT}"
+        )
+    reason = no_listener(target)
+    if reason:
+        raise RecipeError(
+            f"RAY_ADDRESS={address}: no Ray cluster answers there ({reason}); check that its "
+            f"head runs (`ray status --address {target}`), {UNSET_HINT}"
+        )
+
+
+def no_listener(address: str) -> str | None:
+    """Why nothing takes a connection at ``[scheme://]HOST:PORT[/…]`` within seconds (refused,
+    no route, no answer), else None; None too where the address names no port."""
+    host, _, port = address.rpartition("://")[2].split("/")[0].rpartition(":")
+    if not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), REACH_TIMEOUT_S).close()
+    except TimeoutError:
+        return f"no answer in {REACH_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def _init_pinned(ray: Any, address: str, own: str, options: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
 from trainforge import config, log, settings
+from trainforge.driver.cluster import no_listener
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, find_recipe
 from trainforge.tracking.driver import git_commit, submitter
@@ -186,6 +187,10 @@ def job_status(
 ) -> str | None:
     """The job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) or None if unknown;
     one RecipeError line saying what to check when the cluster does not answer in time."""
+    where = address or os.environ.get("RAY_ADDRESS")
+    refused = where and no_listener(where)  # seconds, not the probe's whole timeout
+    if refused:
+        raise unreachable(address, refused)
     probe = [sys.executable, "-c", _STATUS_PROBE, address or "", submission_id]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=timeout_s)

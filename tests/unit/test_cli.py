@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import trainforge
 from trainforge import cli, config, resources
 from trainforge.driver import launch
+from trainforge.errors import RecipeError
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -102,6 +103,55 @@ def test_train_names_this_machine_where_its_own_workers_would_not_fit(tmp_path: 
     assert re.search(refusal + r"this machine has \d+$", done.stderr, re.M), done.stderr
     assert "workers: starting" not in done.stdout and "Traceback" not in done.stderr
     assert list((tmp_path / "runs").glob("*")) == []  # no run folder, nothing half-written
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # bound then closed: nothing listens there afterwards
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("how", "wording"),
+    [
+        ("train", r"RAY_ADDRESS=127\.0\.0\.1:\d+: no Ray cluster answers there \(Connection "
+                  r"refused\); check that its head runs"),
+        ("submit", r"cannot reach the Ray cluster at http://127\.0\.0\.1:\d+ \(Connection "
+                   r"refused\); check --address"),
+    ],
+)  # fmt: skip
+def test_an_address_nothing_answers_at_is_one_line_and_exit_2(
+    tmp_path: Path, how: str, wording: str
+) -> None:
+    """Ray waits for a GCS that is not there without end (its own warnings once a minute): the
+    command says which address it tried and what to check, and ends at once, before any run
+    folder exists."""
+    port = _closed_port()
+    env = _subprocess_env() | {"TRAINFORGE_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "trainforge", how, "digits_simple_cnn"]
+    if how == "train":
+        env["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+    else:
+        command += ["--address", f"http://127.0.0.1:{port}"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert re.fullmatch(r"trainforge: error: " + wording + r".*\n", done.stderr), done.stderr
+    assert list((tmp_path / "runs").glob("*")) == []  # no run folder, nothing half-written
+
+
+def test_a_dashboard_address_in_ray_address_is_refused_naming_what_train_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ray job submit` users export RAY_ADDRESS=http://HEAD:8265; `train` joins by the GCS."""
+    from trainforge.driver import cluster
+
+    with pytest.raises(RecipeError, match=r"is a dashboard address .* GCS address \(HOST:6379\)"):
+        cluster.refuse_unreachable("http://127.0.0.1:8265")
+    with pytest.raises(RecipeError, match=r"expected HOST:PORT"):
+        cluster.refuse_unreachable("head-node")
+    cluster.refuse_unreachable("auto")  # Ray's own lookup: nothing to check here
 
 
 def test_version() -> None:
