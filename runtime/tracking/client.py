@@ -4,6 +4,7 @@ how to reach it without long retries, and which MLflow run a run folder records 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -225,3 +226,17 @@ def _active(client: Any, run_id: str) -> bool:
         return bool(client.get_run(run_id).info.lifecycle_stage == "active")
     except MlflowException:  # no such run on this server
         return False
+
+
+FAILURE_TAG = "trainforge.failure"
+
+
+def terminate(client: Any, run_id: str, status: str) -> None:
+    """End the run; one that ends FINISHED (resumed after a failed attempt) no longer carries
+    that attempt's failure."""
+    from mlflow.exceptions import MlflowException
+
+    if status == "FINISHED":
+        with contextlib.suppress(MlflowException):  # raised where it never failed
+            client.delete_tag(run_id, FAILURE_TAG)
+    client.set_terminated(run_id, status=status)

@@ -22,6 +22,7 @@ from trainforge import settings, storage
 from trainforge.log import first_line, warn
 from trainforge.tracking import new_store
 from trainforge.tracking.client import (
+    FAILURE_TAG,
     RunHandle,
     configure_client_env,
     find_or_create_run,
@@ -30,6 +31,7 @@ from trainforge.tracking.client import (
     redact,
     redact_all,
     resolve_uri,
+    terminate,
 )
 from trainforge.tracking.spool import Spool
 
@@ -209,14 +211,14 @@ def finish_run(
 
     tags = {"trainforge.last_checkpoint": checkpoint_path} if checkpoint_path else {}
     if reason:
-        tags["trainforge.failure"] = reason[:5000]
+        tags[FAILURE_TAG] = reason[:5000]
     if handle.run_id is not None:
         try:
             client = MlflowClient(tracking_uri=handle.tracking_uri)
             for key, value in tags.items():
                 client.set_tag(handle.run_id, key, value)
             log_learning_curve(client, handle.run_id)
-            client.set_terminated(handle.run_id, status=status)
+            terminate(client, handle.run_id, status)
             return
         except Exception as exc:
             warn(f"could not close the MLflow run ({first_line(exc)}); kept in {handle.spool_path}")

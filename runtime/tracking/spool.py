@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.log import counted
-from trainforge.tracking.client import RunHandle, find_or_create_run, redact
+from trainforge.tracking.client import RunHandle, find_or_create_run, redact, terminate
 from trainforge.tracking.datasets import TrainingData
 
 SPOOL_FILE = "tracking-spool.jsonl"
@@ -128,5 +128,5 @@ def send(client: Any, run_id: str, record: dict[str, Any]) -> str:
     elif kind == "dataset":
         TrainingData.from_record(record["dataset"]).log(client, run_id)
     elif kind == "status":
-        client.set_terminated(run_id, status=record["status"])
+        terminate(client, run_id, record["status"])
     return kind

@@ -55,10 +55,7 @@ def raise_if_nonfinite(
         )
     else:
         return
-    raise NonFiniteLoss(
-        f"{what}; the run stops here and keeps its checkpoints from before. Try a lower "
-        "train.lr, train.clip_grad_norm, or precision.dtype fp32"
-    )
+    raise NonFiniteLoss(f"{what}; the run stops here and keeps its checkpoints from before")
 
 
 def check_before_save(

@@ -103,7 +103,28 @@ def test_a_worker_out_of_memory_says_what_each_worker_holds_and_what_to_change()
     line = failures.out_of_memory({1: torch.OutOfMemoryError("CUDA out of memory")}, cfg)
     assert line is not None and line.startswith("out of CPU memory on rank 1: each of 2 workers")
     assert "global batch 64" in line and "lower train.batch_size" in line
+    assert "or use precision.dtype=bf16" in line  # the recipe is in fp32
     assert failures.out_of_memory({0: RuntimeError("boom")}, cfg) is None
+    bf16 = config.load(DIGITS, ["precision.dtype=bf16"])
+    line = failures.out_of_memory({0: torch.OutOfMemoryError("CUDA out of memory")}, bf16)
+    assert line is not None and "dtype" not in line  # nothing to suggest that it has already
+
+
+@pytest.mark.parametrize(
+    ("overrides", "advice"),
+    [
+        ([], "a lower train.lr or train.clip_grad_norm (e.g. 1.0)"),
+        (["train.clip_grad_norm=1.0"], "a lower train.lr"),
+        (["precision.dtype=bf16"], "a lower train.lr, train.clip_grad_norm (e.g. 1.0) or "
+                                   "precision.dtype=fp32"),
+    ],
+)  # fmt: skip
+def test_a_diverged_run_is_advised_only_what_its_recipe_does_not_do_already(
+    tmp_path: Path, overrides: list[str], advice: str
+) -> None:
+    cfg = config.load(DIGITS, overrides)
+    nan = NonFiniteLoss("train/loss became nan by step 7 (rank 0); the run stops here")
+    assert failures.said(WorkersFailed({0: nan}), cfg, str(tmp_path)).endswith(f". Try {advice}")
 
 
 def test_a_worker_whose_process_died_is_named_before_the_peers_it_left_waiting() -> None:
@@ -121,8 +142,9 @@ def test_a_failure_is_said_in_one_line_and_its_reason_kept_for_mlflow(
 ) -> None:
     cfg = config.load(DIGITS, ["scaling.timeout_s=5"])
     nan = NonFiniteLoss("train/loss became nan by step 7 (rank 1); the run stops here")
-    assert failures.said(WorkersFailed({1: nan}), cfg, str(tmp_path)) == str(nan)
-    assert capsys.readouterr().err.strip() == f"[trainforge] training stopped: {nan}"
+    steadier = f"{nan}. Try a lower train.lr or train.clip_grad_norm (e.g. 1.0)"
+    assert failures.said(WorkersFailed({1: nan}), cfg, str(tmp_path)) == steadier
+    assert capsys.readouterr().err.strip() == f"[trainforge] training stopped: {steadier}"
     reason = failures.said(WorkersFailed({0: RuntimeError(GLOO)}), cfg, str(tmp_path))
     assert reason.startswith("rank 0 waited scaling.timeout_s=5 s in a collective")
     assert capsys.readouterr().err.count("\n") == 1  # one line

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from trainforge import config, settings
 from trainforge.config.schema import TrackingSection
 from trainforge.tracking import driver
-from trainforge.tracking.client import RUNS_FILE, RunHandle
+from trainforge.tracking.client import FAILURE_TAG, RUNS_FILE, RunHandle
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,3 +189,26 @@ def test_library_versions_come_from_whichever_distribution_is_installed() -> Non
     # MLflow may be installed as mlflow-skinny alone: the next name is tried
     assert _installed("no-such-distribution-here", "torch") == version("torch")
     assert _installed("no-such-distribution-here") == "unknown"  # a tag, never a crash
+
+
+def test_a_run_that_finishes_after_a_failed_attempt_no_longer_carries_its_failure(
+    tmp_path: Path,
+) -> None:
+    """Live and through the spool: a resumed run that ends FINISHED drops the failure tag a
+    failed attempt left; a run that fails again keeps the new one."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("trainforge")
+    for route in ("live", "spool"):
+        run_id = client.create_run(experiment).info.run_id
+        handle = RunHandle(uri, "trainforge", route, run_id, False, str(tmp_path / route))
+        driver.finish_run(handle, "FAILED", None, reason="disk full")
+        assert client.get_run(run_id).data.tags[FAILURE_TAG] == "disk full"
+        if route == "live":
+            driver.finish_run(handle, "FINISHED", None)
+        else:
+            Spool.of(handle).write("status", status="FINISHED")
+            replay(handle.spool_path)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and FAILURE_TAG not in run.data.tags, route
+    driver.finish_run(handle, "FINISHED", None)  # never failed: nothing to drop, no error

@@ -39,7 +39,7 @@ def said(exc: WorkersFailed, cfg: Recipe, run_dir: str) -> str:
     errors = [cause(error) for error in exc.worker_failures.values()]
     stopped = [error for error in errors if isinstance(error, NonFiniteLoss)]
     if stopped:  # the run's own verdict: nothing to resume
-        reason = first_line(stopped[0], limit=1000)
+        reason = f"{first_line(stopped[0], limit=1000)}. Try {_steadier(cfg)}"
         log.error(f"training stopped: {reason}")
         return reason
     explained = explain(exc.worker_failures, cfg, run_dir)
@@ -74,9 +74,24 @@ def out_of_memory(failures: Failures, cfg: Recipe) -> str | None:
         f"workers runs train.batch_size {train.batch_size} samples at a time, "
         f"train.grad_accum_steps {train.grad_accum_steps} times per step (global batch "
         f"{train.batch_size * train.grad_accum_steps * workers}); lower train.batch_size and "
-        "raise train.grad_accum_steps by the same factor (same global batch), or use "
-        "precision.dtype=bf16; the same command then resumes from the last checkpoint"
+        f"raise train.grad_accum_steps by the same factor (same global batch){_smaller(cfg)}; "
+        "the same command then resumes from the last checkpoint"
     )
+
+
+def _steadier(cfg: Recipe) -> str:
+    """What makes a run that diverged train steadily, from the recipe's own settings."""
+    changes = ["a lower train.lr"]
+    if not cfg.train.clip_grad_norm:
+        changes.append("train.clip_grad_norm (e.g. 1.0)")
+    if cfg.precision.dtype != "fp32":
+        changes.append("precision.dtype=fp32")
+    return ", ".join(changes[:-1]) + " or " + changes[-1] if len(changes) > 1 else changes[0]
+
+
+def _smaller(cfg: Recipe) -> str:
+    """Half-precision activations, where the recipe is not in them already."""
+    return ", or use precision.dtype=bf16" if cfg.precision.dtype == "fp32" else ""
 
 
 # gloo's words when a collective's wait ends ("Timed out waiting 5000ms for recv operation to
