@@ -159,12 +159,39 @@ class PlateauLR(torch.optim.lr_scheduler.LambdaLR):
         if self.since_best < self.patience or self.scale <= self.floor:
             return False
         self.scale, self.since_best = max(self.floor, self.scale * self.factor), 0
-        rates = [base * factor(self.last_epoch) for base, factor in
-                 zip(self.base_lrs, self.lr_lambdas, strict=True)]  # fmt: skip
-        for group, lr in zip(self.optimizer.param_groups, rates, strict=True):
-            if isinstance(group["lr"], torch.Tensor):  # capturable: the graph reads this tensor
-                group["lr"].fill_(lr)
-            else:
-                group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        apply_schedule(self)
         return True
+
+
+def apply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set each group's LR to what the schedule gives at its current step, now (not at the
+    next ``step()``)."""
+    rates = [base * factor(scheduler.last_epoch) for base, factor in
+             zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]  # fmt: skip
+    for group, lr in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        if isinstance(group["lr"], torch.Tensor):  # capturable: the graph reads this tensor
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+def load_keeping_hyperparameters(
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    optimizer_state: dict[str, Any],
+    scheduler_state: dict[str, Any],
+) -> None:
+    """Load a checkpoint's optimizer and schedule states, keeping this run's hyperparameters:
+    those states bring their own LR, weight decay and betas with them, and a resume whose
+    recipe changes one (``checkpoint.allow_changes``) would train on with the old value while
+    its records said the new. Unchanged, every value comes out as the checkpoint left it."""
+    optimizer = scheduler.optimizer
+    fresh = [{k: v for k, v in group.items() if k not in ("params", "lr")}
+             for group in optimizer.param_groups]  # fmt: skip
+    base_lrs = list(scheduler.base_lrs)
+    optimizer.load_state_dict(optimizer_state)
+    scheduler.load_state_dict(scheduler_state)
+    for group, own in zip(optimizer.param_groups, fresh, strict=True):
+        group.update(own)
+    scheduler.base_lrs = base_lrs
+    apply_schedule(scheduler)

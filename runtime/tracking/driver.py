@@ -187,6 +187,7 @@ def start_run(
             client.log_text(run_id, recipe_yaml, "recipe.yaml")
         else:
             client.update_run(run_id, status="RUNNING")
+            tags |= resumed_changes(client, run_id, params)
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
     except Exception as exc:
@@ -201,6 +202,30 @@ def start_run(
         spool.write("text", text=recipe_yaml, artifact_file="recipe.yaml")
         spool.write("tags", tags=tags)
     return handle
+
+
+def resumed_changes(client: Any, run_id: str, params: dict[str, str]) -> dict[str, str]:
+    """A run resumed with a changed recipe (``checkpoint.allow_changes``): MLflow keeps a
+    param's first value for good, so each change becomes a tag, ``trainforge.changed.<key>``
+    = ``old -> new``, beside the param; keys the run did not have yet become params."""
+    from mlflow.entities import Param
+
+    run = client.get_run(run_id).data
+    logged = run.params
+    added = [Param(k, v) for k, v in params.items() if k not in logged]
+    for start in range(0, len(added), 100):
+        client.log_batch(run_id, params=added[start : start + 100])
+    changed = {
+        f"{CHANGED_TAG}{key}": f"{logged[key]} -> {value}"
+        for key, value in params.items()
+        if key in logged and logged[key] != value
+    }
+    for stale in [tag for tag in run.tags if tag.startswith(CHANGED_TAG) and tag not in changed]:
+        client.delete_tag(run_id, stale)  # changed back since
+    return changed
+
+
+CHANGED_TAG = "trainforge.changed."
 
 
 def finish_run(

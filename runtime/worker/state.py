@@ -29,6 +29,7 @@ from trainforge.checkpoint import Position, Reporter
 from trainforge.config.schema import CheckpointSection
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
+from trainforge.optim import load_keeping_hyperparameters
 from trainforge.precision import Precision
 from trainforge.tracking.worker import WorkerTracker
 from trainforge.worker.rng import gather_rng, resume_rng
@@ -59,8 +60,7 @@ class TrainState:
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_keeping_hyperparameters(self.scheduler, state["optimizer"], state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         position = self.position  # in place: the loop holds on to it
         position.epoch = int(state["epoch"])

@@ -14,7 +14,9 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
   waited and the setting, exit 1, no worker left;
 - a loss gone NaN stops every rank at once, with one line (advice fitted to the recipe, no
   traceback after it), and is not restarted;
-- a resume with a changed recipe is refused, naming the key, before any worker starts.
+- a resume with a changed recipe is refused, naming the key, before any worker starts; with
+  ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
+  (step lines, checkpoint, MLflow) says so.
 
 A capability added later gets a test here, and so runs on every path.
 """
@@ -40,7 +42,7 @@ from mlflow.tracking import MlflowClient
 from tests import faults
 from tests.conftest import RECIPES
 from tests.integration.ray_nodes import RayNodes
-from trainforge import checkpoint
+from trainforge import checkpoint, config, optim
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("worker-groups")]
 
@@ -316,3 +318,33 @@ def test_a_resume_with_a_changed_recipe_is_refused_naming_the_key(place: Place) 
     while place.workers() and place.kind != "warm" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert place.kind == "warm" or place.workers() == []  # warm workers stay warm, idle
+
+
+STEP_LINE = re.compile(r"\[trainforge\] epoch 4/4 step (\d+)/\d+ loss \S+ lr (\S+)")
+
+
+def test_a_change_allowed_on_resume_is_the_one_trained_with_and_recorded(place: Place) -> None:
+    """``checkpoint.allow_changes``: the changed LR is the loop's from the resume on (its step
+    lines and the optimizer in the new checkpoint), the new checkpoint's recipe says it, and
+    the MLflow run (whose params keep their first values) records the change as a tag."""
+    ran = place.train("run.name=killed", "train.lr=0.01", "train.epochs=4",
+                      "checkpoint.allow_changes=true", timeout=300)  # fmt: skip
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0, said[-3000:]
+    assert "resuming run 'killed' with a changed recipe: train.lr 0.002 -> 0.01" in said
+    total = 4 * STEPS_PER_EPOCH
+    train = config.load(DIGITS, [*COMMON, "train.epochs=4", "train.lr=0.01"]).train
+    steps = [(int(step), float(lr)) for step, lr in STEP_LINE.findall(ran.stdout)]
+    assert steps, said[-3000:]
+    for step, lr in steps:  # the lr after the step's update, printed to 3 digits
+        assert lr == pytest.approx(0.01 * optim.lr_factor(step, total, train), rel=0.01), step
+    latest = checkpoint.newest_verified(place.folder / "runs" / "killed")
+    assert latest is not None
+    state = checkpoint.load(latest)
+    assert state["global_step"] == total
+    (group,) = state["optimizer"]["param_groups"]
+    assert group["initial_lr"] == 0.01 and state["scheduler"]["base_lrs"] == [0.01]
+    assert config.load(latest / checkpoint.RECIPE_FILE).train.lr == 0.01
+    run = place.mlflow_run("killed")
+    assert run.data.params["train.lr"] == "0.002"  # MLflow keeps a param's first value
+    assert run.data.tags["trainforge.changed.train.lr"] == "0.002 -> 0.01"

@@ -187,6 +187,51 @@ def test_the_optimizers_step_and_save_as_torchs_own(name: str) -> None:
     assert fresh.state_dict()["param_groups"] == saved_theirs["param_groups"]
 
 
+def _trained(train, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    optimizer = optim.build_optimizer(model, train)
+    scheduler = optim.build_schedule(optimizer, train, total_steps=20)
+    for _ in range(steps):
+        model(torch.randn(4, 3)).pow(2).mean().backward()
+        optimizer.step()
+        scheduler.step()
+    return scheduler
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "plateau"])
+def test_a_resume_trains_on_with_its_own_recipes_lr_and_weight_decay(schedule: str) -> None:
+    """A checkpoint's optimizer state carries the LR and weight decay it was trained with; the
+    run that loads it (``checkpoint.allow_changes``) goes on with its own, on its schedule."""
+    old = train_section(f"train.schedule={schedule}", "train.lr=0.002", "train.optimizer=adamw")
+    saved = _trained(old, steps=6)
+    new = train_section(f"train.schedule={schedule}", "train.lr=0.01", "train.optimizer=adamw",
+                        "train.weight_decay=0.05")  # fmt: skip
+    resumed = _trained(new, steps=0)
+    optim.load_keeping_hyperparameters(resumed, saved.optimizer.state_dict(), saved.state_dict())
+    (group,) = resumed.optimizer.param_groups
+    assert (group["initial_lr"], group["weight_decay"]) == (0.01, 0.05)
+    assert group["lr"] == pytest.approx(0.01 * optim.lr_factor(6, 20, new))
+    assert resumed.last_epoch == 6  # the position is the checkpoint's
+    moments = saved.optimizer.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(resumed.optimizer.state_dict()["state"][0]["exp_avg"], moments)
+    resumed.optimizer.step()  # and steps at the new LR from here on
+    resumed.step()
+    assert group["lr"] == pytest.approx(0.01 * optim.lr_factor(7, 20, new))
+
+
+def test_an_unchanged_resume_loads_every_value_as_saved() -> None:
+    train = train_section("train.schedule=cosine", "train.warmup_steps=3")
+    saved = _trained(train, steps=5)
+    resumed = _trained(train, steps=0)
+    optim.load_keeping_hyperparameters(resumed, saved.optimizer.state_dict(), saved.state_dict())
+    assert (
+        resumed.optimizer.state_dict()["param_groups"]
+        == (saved.optimizer.state_dict()["param_groups"])
+    )
+    assert resumed.state_dict() == saved.state_dict()
+
+
 def test_building_stepping_and_saving_an_optimizer_imports_no_torch_dynamo() -> None:
     """torch's own optimizers import ``torch._dynamo`` (sympy and all: 0.9 s here, 3.5-5.3 s
     of a cold GPU worker) on their first ``add_param_group``; these never do. A new process,

@@ -163,6 +163,30 @@ def test_a_run_folder_reopens_its_own_mlflow_run_and_another_of_the_same_name_ge
     assert names == {theirs.run_id, fresh.run_id}  # nothing made twice
 
 
+def test_a_run_resumed_with_a_changed_recipe_records_each_change_as_a_tag(tmp_path: Path) -> None:
+    """MLflow keeps a param's first value for good: the params stay what the run began with, a
+    tag per changed key says old and new, and a key changed back loses its tag."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    folder = tmp_path / "runs" / "digits"
+    first = _start(_run_recipe(tmp_path / "runs", uri), folder)
+    changed = _run_recipe(tmp_path / "runs", uri)
+    changed.train.lr, changed.train.weight_decay = 0.01, 0.05
+    assert _start(changed, folder).run_id == first.run_id
+    run = client.get_run(first.run_id).data
+    assert run.params["train.lr"] == "0.002"  # as begun
+    assert {k: v for k, v in run.tags.items() if k.startswith("trainforge.changed.")} == {
+        "trainforge.changed.train.lr": "0.002 -> 0.01",
+        "trainforge.changed.train.weight_decay": "0.0 -> 0.05",
+    }
+    changed.train.weight_decay = 0.0  # back as it was
+    _start(changed, folder)
+    tags = client.get_run(first.run_id).data.tags
+    assert [k for k in tags if k.startswith("trainforge.changed.")] == [
+        "trainforge.changed.train.lr"
+    ]
+
+
 def test_a_spool_synced_into_a_new_run_is_the_run_its_folder_reopens(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = _run_recipe(tmp_path / "runs", uri)
