@@ -299,33 +299,7 @@ def _cluster(action: str, num_cpus: int | None) -> int:
         raise RecipeError(f"--num-cpus is for `trainforge cluster start`, not `{action}`")
 
     if action == "status":
-        with local_cluster.looked_at() as running:  # it cannot stop itself while we look
-            # a command that ran without the cluster starts it as it ends (background.py)
-            starting = local_cluster.background_start_running()
-            log_path = local_cluster.background_log_path()
-            if running is None and starting:
-                log.say(f"the local cluster is being started in the background, for later "
-                        f"commands (its log: {log_path})")  # fmt: skip
-                return 1
-            if running is None:
-                log.say("no local cluster is running; the next local command starts one")
-                return 1
-            log.say(f"local cluster at {running.gcs_address}, dashboard "
-                    f"{running.dashboard_url}, supervisor pid {running.supervisor_pid}, "
-                    f"Ray {running.ray_version}")  # fmt: skip
-            cpus, gpus, workers = _cluster_view(running)
-        log.say(
-            f"resources: {log.counted(cpus, 'CPU', 'CPUs')}, {log.counted(gpus, 'GPU', 'GPUs')}"
-        )
-        if starting:
-            log.say(f"a background start is still readying warm workers (its log: {log_path})")
-        kinds = (("worker", "workers"), ("tracker", "trackers"), ("simulator", "simulators"))
-        for kind, what in kinds:
-            lines = [line for line in workers if line.startswith(f"{kind}-")]
-            log.say(f"warm {what}: {len(lines) or 'none'}")
-            for line in lines:
-                log.say(f"  {line}")
-        return 0
+        return _cluster_status()
     from trainforge.driver import background
 
     # A command that ran without the cluster starts it as it ends (background.py): a stop
@@ -357,6 +331,57 @@ def _cluster(action: str, num_cpus: int | None) -> int:
     state = local_cluster.start(num_cpus=num_cpus)
     log.say(f"local cluster started at {state.gcs_address}, dashboard {state.dashboard_url}")
     return 0
+
+
+def _cluster_status() -> int:
+    """`trainforge cluster status`: 0 when a cluster runs, else 1 (with what there is)."""
+    from trainforge.driver import local_cluster
+
+    with local_cluster.looked_at() as running:  # it cannot stop itself while we look
+        # a command that ran without the cluster starts it as it ends (background.py)
+        starting = local_cluster.background_start_running()
+        log_path = local_cluster.background_log_path()
+        if running is None and starting:
+            log.say(f"the local cluster is being started in the background, for later "
+                    f"commands (its log: {log_path})")  # fmt: skip
+            return 1
+        if running is None:
+            log.say(_no_cluster())
+            return 1
+        log.say(f"local cluster at {running.gcs_address}, dashboard "
+                f"{running.dashboard_url}, supervisor pid {running.supervisor_pid}, "
+                f"Ray {running.ray_version}")  # fmt: skip
+        cpus, gpus, workers = _cluster_view(running)
+    log.say(f"resources: {log.counted(cpus, 'CPU', 'CPUs')}, {log.counted(gpus, 'GPU', 'GPUs')}")
+    if starting:
+        log.say(f"a background start is still readying warm workers (its log: {log_path})")
+    kinds = (("worker", "workers"), ("tracker", "trackers"), ("simulator", "simulators"))
+    for kind, what in kinds:
+        lines = [line for line in workers if line.startswith(f"{kind}-")]
+        log.say(f"warm {what}: {len(lines) or 'none'}")
+        for line in lines:
+            log.say(f"  {line}")
+    return 0
+
+
+def _no_cluster() -> str:
+    """What status says where no cluster can be used: nothing, or one whose supervisor died
+    and left its Ray running."""
+    from trainforge.driver import local_cluster, orphans
+
+    found = local_cluster.read_state()
+    left = orphans.of_cluster(found.gcs_address) if found is not None else []
+    if found is None or not left:
+        return "no local cluster is running; the next local command starts one"
+    why = local_cluster.why_stale(found) or "it does not answer"
+    return (
+        f"the local cluster at {found.gcs_address} is unusable ({why}), but "
+        f"{log.counted(len(left), 'process', 'processes')} of its Ray still run "
+        "(pids "
+        + " ".join(map(str, sorted(left)[:8]))
+        + (" …" if len(left) > 8 else "")
+        + "): `trainforge cluster stop` ends them; the next local command replaces it"
+    )
 
 
 def _cluster_runs_already(state: Any, num_cpus: int | None) -> int:

@@ -43,6 +43,8 @@ def start_cluster(cfg: Recipe) -> None:
                     "command; later commands use it")  # fmt: skip
             return
         started_meanwhile = local_cluster.running()
+        found = local_cluster.read_state() if started_meanwhile is None else None
+        replacing = local_cluster.replacing_line(found) if found is not None else None
         lock.truncate(0)  # the last start's pid
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(lock.fileno())],
@@ -54,6 +56,8 @@ def start_cluster(cfg: Recipe) -> None:
         assert process.stdin is not None
         with process.stdin:
             process.stdin.write(pickle.dumps((cfg, sys.path)))
+    if replacing:  # said here, not only in the background start's log
+        log.say(replacing)
     log.say(start_line(cfg.scaling.num_workers, started_meanwhile))
 
 

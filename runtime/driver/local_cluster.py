@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainforge import settings
+from trainforge.driver import orphans
 from trainforge.worker import environment
 
 START_ATTEMPTS = 3  # supervisors started, each with new ports, before `start` gives up
@@ -124,12 +125,21 @@ def ensure(say: Any) -> tuple[ClusterState, bool]:
     """The running cluster, else a new one (replacing a stale one); True when started now."""
     state = read_state()
     if state is not None:
-        reason = why_stale(state)
-        if reason is None:
+        replacing = replacing_line(state)
+        if replacing is None:
             return state, False
-        say(f"ray: the local cluster from an earlier session is unusable ({reason}); replacing it")
+        say(replacing)
         stop(state)
     return _start()
+
+
+def replacing_line(state: ClusterState) -> str | None:
+    """The line for a cluster left unusable (its supervisor killed, another Python or Ray),
+    which a start replaces; None where it can be used."""
+    reason = why_stale(state)
+    if reason is None:
+        return None
+    return f"ray: the local cluster from an earlier session is unusable ({reason}); replacing it"
 
 
 def start(idle_s: float | None = None, num_cpus: int | None = None) -> ClusterState:
@@ -175,7 +185,8 @@ def _start(idle_s: float | None = None, num_cpus: int | None = None) -> tuple[Cl
 
 
 def stop(state: ClusterState | None = None, timeout_s: float = RAY_STOP_TIMEOUT_S + 15) -> bool:
-    """Stop the cluster (its supervisor stops Ray); True when one was running."""
+    """Stop the cluster (its supervisor stops Ray, else its processes are ended here); True
+    when one was running."""
     state = state or read_state()
     if state is None:
         return False
@@ -192,8 +203,12 @@ def stop(state: ClusterState | None = None, timeout_s: float = RAY_STOP_TIMEOUT_
             deadline = time.monotonic() + 5  # SIGKILL is not instant: wait until it is gone
             while _alive(state.supervisor_pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
+    # a supervisor that was killed left Ray's processes running: they are ended here (after
+    # a supervisor's own stop, any still found were going anyway)
+    left = orphans.of_cluster(state.gcs_address)
+    orphans.end(left)
     (folder() / "state.json").unlink(missing_ok=True)
-    return was_alive
+    return was_alive or bool(left)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ class TrainState:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LambdaLR
     precision: Precision
     stopper: EarlyStopping
     position: Position = field(default_factory=Position)

@@ -47,6 +47,7 @@ def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> N
              step_two_homes_get_two_clusters_and_an_idle_one_stops_itself,
              step_stop_ends_the_cluster_and_its_ray_processes,
              step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one,
+             step_a_killed_supervisors_ray_is_named_by_status_and_ended_by_stop,
              step_a_killed_cold_command_leaves_no_worker,
              step_a_lone_workers_tracking_is_sent_by_its_command]  # fmt: skip
     for number, step in enumerate(steps):
@@ -446,6 +447,35 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         names = {name for (name,) in db.execute("SELECT name FROM runs")}
     assert "own" in names and "own-again" not in names and "rehearsal" not in names, names
+
+
+def step_a_killed_supervisors_ray_is_named_by_status_and_ended_by_stop(
+    home: Path, tmp_path: Path
+) -> None:
+    """`kill -9` of the supervisor leaves its Ray running (GCS, raylet, agents, the warm
+    workers of the step before): `cluster status` says so and names the way out, and `cluster
+    stop` ends every process of it."""
+    state = state_of(home)
+    assert len(warm_workers(home)) == 2 and processes_of(state["gcs_address"])
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(state["supervisor_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert re.match(
+        rf"\[trainforge\] the local cluster at {state['gcs_address']} is unusable \(its "
+        rf"supervisor \(pid {state['supervisor_pid']}\) is gone\), but \d+ processes of its "
+        r"Ray still run \(pids [\d …]+\): `trainforge cluster stop` ends them",
+        status.stdout,
+    ), status.stdout
+    stopped = run(home, "cluster", "stop", cwd=tmp_path)
+    assert stopped.returncode == 0 and "local cluster stopped" in stopped.stdout, stopped.stdout
+    deadline = time.monotonic() + 10
+    while processes_of(state["gcs_address"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(state["gcs_address"]) == []
+    assert not (home / "local-cluster" / "state.json").exists()
 
 
 def step_a_killed_cold_command_leaves_no_worker(home: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainforge.driver import local_cluster
+from trainforge.driver import local_cluster, orphans
 from trainforge.driver.local_cluster import ClusterState
 from trainforge.worker import environment
 
@@ -231,6 +232,40 @@ def test_stop_terminates_the_supervisor(tmp_path: Path) -> None:
             supervisor.wait()
         if supervisor.stdout is not None:
             supervisor.stdout.close()
+
+
+def test_a_dead_supervisors_processes_are_found_by_their_environment_and_stopped() -> None:
+    """What a killed supervisor leaves: processes started with the cluster's RAY_ADDRESS (one
+    that ignores SIGTERM among them); `stop` ends them all, another cluster's survive, and a
+    command about to replace the cluster says why."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    cluster = state(gone.pid, port=free_port())
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    env = {**os.environ, "RAY_ADDRESS": cluster.gcs_address}
+    left = [subprocess.Popen([sys.executable, "-c", code + "print(1, flush=True); time.sleep(60)"],
+                             env=env, stdout=subprocess.PIPE)
+            for code in ("import time; ", stubborn)]  # fmt: skip
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**env, "RAY_ADDRESS": "127.0.0.1:1"})  # fmt: skip
+    try:
+        write_state(cluster)
+        for process in left:  # started, SIGTERM ignored where it is to be
+            assert process.stdout is not None and process.stdout.readline() == b"1\n"
+        assert sorted(orphans.of_cluster(cluster.gcs_address)) == sorted(p.pid for p in left)
+        assert local_cluster.replacing_line(cluster) == (
+            f"ray: the local cluster from an earlier session is unusable (its supervisor "
+            f"(pid {gone.pid}) is gone); replacing it"
+        )
+        assert local_cluster.stop() is True  # there was one: its processes
+        assert [p.wait(timeout=10) for p in left] == [-signal.SIGTERM, -signal.SIGKILL]
+        assert other.poll() is None and not (local_cluster.folder() / "state.json").exists()
+    finally:
+        for process in [*left, other]:
+            process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 def test_the_clusters_ray_start_leaves_out_the_other_command_groups_imports() -> None:
