@@ -50,6 +50,10 @@ class RunHandle:
     relay_path: str | None = None
     """Set when the command sends rank 0's records: the file rank 0 writes them to
     (``tracking/relay.py``)."""
+    logged_through: int = -1
+    """The highest step the run had metrics of when this command reopened it. An earlier
+    attempt sent them (up to a checkpoint that was then lost, or was not the one resumed
+    from); the steps recomputed since are not sent again: one value per step."""
 
     def identity(self) -> dict[str, str]:
         """Enough to find or recreate the run later (what the spool records carry). The URI
@@ -240,3 +244,16 @@ def terminate(client: Any, run_id: str, status: str) -> None:
         with contextlib.suppress(MlflowException):  # raised where it never failed
             client.delete_tag(run_id, FAILURE_TAG)
     client.set_terminated(run_id, status=status)
+
+
+def last_logged_step(client: Any, run_id: str) -> int:
+    """The highest step of the run's training metrics (-1: none); the system metrics count
+    their own samples."""
+    keys = [key for key in client.get_run(run_id).data.metrics if not key.startswith("system/")]
+    steps = (m.step for key in keys for m in client.get_metric_history(run_id, key))
+    return max(steps, default=-1)
+
+
+def after(rows: list[Any], logged_through: int) -> list[Any]:
+    """Metric rows (key, value, timestamp, step) of steps the run has no metrics of yet."""
+    return [row for row in rows if row[3] > logged_through] if logged_through >= 0 else rows

@@ -27,6 +27,7 @@ from trainforge.tracking.client import (
     configure_client_env,
     find_or_create_run,
     flatten,
+    last_logged_step,
     reachable,
     redact,
     redact_all,
@@ -188,6 +189,7 @@ def start_run(
         else:
             client.update_run(run_id, status="RUNNING")
             tags |= resumed_changes(client, run_id, params)
+            handle.logged_through = last_logged_step(client, run_id)
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
     except Exception as exc:

@@ -144,7 +144,7 @@ class Relay(threading.Thread):
 
     def _send(self, record: dict[str, object]) -> None:
         if record["kind"] != "artifact":
-            send(self.client, self.run_id, record)
+            send(self.client, self.run_id, record, self.handle.logged_through)
             return
         kept = Path(str(record["local_path"]))
         if not kept.exists():  # a later file of the same name was sent in its place

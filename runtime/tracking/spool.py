@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.log import counted
-from trainforge.tracking.client import RunHandle, find_or_create_run, redact, terminate
+from trainforge.tracking.client import (
+    RunHandle,
+    after,
+    find_or_create_run,
+    redact,
+    terminate,
+)
 from trainforge.tracking.datasets import TrainingData
 
 SPOOL_FILE = "tracking-spool.jsonl"
@@ -105,13 +111,15 @@ def described(counts: dict[str, int]) -> str:
     )
 
 
-def send(client: Any, run_id: str, record: dict[str, Any]) -> str:
-    """Send one record (as ``Spool.write`` wrote it) to the run ``run_id``; returns its kind."""
+def send(client: Any, run_id: str, record: dict[str, Any], logged_through: int = -1) -> str:
+    """Send one record (as ``Spool.write`` wrote it) to the run ``run_id``; returns its kind.
+    Metrics of steps up to ``logged_through`` are left out (``RunHandle.logged_through``)."""
     from mlflow.entities import Metric, Param
 
     kind = str(record["kind"])
     if kind == "metrics":
-        metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
+        rows = after(record["metrics"], logged_through)
+        metrics = [Metric(k, v, ts, step) for k, v, ts, step in rows]
         for start in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[start : start + 1000])
     elif kind == "params":

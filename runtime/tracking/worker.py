@@ -35,6 +35,7 @@ from trainforge.log import first_line, warn
 from trainforge.tracking import model_logging, relay, system_metrics
 from trainforge.tracking.client import (
     RunHandle,
+    after,
     configure_client_env,
     open_store,
     redact,
@@ -57,6 +58,7 @@ class Sender(threading.Thread):
         self.client = MlflowClient(tracking_uri=handle.tracking_uri)
         assert handle.run_id is not None, "a sender is made only for a run the server has"
         self.run_id: str = handle.run_id
+        self.logged_through = handle.logged_through
         self.uri = redact(handle.tracking_uri)  # for messages
         self.batches: queue.Queue[list[MetricRow] | None] = queue.Queue()
         self.unsent: list[list[MetricRow]] = []
@@ -79,7 +81,7 @@ class Sender(threading.Thread):
             delay = 1.0
             while True:
                 try:
-                    metrics = [Metric(*row) for row in rows]
+                    metrics = [Metric(*row) for row in after(rows, self.logged_through)]
                     for start in range(0, len(metrics), 1000):
                         self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
                     rows = []
@@ -233,13 +235,12 @@ class WorkerTracker:
 
     @contextlib.contextmanager
     def committing(self, enabled: bool = True) -> Iterator[None]:
-        """Around a checkpoint save: the metrics logged so far go out while the checkpoint is
-        written, and are confirmed once it is saved."""
-        if enabled:
-            self.commit(wait=False)
+        """Around a checkpoint save: the metrics logged so far go out once the checkpoint is
+        saved. A save that fails (a full disk) sends nothing: the resume recomputes those steps
+        from the checkpoint before, and sends them then, once."""
         yield
         if enabled:
-            self.confirm()
+            self.commit()
 
     def commit(self, wait: bool = True) -> None:
         """The metrics logged so far are covered by a saved checkpoint: send them."""

@@ -72,3 +72,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_one_resumes(
     assert latest is not None and checkpoint.load(latest)["global_step"] == 2 * STEPS_PER_EPOCH
     (run,) = client.search_runs([experiment], "tags.`trainforge.run_name` = 'full'")
     assert run.info.status == "FINISHED"
+    assert "trainforge.failure" not in run.data.tags  # the failed attempt's, dropped
+    for key in run.data.metrics:  # one value per step, though epoch 2 was trained twice
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))

@@ -207,6 +207,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(
     assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
     epochs = client.get_metric_history(run.info.run_id, "epoch")
     assert [int(m.value) for m in epochs] == [1, 2, 3]  # each epoch once: none repeated
+    for key in run.data.metrics:  # and one value per step of every metric
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(

@@ -16,7 +16,8 @@ from trainforge import config, settings
 from trainforge.config.schema import TrackingSection
 from trainforge.tracking import driver
 from trainforge.tracking.client import FAILURE_TAG, RUNS_FILE, RunHandle
-from trainforge.tracking.spool import SPOOL_FILE, Spool, replay
+from trainforge.tracking.spool import SPOOL_FILE, Spool, replay, send
+from trainforge.tracking.worker import Sender
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "recipes" / "cnn" / "digits_simple_cnn.yaml"
@@ -185,6 +186,33 @@ def test_a_run_resumed_with_a_changed_recipe_records_each_change_as_a_tag(tmp_pa
     assert [k for k in tags if k.startswith("trainforge.changed.")] == [
         "trainforge.changed.train.lr"
     ]
+
+
+def test_a_reopened_run_is_sent_only_the_steps_it_has_no_metrics_of(tmp_path: Path) -> None:
+    """An attempt that sent metrics past the checkpoint the next one resumes from (a newest
+    checkpoint that turned out corrupt, a command killed between the two): the recomputed
+    steps are not sent again, on either route (the worker's sender, the command's relay and
+    spool format). System metrics count their own samples and are not a step."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    cfg = _run_recipe(tmp_path / "runs", uri)
+    folder = tmp_path / "runs" / cfg.run.name
+    first = _start(cfg, folder)
+    assert first.logged_through == -1
+    assert first.run_id is not None
+    for step in range(10, 60, 10):
+        client.log_metric(first.run_id, "train/loss", 1.0 / step, step=step)
+    client.log_metric(first.run_id, "system/cpu_utilization_percentage", 5.0, step=900)
+    again = _start(cfg, folder)
+    assert (again.run_id, again.logged_through) == (first.run_id, 50)
+    rows = [("train/loss", 1.0 / step, 0, step) for step in range(30, 90, 10)]
+    sender = Sender(again)
+    sender.start()
+    sender.send(rows[:3])  # steps 30-50: sent before, left out
+    assert sender.stop(wait_s=10) == []
+    send(client, again.run_id, {"kind": "metrics", "metrics": rows[3:]}, again.logged_through)
+    history = client.get_metric_history(first.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [10, 20, 30, 40, 50, 60, 70, 80]
 
 
 def test_a_spool_synced_into_a_new_run_is_the_run_its_folder_reopens(tmp_path: Path) -> None:
