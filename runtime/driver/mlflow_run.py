@@ -123,6 +123,10 @@ class CommandRun:
         handle, relay = self.making.made()
         if relay is not None and status == "FINISHED":
             relay.log_kept_model()
+        elif status == "FINISHED":  # no run to log it to: kept for `trainforge tracking-sync`
+            from trainforge.tracking import relay as relaying
+
+            relaying.spool_kept_model(self.making.path, handle or self.making.for_workers)
         self.making.stop()  # rank 0's last records, before the run's closing facts
         if handle is not None:
             tracking.finish_run(handle, status, checkpoint_path, reason)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,10 +237,12 @@ FAILURE_TAG = "trainforge.failure"
 
 
 def terminate(client: Any, run_id: str, status: str) -> None:
-    """End the run; one that ends FINISHED (resumed after a failed attempt) no longer carries
+    """End the run, with its learning curve (``plots/learning_curve.svg``), live or from the
+    spool alike; one that ends FINISHED (resumed after a failed attempt) no longer carries
     that attempt's failure."""
     from mlflow.exceptions import MlflowException
 
+    log_learning_curve(client, run_id)
     if status == "FINISHED":
         with contextlib.suppress(MlflowException):  # raised where it never failed
             client.delete_tag(run_id, FAILURE_TAG)
@@ -257,3 +260,18 @@ def last_logged_step(client: Any, run_id: str) -> int:
 def after(rows: list[Any], logged_through: int) -> list[Any]:
     """Metric rows (key, value, timestamp, step) of steps the run has no metrics of yet."""
     return [row for row in rows if row[3] > logged_through] if logged_through >= 0 else rows
+
+
+def log_learning_curve(client: Any, run_id: str) -> None:
+    from trainforge.plots import learning_curve
+
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+        for key in ("train/loss", "val/loss", "val/accuracy")
+    }
+    if not any(history.values()):
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "learning_curve.svg"
+        learning_curve(history, path)
+        client.log_artifact(run_id, str(path), "plots")

@@ -244,7 +244,6 @@ def finish_run(
             client = MlflowClient(tracking_uri=handle.tracking_uri)
             for key, value in tags.items():
                 client.set_tag(handle.run_id, key, value)
-            log_learning_curve(client, handle.run_id)
             terminate(client, handle.run_id, status)
             return
         except Exception as exc:
@@ -253,20 +252,3 @@ def finish_run(
     if tags:
         spool.write("tags", tags=tags)
     spool.write("status", status=status)
-
-
-def log_learning_curve(client: Any, run_id: str) -> None:
-    import tempfile
-
-    from trainforge.plots import learning_curve
-
-    history = {
-        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-        for key in ("train/loss", "val/loss", "val/accuracy")
-    }
-    if not any(history.values()):
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "learning_curve.svg"
-        learning_curve(history, path)
-        client.log_artifact(run_id, str(path), "plots")

@@ -38,16 +38,16 @@ def handed_over(model: Any, example: Any, custom: Callable[[], Any] | None) -> b
     return pickle.dumps((model, example, custom))
 
 
-def log_handed(handle: RunHandle, handed: bytes) -> None:
-    """The model rank 0 handed over (``handed_over``), logged. Rank 0 is a process of this
-    command (``driver/own_workers.py``)."""
+def log_handed(handle: RunHandle, handed: bytes) -> bool:
+    """The model rank 0 handed over (``handed_over``), logged; False where it could not be
+    (said)."""
     try:
         model, example, custom = pickle.loads(handed)
     except Exception as exc:
         _failed(exc)
-        return
+        return False
     with _quiet():
-        log(handle, model, example, custom)
+        return log(handle, model, example, custom)
 
 
 @contextlib.contextmanager
@@ -70,10 +70,10 @@ def log(
     model: Any = None,
     example: Any = None,
     custom: Callable[[], Any] | None = None,
-) -> None:
+) -> bool:
     """``model`` with its input ``example`` (as ``for_mlflow`` makes them) as the pytorch
-    flavour, or the model as ``custom`` logs it. A failure is said, not raised: the state
-    dict is logged already."""
+    flavour, or the model as ``custom`` logs it. A failure is said, not raised (the state
+    dict is logged already): False."""
     try:
         with no_package_scan(), refused(IPYTHON), _environment_kept():
             if custom is not None:
@@ -82,6 +82,8 @@ def log(
                 _log_pytorch_model(handle, model, example)
     except Exception as exc:
         _failed(exc)
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from trainforge.atomic import replacing
 from trainforge.log import first_line, warn
 from trainforge.tracking import model_logging, system_metrics
 from trainforge.tracking.client import RunHandle, redact
-from trainforge.tracking.spool import send
+from trainforge.tracking.spool import Spool, send
 
 RELAY_FILE = "tracking-relay.jsonl"
 HANDED_MODEL = "handed-model.pickle"  # rank 0's final model, beside the relay's files
@@ -158,9 +159,9 @@ class Relay(threading.Thread):
         here, where MLflow is imported, not in rank 0 after its loop; nothing where it kept
         none."""
         kept = files_folder(self.path) / HANDED_MODEL
-        if kept.exists():
-            model_logging.log_handed(self.handle, kept.read_bytes())
+        if kept.exists() and model_logging.log_handed(self.handle, kept.read_bytes()):
             kept.unlink()
+        spool_kept_model(self.path, self.handle)  # one MLflow did not take
 
     def stop(self) -> None:
         """After the workers ended: send what is left (``STOP_WAIT_S`` at most; nothing more
@@ -200,6 +201,24 @@ def spool_rest(path: Path, spool: Path, offset: int | None = None) -> int:
     if not whole:  # an artifact spooled keeps its file where its record points
         shutil.rmtree(files_folder(path), ignore_errors=True)
     return len(whole)
+
+
+def spool_kept_model(path: Path, handle: RunHandle) -> None:
+    """The final model rank 0 kept beside the relay file ``path``, where MLflow could not take
+    it: moved beside the spool, with a record that logs it at `trainforge tracking-sync`."""
+    kept = files_folder(path) / HANDED_MODEL
+    if not kept.exists():
+        return
+    spool = Spool.of(handle)
+    target = Path(handle.spool_path).parent / SPOOLED_FILES / f"model-{time.time_ns()}.pickle"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    kept.replace(target)
+    spool.write("model", local_path=str(target))
+    warn(f"the model could not be logged to MLflow; kept in {target.parent} for `trainforge "
+         "tracking-sync`", key="model-spooled")  # fmt: skip
+
+
+SPOOLED_FILES = "tracking-spool-files"
 
 
 def _import_all(modules: tuple[str, ...]) -> None:

@@ -96,6 +96,7 @@ KIND_NAMES = {
     "artifact": ("file", "files"),
     "dataset": ("dataset", "datasets"),
     "metrics": ("batch of metrics", "batches of metrics"),
+    "model": ("model", "models"),
     "params": ("batch of params", "batches of params"),
     "status": ("run status", "run statuses"),
     "tags": ("set of tags", "sets of tags"),
@@ -135,6 +136,12 @@ def send(client: Any, run_id: str, record: dict[str, Any], logged_through: int =
         client.log_text(run_id, record["text"], record["artifact_file"])
     elif kind == "dataset":
         TrainingData.from_record(record["dataset"]).log(client, run_id)
+    elif kind == "model":  # the final model, which MLflow could not take at the time
+        from trainforge.tracking.model_logging import log_handed
+
+        handle = RunHandle(client.tracking_uri, "", "", run_id, True, "")
+        if not log_handed(handle, Path(record["local_path"]).read_bytes()):
+            raise RuntimeError(f"the model in {record['local_path']} could not be logged")
     elif kind == "status":
         terminate(client, run_id, record["status"])
     return kind
