@@ -14,6 +14,7 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
   waited and the setting, exit 1, no worker left;
 - a loss gone NaN stops every rank at once, with one line (advice fitted to the recipe, no
   traceback after it), and is not restarted;
+- credentials in the tracking URI and secrets in the environment are in no file and no line;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
   (step lines, checkpoint, MLflow) says so.
@@ -23,6 +24,7 @@ A capability added later gets a test here, and so runs on every path.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -41,6 +43,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import faults
 from tests.conftest import RECIPES
+from tests.integration.mlflow_server import MlflowServer
 from tests.integration.ray_nodes import RayNodes
 from trainforge import checkpoint, config, optim
 
@@ -67,6 +70,8 @@ class Place:
     """In every worker process's environment (a home, a cluster's token): ours, not another
     test's."""
     runs: list[str] = field(default_factory=list)
+    ray_logs: Path | None = None
+    """The temp dir of the cluster joined by address (its Ray logs)."""
 
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "trainforge", *args]
@@ -135,7 +140,8 @@ def place(
         nodes = RayNodes(folder).start_head("--num-cpus=2", wait_for_jobs=False)
         env |= {k: v for k, v in nodes.env.items() if k.startswith("RAY_")}
         env["RAY_ADDRESS"] = nodes.gcs
-        yield Place(kind, folder, env, marker=f"RAY_AUTH_TOKEN={env['RAY_AUTH_TOKEN']}".encode())
+        token = f"RAY_AUTH_TOKEN={env['RAY_AUTH_TOKEN']}".encode()
+        yield Place(kind, folder, env, marker=token, ray_logs=nodes.temp_dir)
         nodes.stop()
         return
     env["TRAINFORGE_WORKERS"] = kind
@@ -351,3 +357,60 @@ def test_a_change_allowed_on_resume_is_the_one_trained_with_and_recorded(place: 
     run = place.mlflow_run("killed")
     assert run.data.params["train.lr"] == "0.002"  # MLflow keeps a param's first value
     assert run.data.tags["trainforge.changed.train.lr"] == "0.002 -> 0.01"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server
+    server.stop()
+
+
+def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote_or_said(
+    place: Place, server: MlflowServer
+) -> None:
+    """Credentials in the tracking URI, typed on the command line, and secrets in the
+    environment (one that trainforge forwards to its workers, one it does not) appear nowhere:
+    not on the console, in the run folder (checkpoints, recipe, worker output, spool), the
+    home (the lasting cluster's files), the Ray logs of the cluster the workers ran on, or the
+    MLflow store (params, tags, artifacts, the database file)."""
+    password, aws_key, mlflow_password = "uri-pw-7f3a1c", "aws-planted-9c1e4b", "mlf-planted-5b2d8e"
+    host = server.url.removeprefix("http://")
+    env = place.env | {"AWS_SECRET_ACCESS_KEY": aws_key, "MLFLOW_TRACKING_USERNAME": "alice",
+                       "MLFLOW_TRACKING_PASSWORD": mlflow_password}  # fmt: skip
+    name = f"secretive-{place.kind}"
+    ran = place.train(f"run.name={name}", "train.epochs=1",
+                      f"tracking.tracking_uri=http://alice:{password}@{host}",
+                      "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5",
+                      env=env)  # fmt: skip
+    console = ran.stdout + ran.stderr
+    assert ran.returncode == 0, console[-3000:]
+    assert "alice:***@" not in console and "***@" + host in console  # the URI, redacted, is shown
+    client = MlflowClient(tracking_uri=server.url)
+    (run,) = client.search_runs([client.get_experiment_by_name("trainforge").experiment_id],
+                                f"tags.`trainforge.run_name` = '{name}'")  # fmt: skip
+    recorded = {**run.data.params, **run.data.tags}
+    assert recorded["tracking.tracking_uri"] == f"http://***@{host}"
+    roots = [place.folder, server.root, *_ray_folders(place)]
+    written = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name == "state.pt" for p in written) and any(p.suffix == ".db" for p in written)
+    for secret in (password, aws_key, mlflow_password):
+        assert secret not in console
+        assert not [k for k, v in recorded.items() if secret in v], secret
+        assert not [p for p in written if secret.encode() in _bytes(p)], secret
+
+
+def _ray_folders(place: Place) -> list[Path]:
+    """Where the Ray that ran this place's workers keeps its logs: the lasting cluster's temp
+    dir, or the joined cluster's."""
+    if place.kind == "warm":
+        state = json.loads((place.folder / "home" / "local-cluster" / "state.json").read_text())
+        return [Path(state["temp_dir"])]
+    return [place.ray_logs] if place.ray_logs is not None else []
+
+
+def _bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a socket or a file Ray removed meanwhile
+        return b""
