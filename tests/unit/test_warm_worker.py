@@ -5,9 +5,12 @@ tests/integration/test_local_cluster.py."""
 
 from __future__ import annotations
 
+import errno
+import functools
 import gc
 import io
 import os
+import shutil
 import sys
 import time
 import weakref
@@ -167,6 +170,29 @@ def test_checkpoints_land_whole_in_the_run_folder_and_the_newest_are_kept(
     found = checkpoint.latest(reporter, str(run_dir))  # where a restarted loop resumes
     assert found.state is not None and found.state["global_step"] == 30
     assert not list(run_dir.glob(".checkpoint_*"))  # no partial copy left
+
+
+def test_a_copy_into_the_run_folder_cut_by_a_full_disk_leaves_nothing_of_itself(
+    tmp_path: Path, process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up while a checkpoint is copied into the run folder: the error goes on to
+    the loop (which says it in one line), and no partial copy stays on the full disk."""
+    run_dir = tmp_path / "run"
+    reporter = RunFolderReporter(run_dir, keep_last=2, rank=0)
+    saved = snapshot(tmp_path / "saved", 10)
+    copied: list[str] = []
+
+    def copy_until_full(source: str, target: str, **kwargs: object) -> str:
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device", target)
+        copied.append(target)
+        return shutil.copy2(source, target)
+
+    monkeypatch.setattr(checkpoint.shutil, "copytree", functools.partial(
+        shutil.copytree, copy_function=copy_until_full))  # fmt: skip
+    with pytest.raises(OSError, match="No space left"):
+        reporter.report({"val/loss": 0.1}, saved)
+    assert copied and list(run_dir.iterdir()) == []
 
 
 def test_a_warm_workers_lines_reach_the_console_as_relayed_lines_do(tmp_path: Path) -> None:
