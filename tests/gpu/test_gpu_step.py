@@ -31,7 +31,12 @@ from trainforge import config, distributed
 from trainforge.data.types import Batch, TensorData
 from trainforge.distributed import WorkerContext
 from trainforge.gradient_averaging import AveragedModule
-from trainforge.optim import build_optimizer, build_schedule
+from trainforge.optim import (
+    build_optimizer,
+    build_schedule,
+    load_keeping_hyperparameters,
+    lr_factor,
+)
 from trainforge.precision import Precision
 from trainforge.worker.step import Stepper
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
@@ -171,3 +176,37 @@ def _ddp_rank(ctx: WorkerContext) -> None:
 
 def test_graphed_cnn_ddp_step_is_the_eager_ddp_step() -> None:
     run_on_gpus(_ddp_rank)
+
+
+@pytest.mark.parametrize(("optimizer", "lr"), OPTIMIZERS)
+def test_a_capturable_optimizer_resumed_with_another_lr_steps_at_it(
+    optimizer: str, lr: float
+) -> None:
+    """Graphed steps read the LR from a device tensor: a resume with a changed LR
+    (``checkpoint.allow_changes``) fills that tensor with the new schedule's value, in place."""
+    device = torch.device("cuda")
+
+    def trained(peak: float, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        torch.manual_seed(0)
+        model = nn.Linear(8, 2).to(device)
+        train = config.load(CIFAR, [f"train.optimizer={optimizer}", f"train.lr={peak}"]).train
+        opt = build_optimizer(model, train, capturable=True)
+        schedule = build_schedule(opt, train, total_steps=20)
+        for _ in range(steps):
+            model(torch.randn(4, 8, device=device)).square().mean().backward()
+            opt.step()
+            schedule.step()
+        return schedule
+
+    saved = trained(lr, steps=5)
+    resumed = trained(lr * 3, steps=0)
+    load_keeping_hyperparameters(resumed, saved.optimizer.state_dict(), saved.state_dict())
+    (group,) = resumed.optimizer.param_groups
+    tensor = group["lr"]  # what a graph captured from here on reads
+    assert isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda"
+    train = config.load(CIFAR, [f"train.optimizer={optimizer}", f"train.lr={lr * 3}"]).train
+    assert tensor.item() == pytest.approx(lr * 3 * lr_factor(5, 20, train), rel=1e-6)
+    resumed.optimizer.step()  # steps (the moments are the checkpoint's)
+    resumed.step()  # and the schedule fills the same tensor
+    assert group["lr"] is tensor
+    assert tensor.item() == pytest.approx(lr * 3 * lr_factor(6, 20, train), rel=1e-6)
