@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainforge.atomic import replacing
 from trainforge.log import first_line, warn
@@ -73,6 +74,7 @@ class Relay(threading.Thread):
         system_metrics_s: float | None,
         model_imports: tuple[str, ...] = (),
         monitor_once_past: int | None = None,
+        leftover_end: int = 0,
     ) -> None:
         super().__init__(name="trainforge-tracking-relay", daemon=True)
         from mlflow.tracking import MlflowClient
@@ -83,6 +85,10 @@ class Relay(threading.Thread):
         self.path = Path(handle.relay_path)
         self.client = MlflowClient(tracking_uri=handle.tracking_uri)
         self.offset = _sent_bytes(self.path)
+        # What an earlier command of the run wrote and did not send ends at ``leftover_end``:
+        # sent as it is, and the steps it holds are not sent again from this command's records
+        self.leftover_end = leftover_end
+        self.logged_through = handle.logged_through
         self.stopping = threading.Event()
         self.failing = False
         self.abandoned = False  # stop() gave up waiting: what is left is spooled, not sent
@@ -127,7 +133,7 @@ class Relay(threading.Thread):
                 if not line.endswith(b"\n") or self.abandoned:
                     break  # being written: the next pass sends it
                 if line.strip():
-                    self._send(json.loads(line))
+                    self._send(json.loads(line), self.offset + sent < self.leftover_end)
                 sent += len(line)
         except Exception as exc:
             if not self.failing:
@@ -143,9 +149,14 @@ class Relay(threading.Thread):
         self.failing = False
         return True
 
-    def _send(self, record: dict[str, object]) -> None:
+    def _send(self, record: dict[str, Any], leftover: bool = False) -> None:
+        if leftover and record["kind"] == "metrics":
+            steps = [row[3] for row in record["metrics"]]
+            self.logged_through = max([self.logged_through, *steps])
+            send(self.client, self.run_id, record)
+            return
         if record["kind"] != "artifact":
-            send(self.client, self.run_id, record, self.handle.logged_through)
+            send(self.client, self.run_id, record, self.logged_through)
             return
         kept = Path(str(record["local_path"]))
         if not kept.exists():  # a later file of the same name was sent in its place
@@ -252,12 +263,13 @@ def start(
     system_metrics_s: float | None,
     model_imports: tuple[str, ...] = (),
     monitor_once_past: int | None = None,
+    leftover_end: int = 0,
 ) -> Relay:
     """The relay of this command's run: ``handle.relay_path`` set (the workers' handle must
     be taken after this), its thread started; ``model_imports``, what the model's logging
     will import, imported meanwhile; ``monitor_once_past``: as ``Relay`` takes it."""
     handle.relay_path = str(relay_path(run_dir))
-    relay = Relay(handle, system_metrics_s, model_imports, monitor_once_past)
+    relay = Relay(handle, system_metrics_s, model_imports, monitor_once_past, leftover_end)
     relay.start()
     return relay
 
@@ -299,7 +311,8 @@ class RunInTheMaking(threading.Thread):
         self.path = Path(str(for_workers.relay_path))
         self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
         # what an earlier command of the run left unsent: rank 0 has not written past it yet
-        self.monitor_once_past = None if hand_over is None else _size(self.path)
+        self.leftover_end = _size(self.path)
+        self.monitor_once_past = None if hand_over is None else self.leftover_end
         self.handle: RunHandle | None = None
         self.relay: Relay | None = None
         # set when the command was interrupted and said so: the run, made after that, is made
@@ -320,7 +333,8 @@ class RunInTheMaking(threading.Thread):
             self.hand_over(dataclasses.replace(handle))
         if handle.run_id is not None:
             self.relay = start(handle, self.path.parent, self.system_metrics_s,
-                               self.model_imports, self.monitor_once_past)  # fmt: skip
+                               self.model_imports, self.monitor_once_past,
+                               self.leftover_end)  # fmt: skip
 
     def made(self) -> tuple[RunHandle | None, Relay | None]:
         """After the workers' run: the run's handle (None: it could not be started) and its

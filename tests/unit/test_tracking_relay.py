@@ -195,6 +195,28 @@ def test_what_a_killed_command_left_unsent_is_sent_once_or_spooled(tmp_path: Pat
     assert not path.exists() and not relay.offset_path(path).exists()
 
 
+def test_steps_a_killed_command_left_unsent_are_not_sent_again_from_the_resumed_attempt(
+    tmp_path: Path,
+) -> None:
+    """A command killed in epoch 3 left epoch 2's metrics unsent in the relay file, and the
+    next one resumes from epoch 1's checkpoint (epoch 2's turned out corrupt): the leftover is
+    sent as it was, and the resumed attempt's rows of those steps are not sent again."""
+    _, for_workers, start_run = _for_workers(tmp_path)
+    start_run()  # the run exists, with nothing logged yet
+    records = Spool(str(for_workers.relay_path), for_workers.identity())
+    records.write("metrics", metrics=[["loss", 2.0, 1, 20], ["loss", 1.5, 2, 30]])  # left over
+    making = relay.RunInTheMaking(start_run, for_workers, None, ())
+    records.write("metrics", metrics=[["loss", 2.0, 3, 20], ["loss", 1.5, 4, 30],
+                                      ["loss", 1.0, 5, 40]])  # the resumed attempt's  # fmt: skip
+    making.start()
+    handle, sending = making.made()
+    assert handle is not None and sending is not None
+    making.stop()
+    client = MlflowClient(for_workers.tracking_uri)
+    history = client.get_metric_history(str(handle.run_id), "loss")
+    assert sorted((m.step, m.timestamp) for m in history) == [(20, 1), (30, 2), (40, 5)]
+
+
 # Rank 0 of a relayed SBI run: the posterior's pyfunc prepared and handed over
 SBI_RANK_0 = """
 import json, sys
