@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -83,3 +84,28 @@ class MlflowServer:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+
+
+def recorded(client: Any, run: Any, varying: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a run holds, key by key, less what differs between two runs of one recipe (its
+    name, the store's address, times, the machine's load) and the params under ``varying``."""
+    run_id = run.info.run_id
+
+    def files(path: str | None = None) -> list[str]:
+        found = []
+        for entry in client.list_artifacts(run_id, path):
+            found += files(entry.path) if entry.is_dir else [entry.path]
+        return sorted(found)
+
+    varying = ("run.name", "tracking.tracking_uri", *varying)
+    models = client.search_logged_models([run.info.experiment_id])
+    return {
+        "status": run.info.status,
+        "params": {k: v for k, v in run.data.params.items() if not k.startswith(varying)},
+        "metric steps": {key: [m.step for m in client.get_metric_history(run_id, key)]
+                         for key in run.data.metrics if not key.startswith(("system/", "perf/"))},
+        "tags": sorted(k for k in run.data.tags if not k.startswith("mlflow.log-model")),
+        "artifacts": files(),
+        "logged models": [m.name for m in models if m.source_run_id == run_id],
+        "dataset inputs": [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs],
+    }  # fmt: skip

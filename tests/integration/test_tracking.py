@@ -20,7 +20,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import pytest
@@ -208,38 +207,9 @@ def test_server_unreachable_at_start_spools_and_syncs(
     assert run.data.params["train.epochs"] == "2"
     assert [m.value for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2]
 
-    # the same recipe tracked live: the synced run holds everything the live one does
-    assert cli_main(["train", str(DIGITS), "run.name=live", "train.epochs=2",
-                     f"tracking.tracking_uri={server.url}"]) == 0  # fmt: skip
-    (live,) = client.search_runs([experiment.experiment_id], "tags.`trainforge.run_name` = 'live'")
-    synced, online = _recorded(client, run), _recorded(client, live)
-    for what in online:
-        assert synced[what] == online[what], what
-
-
-def _recorded(client: MlflowClient, run: Any) -> dict[str, Any]:
-    """What a run holds, key by key, less what differs between two runs of one recipe (its
-    name, the store's address, times, the machine's load)."""
-    run_id = run.info.run_id
-
-    def files(path: str | None = None) -> list[str]:
-        found = []
-        for entry in client.list_artifacts(run_id, path):
-            found += files(entry.path) if entry.is_dir else [entry.path]
-        return sorted(found)
-
-    varying = ("run.name", "tracking.tracking_uri")
-    models = client.search_logged_models([run.info.experiment_id])
-    return {
-        "status": run.info.status,
-        "params": {k: v for k, v in run.data.params.items() if k not in varying},
-        "metric steps": {key: [m.step for m in client.get_metric_history(run_id, key)]
-                         for key in run.data.metrics if not key.startswith(("system/", "perf/"))},
-        "tags": sorted(k for k in run.data.tags if not k.startswith("mlflow.log-model")),
-        "artifacts": files(),
-        "logged models": [m.name for m in models if m.source_run_id == run_id],
-        "dataset inputs": [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs],
-    }  # fmt: skip
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"recipe.yaml", "plots", "model_state"} <= names  # the whole comparison with a live
+    # run, on every worker group: test_worker_groups.py
 
 
 def test_server_stopped_mid_run_training_finishes_and_data_is_recovered(

@@ -15,6 +15,7 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
 - a loss gone NaN stops every rank at once, with one line (advice fitted to the recipe, no
   traceback after it), and is not restarted;
 - credentials in the tracking URI and secrets in the environment are in no file and no line;
+- a run MLflow never saw, synced later, holds what a run tracked live holds;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
   (step lines, checkpoint, MLflow) says so.
@@ -43,7 +44,7 @@ from mlflow.tracking import MlflowClient
 
 from tests import faults
 from tests.conftest import RECIPES
-from tests.integration.mlflow_server import MlflowServer
+from tests.integration.mlflow_server import MlflowServer, free_port, recorded
 from tests.integration.ray_nodes import RayNodes
 from trainforge import checkpoint, config, optim
 
@@ -398,6 +399,38 @@ def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote_or_said(
         assert secret not in console
         assert not [k for k, v in recorded.items() if secret in v], secret
         assert not [p for p in written if secret.encode() in _bytes(p)], secret
+
+
+def test_a_run_mlflow_never_saw_is_synced_whole(place: Place, server: MlflowServer) -> None:
+    """MLflow unreachable for the whole run: it is kept in the spool, and `trainforge
+    tracking-sync` sends all of it. The synced run then holds what the same recipe tracked live
+    holds (the secrets test's run, before this one), key by key: params, every metric's steps,
+    tags, artifacts (its learning curve), the logged model, the dataset input."""
+    name = f"offline-{place.kind}"
+    ran = place.train(
+        f"run.name={name}",
+        "train.epochs=1",
+        f"tracking.tracking_uri=http://127.0.0.1:{free_port()}",
+        "tracking.system_metrics=true",
+        "tracking.system_metrics_interval_s=0.5",
+    )
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
+    assert "is unreachable" in ran.stderr
+    synced = subprocess.run(
+        place.command("tracking-sync", str(place.folder / "runs" / name), "--tracking-uri",
+                      server.url),
+        cwd=place.folder, env=place.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    client = MlflowClient(tracking_uri=server.url)
+    experiment = client.get_experiment_by_name("trainforge").experiment_id
+    (offline,) = client.search_runs([experiment], f"tags.`trainforge.run_name` = '{name}'")
+    (live,) = client.search_runs(
+        [experiment], f"tags.`trainforge.run_name` = 'secretive-{place.kind}'"
+    )
+    kept, tracked = recorded(client, offline), recorded(client, live)
+    for what in tracked:
+        assert kept[what] == tracked[what], what
 
 
 def _ray_folders(place: Place) -> list[Path]:
