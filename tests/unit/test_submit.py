@@ -174,11 +174,10 @@ def test_an_unreachable_address_is_one_line_in_seconds(project: Path) -> None:
     code, err, took = _submit_process(project, "--address", address, env={})
     assert code == 2
     assert err == (
-        f"trainforge: error: cannot reach the Ray cluster at {address} (ConnectionError: Failed "
-        f"to connect to Ray at address: {address}.); check --address (the head's dashboard, "
-        "e.g. http://HEAD:8265)\n"
+        f"trainforge: error: cannot reach the Ray cluster at {address} (Connection refused); "
+        "check --address (the head's dashboard, e.g. http://HEAD:8265)\n"
     )
-    assert took < 30
+    assert took < 30  # not the status probe's 15 s: nothing listens there
 
 
 def test_a_stale_local_cluster_file_is_one_line_within_the_timeout(
