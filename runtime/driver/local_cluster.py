@@ -513,17 +513,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process: not ours to use
         return False
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """Exited but not reaped: the supervisor's parent (the command that started it) is gone,
-    and an init that does not reap orphans leaves it so; kill(pid, 0) still succeeds."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+    return not orphans.zombie(pid)
 
 
 def _port_open(host: str, port: int) -> bool:

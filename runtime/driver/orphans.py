@@ -26,7 +26,7 @@ def of_cluster(gcs_address: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if entry.stat().st_uid != os.getuid() or _zombie(entry):
+            if entry.stat().st_uid != os.getuid() or zombie(int(entry.name)):
                 continue
             if marker in (entry / "environ").read_bytes().split(b"\0"):
                 found.append(int(entry.name))
@@ -49,12 +49,14 @@ def end(pids: list[int], grace_s: float = GRACE_S) -> None:
 
 
 def _running(pid: int) -> bool:
-    entry = Path(f"/proc/{pid}")
+    return Path(f"/proc/{pid}").exists() and not zombie(pid)
+
+
+def zombie(pid: int) -> bool:
+    """Exited but not reaped (its parent gone, and an init that does not reap orphans leaves
+    it so): kill(pid, 0) still succeeds, /proc still lists it."""
     try:
-        return not _zombie(entry)
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-
-
-def _zombie(entry: Path) -> bool:
-    return (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
