@@ -80,6 +80,7 @@ class CommandRun:
         cfg: Recipe,
         hand_over: Callable[[Any], None] | None,
         tags: dict[str, str] | None = None,
+        leftover_end: int | None = None,
     ) -> None:
         from trainforge.tracking import relay
         from trainforge.workloads import spec_for
@@ -91,7 +92,7 @@ class CommandRun:
         imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
         self.making: relay.RunInTheMaking = relay.RunInTheMaking(
             lambda: start(cfg, root, quiet=self.making.quiet, tags=tags),
-            self.for_workers, interval, imports, hand_over,
+            self.for_workers, interval, imports, hand_over, leftover_end,
         )  # fmt: skip
 
     @classmethod
@@ -100,10 +101,12 @@ class CommandRun:
         cfg: Recipe,
         hand_over: Callable[[Any], None] | None = None,
         tags: dict[str, str] | None = None,
+        leftover_end: int | None = None,
     ) -> CommandRun:
         """The run, being made (``hand_over``: where the workers that talk to MLflow themselves
-        are given it)."""
-        run = cls(cfg, hand_over, tags)
+        are given it; ``leftover_end``: the relay file's size before the workers started, where
+        it was measured by the command — ``relay.RunInTheMaking``)."""
+        run = cls(cfg, hand_over, tags, leftover_end)
         run.making.start()  # from here on a Ctrl-C still ends the run (``end``)
         return run
 

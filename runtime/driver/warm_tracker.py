@@ -44,16 +44,20 @@ class WarmTracker(WarmWorker):
         self._run: CommandRun | None = None
 
     def begin(self, recipe: dict[str, Any], tags: dict[str, str], env: dict[str, str],
-              lines: str) -> None:  # fmt: skip
+              lines: str, leftover_end: int) -> None:  # fmt: skip
         """Begin making the command's run, tagged ``tags``, with the command's environment
-        ``env`` taken on until its end, this process's lines to the file ``lines``."""
+        ``env`` taken on until its end, this process's lines to the file ``lines``;
+        ``leftover_end``, the relay file's size the command found before its workers started
+        (this call may come after rank 0 has written)."""
         from trainforge import config
 
         self.running = True
         try:
             self._held.enter_context(lines_to(Path(lines), 0))
             self._held.enter_context(environment.applied(env))
-            self._run = CommandRun.begin(config.from_container(recipe), tags=tags)
+            self._run = CommandRun.begin(
+                config.from_container(recipe), tags=tags, leftover_end=leftover_end
+            )
         except BaseException:
             self._held.close()
             self.running = False
@@ -82,6 +86,7 @@ class TrackerRun:
     def __init__(self, tracker: Any, cfg: Recipe, lines: Path, held: contextlib.ExitStack) -> None:
         from trainforge.driver import local_cluster
         from trainforge.tracking import driver as tracking
+        from trainforge.tracking import relay
 
         self.tracker = tracker
         self.for_workers = mlflow_run.handle_for_workers(cfg)
@@ -90,8 +95,10 @@ class TrackerRun:
         held.callback(shown.close)
         held.callback(console.relay_file(lines, shown))
         # not awaited: the workers start meanwhile, as beside a CommandRun's making
+        left = relay.size(Path(str(self.for_workers.relay_path)))  # before the workers write
         self._begun = tracker.begin.remote(config.to_container(cfg), tracking.driver_tags(),
-                                           local_cluster.worker_env(), str(lines))  # fmt: skip
+                                           local_cluster.worker_env(), str(lines),
+                                           left)  # fmt: skip
 
     def end(
         self,

@@ -116,7 +116,7 @@ class Relay(threading.Thread):
         node (before, it may be elsewhere and sample its own)."""
         if self.monitor_once_past is None or self.system_metrics_s is None:
             return
-        if _size(self.path) > self.monitor_once_past:
+        if size(self.path) > self.monitor_once_past:
             self.monitor_once_past = None
             self.monitor = system_metrics.start(self.handle, self.system_metrics_s, node=0)
 
@@ -238,7 +238,9 @@ def _import_all(modules: tuple[str, ...]) -> None:
             model_logging.import_for_logging(name)
 
 
-def _size(path: Path) -> int:
+def size(path: Path) -> int:
+    """The relay file's size now (0 where there is none): measured before a command's workers
+    start, it is where what an earlier command left unsent ends."""
     try:
         return path.stat().st_size
     except OSError:
@@ -305,13 +307,15 @@ class RunInTheMaking(threading.Thread):
         system_metrics_s: float | None,
         model_imports: tuple[str, ...],
         hand_over: Callable[[RunHandle], None] | None = None,
+        leftover_end: int | None = None,
     ) -> None:
         super().__init__(name="trainforge-mlflow-run", daemon=True)
         self.make, self.for_workers, self.hand_over = make, for_workers, hand_over
         self.path = Path(str(for_workers.relay_path))
         self.system_metrics_s, self.model_imports = system_metrics_s, model_imports
-        # what an earlier command of the run left unsent: rank 0 has not written past it yet
-        self.leftover_end = _size(self.path)
+        # what an earlier command of the run left unsent: measured before rank 0 writes (here,
+        # or by the command where the run is made elsewhere: ``leftover_end``)
+        self.leftover_end = size(self.path) if leftover_end is None else leftover_end
         self.monitor_once_past = None if hand_over is None else self.leftover_end
         self.handle: RunHandle | None = None
         self.relay: Relay | None = None

@@ -217,6 +217,28 @@ def test_steps_a_killed_command_left_unsent_are_not_sent_again_from_the_resumed_
     assert sorted((m.step, m.timestamp) for m in history) == [(20, 1), (30, 2), (40, 5)]
 
 
+def test_records_rank_0_wrote_before_a_late_making_are_this_commands_own(tmp_path: Path) -> None:
+    """The warm tracker may begin making the run after rank 0 has written (its call is not
+    awaited): the relay file's size the command measured before its workers started says where
+    an earlier command's leftover ends, so a restart's ``run/restarts``, logged at the step the
+    restart resumes from, is not taken for a step sent already."""
+    _, for_workers, start_run = _for_workers(tmp_path)
+    records = Spool(str(for_workers.relay_path), for_workers.identity())
+    left = relay.size(Path(str(for_workers.relay_path)))  # the command's, before its workers
+    records.write("metrics", metrics=[["loss", 2.0, 1, 10], ["loss", 1.5, 2, 89]])  # attempt 1
+    making = relay.RunInTheMaking(start_run, for_workers, None, (), leftover_end=left)
+    records.write("metrics", metrics=[["run/restarts", 1.0, 3, 89], ["loss", 1.0, 4, 100]])
+    making.start()
+    handle, sending = making.made()
+    assert handle is not None and sending is not None
+    making.stop()
+    client = MlflowClient(for_workers.tracking_uri)
+    restarts = client.get_metric_history(str(handle.run_id), "run/restarts")
+    assert [(m.step, m.value) for m in restarts] == [(89, 1.0)]
+    loss = client.get_metric_history(str(handle.run_id), "loss")
+    assert sorted(m.step for m in loss) == [10, 89, 100]
+
+
 # Rank 0 of a relayed SBI run: the posterior's pyfunc prepared and handed over
 SBI_RANK_0 = """
 import json, sys
