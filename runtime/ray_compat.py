@@ -84,6 +84,17 @@ def kv_del(key: str) -> None:
     internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
 
 
+def setup_hook_env(hook: str) -> dict[str, str]:
+    """The environment that makes a Ray worker process call ``hook`` (``module.function``) at
+    its start. A runtime env's ``worker_process_setup_hook`` becomes this variable only where a
+    driver submits the actor (``upload_worker_process_setup_hook_if_needed``); Ray Train's
+    controller, which starts the workers, passes the workers' runtime env on unconverted, so
+    the variable that Ray's worker entry (``default_worker.py``) reads is set directly."""
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+    return {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: hook}
+
+
 def is_runtime_env_conflict(exc: ValueError) -> bool:
     """``ray.init(runtime_env=…)`` inside a submitted job whose runtime env already sets the same
     variable raises a ValueError about failing to merge them; Ray has no type for it."""

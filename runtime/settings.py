@@ -93,8 +93,15 @@ PARENT_RUN = Setting(
     set_by_trainforge=True,
 )  # fmt: skip
 
+PRELOAD = Setting(
+    "TRAINFORGE_PRELOAD", "",
+    "Modules (comma-separated) a Ray Train worker process imports on a thread from its start: "
+    "torch, the loop and what the run needs beyond them, set by the command for its workers.",
+    set_by_trainforge=True,
+)  # fmt: skip
+
 SETTINGS = (HOME, WORKERS, WARM_IDLE_S, CLUSTER_IDLE_S, WORKER_PLUGINS, SBIBM, USER, GIT_COMMIT,
-            PARENT_RUN)  # fmt: skip
+            PARENT_RUN, PRELOAD)  # fmt: skip
 
 
 def home() -> Path:
@@ -122,6 +129,10 @@ def own_processes() -> bool:
 
 def worker_plugins() -> tuple[str, ...]:
     return tuple(name.strip() for name in WORKER_PLUGINS.get().split(",") if name.strip())
+
+
+def preload() -> tuple[str, ...]:
+    return tuple(name.strip() for name in PRELOAD.get().split(",") if name.strip())
 
 
 def table() -> str:

@@ -5,11 +5,37 @@ these functions without importing torch)."""
 
 from __future__ import annotations
 
+import importlib
+import threading
 from typing import Any
 
-from trainforge import log
+from trainforge import log, settings
 from trainforge.worker import environment
 from trainforge.worker.payload import WorkerPayload
+
+LOOP = "trainforge.worker.trainer"
+preloading: tuple[str, ...] = ()
+"""What ``preload`` began importing in this process (empty where it did not run)."""
+
+
+def preload() -> None:
+    """Ray Train's workers' process set-up hook: the run's modules (``settings.PRELOAD``:
+    torch, the loop, what the run needs beyond them) imported on a thread from the process's
+    start, beside Ray Train's set-up of the group (its other actors, the rendezvous), as a
+    command's own workers import them before their run. The loop's own imports find them
+    done, or wait for them."""
+    global preloading
+    preloading = settings.preload()
+    threading.Thread(target=_import_all, args=(preloading,), name="trainforge-preload",
+                     daemon=True).start()  # fmt: skip
+
+
+def _import_all(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # the loop's own import of it says what is wrong
+            return
 
 
 def join_group(backend: str, address: str, port: int, timeout_s: float) -> None:
@@ -67,7 +93,7 @@ def entry(config: dict[str, Any]) -> None:
     if context.get_world_rank() == 0:
         size = context.get_world_size()
         log.phase("workers", f"{size} started, process group up", payload.requested_at)
-    # imported here: the driver does not pay for the loop's imports
+    # imported here (begun by ``preload``): the driver does not pay for the loop's imports
     from trainforge.worker.trainer import run
 
     run(payload, distributed.ray_context(), RayReporter())

@@ -33,7 +33,12 @@ def _params(outcome: launch.Outcome) -> dict[str, torch.Tensor]:
     return checkpoint.load(outcome.checkpoint_path)["model"]
 
 
-def test_digits_two_workers_reach_95_percent(ray_cluster, in_tmp: Path) -> None:
+def test_digits_two_workers_reach_95_percent(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every worker began importing the run's modules at its start, or its loop fails
+    faults.ask(monkeypatch)  # this checkout on the workers' Python path
+    monkeypatch.setenv(faults.PLUGINS, "tests.preload_probe")
     outcome = _train("run.name=digits-acc", "scaling.num_workers=2")
     assert outcome.exit_code == 0
     assert (outcome.backend, outcome.num_workers) == ("gloo", 2)  # the workers' process group

@@ -131,6 +131,18 @@ process took its rendezvous port (``port_taken``): a race a new start is all but
 where binding keeps failing, the run still ends, with that error."""
 
 
+def run_imports(cfg: Recipe) -> tuple[str, ...]:
+    """What a run of ``cfg`` imports beyond torch and the loop, for a group's new workers to
+    import before the run needs it: ``torch._dynamo`` where the run needs it (DDP's
+    constructor, ``torch.compile``; a lone rank that does not compile never imports it:
+    ``optim.WithoutDynamo``), and what the workload's first step imports."""
+    from trainforge.workloads import spec_for
+
+    needs_dynamo = cfg.scaling.num_workers > 1 or cfg.precision.compile
+    dynamo = ("torch._dynamo",) if needs_dynamo else ()
+    return dynamo + spec_for(cfg.workload.kind).worker_imports
+
+
 def run_with_restarts(group: WorkerGroup, payload: WorkerPayload, max_failures: int) -> Finished:
     """Run ``group`` until it finishes. After a failed attempt the group is stopped, and within
     ``max_failures`` started again: the loop resumes from the latest checkpoint, and rank 0

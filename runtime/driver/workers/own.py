@@ -38,6 +38,7 @@ from trainforge.driver.workers.base import (
     WorkerGroup,
     died,
     how_it_ended,
+    run_imports,
 )
 from trainforge.worker.payload import WorkerPayload
 
@@ -135,7 +136,7 @@ class OwnWorkers(WorkerGroup):
         first = not self.processes and self._stop_relay is None
         if first:
             bytecode.warn_if_workers_compile_torch()
-        imports = self._imports()
+        imports = run_imports(self.cfg)  # at their start, while the command makes the data
         for index in range(self.cfg.scaling.num_workers):
             ours, theirs = socket.socketpair()
             output = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop
@@ -157,17 +158,6 @@ class OwnWorkers(WorkerGroup):
             where = f" on GPU{'s' * (len(gpus) > 1)} {','.join(gpus)}" if gpus else ""
             log.say(f"workers: starting {self.cfg.scaling.num_workers}{where}, processes of "
                     "this command")  # fmt: skip
-
-    def _imports(self) -> tuple[str, ...]:
-        """What the run imports beyond torch and the loop, for the workers to import at their
-        start, while the command makes the data: ``torch._dynamo`` where the run needs it
-        (DDP's constructor, ``torch.compile``; a lone rank that does not compile never imports
-        it: ``optim.WithoutDynamo``), and what the workload's first step imports."""
-        from trainforge.workloads import spec_for
-
-        needs_dynamo = self.cfg.scaling.num_workers > 1 or self.cfg.precision.compile
-        dynamo = ("torch._dynamo",) if needs_dynamo else ()
-        return dynamo + spec_for(self.cfg.workload.kind).worker_imports
 
     def prepare(self, payload: WorkerPayload) -> WorkerPayload:
         payload = payload.but(console_file=str(warm_pool.console_file(payload)),

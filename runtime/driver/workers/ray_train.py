@@ -21,7 +21,7 @@ from typing import Any
 import ray
 import ray.train
 
-from trainforge import ray_compat, storage
+from trainforge import ray_compat, settings, storage
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
 from trainforge.driver import console, resource_wait
@@ -32,6 +32,7 @@ from trainforge.driver.workers.base import (
     WorkerGroup,
     WorkersFailed,
     from_ray,
+    run_imports,
 )
 from trainforge.driver.workers.ray_train_backend import ProcessGroupConfig
 from trainforge.worker import environment
@@ -114,10 +115,16 @@ class RayTrainWorkers(WorkerGroup):
             ),
         )
 
-    def _worker_env(self, use_gpu: bool) -> dict[str, Any] | None:
-        """On GPUs, the settings CUDA reads when its context is made, before Ray Train makes
-        it."""
-        return {"env_vars": environment.gpu_worker_env(os.environ)} if use_gpu else None
+    def _worker_env(self, use_gpu: bool) -> dict[str, Any]:
+        """Each worker process imports the run's modules from its start (``on_workers.preload``),
+        and, on GPUs, has the settings CUDA reads when its context is made, before Ray Train
+        makes it."""
+        imports = ",".join(("torch", on_workers.LOOP, *run_imports(self.cfg)))
+        hook = f"{on_workers.__name__}.{on_workers.preload.__name__}"
+        env_vars = {settings.PRELOAD.name: imports, **ray_compat.setup_hook_env(hook)}
+        if use_gpu:
+            env_vars |= environment.gpu_worker_env(os.environ)
+        return {"env_vars": env_vars}
 
     def close(self) -> None:
         self._held.close()
