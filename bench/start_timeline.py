@@ -49,9 +49,16 @@ def python_pids(before: set[int]) -> dict[int, str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if ("python" in cmdline or cmdline.startswith("ray::")) and "py-spy" not in cmdline:
+        if ("python" in cmdline or cmdline.startswith("ray::")) and not any(
+            part in cmdline for part in NOT_THE_RUNS
+        ):
             found[int(entry.name)] = cmdline[:120]
     return found
+
+
+NOT_THE_RUNS = ("py-spy", "ray-dashboard", "dashboard/", "log_monitor", "resource_tracker",
+                "forkserver", "ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")  # fmt: skip
+"""The cluster's own processes, which a head starts whatever runs on it."""
 
 
 def place(pid: int) -> str | None:
@@ -174,6 +181,7 @@ def main() -> None:
             )
             command = [sys.executable, "-m", "trainforge", "train", args.recipe,
                        f"run.name={mode}", "train.log_every_steps=1", *args.overrides]  # fmt: skip
+            time.sleep(3)  # a head just started finishes starting its own processes
             runs[mode] = sample(command, mode_env, work, args.interval, args.timeout_s)
             print(report(mode, runs[mode]), flush=True)
     finally:
