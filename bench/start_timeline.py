@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from startup import Heads  # noqa: E402  (bench/ is a folder of scripts)
+from startup import Heads  # bench/ is a folder of scripts
 
 FIRST_STEP = "epoch 1"  # with train.log_every_steps=1, the first step's line
 
@@ -57,7 +57,8 @@ def python_pids(before: set[int]) -> dict[int, str]:
 
 
 NOT_THE_RUNS = ("py-spy", "ray-dashboard", "dashboard/", "log_monitor", "resource_tracker",
-                "forkserver", "ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")  # fmt: skip
+                "forkserver", "ray::IDLE", "ray::DashboardAgent",
+                "ray::RuntimeEnvAgent")  # fmt: skip
 """The cluster's own processes, which a head starts whatever runs on it."""
 
 
@@ -118,7 +119,7 @@ def sample(command: list[str], env: dict[str, str], cwd: Path, interval: float,
             found = python_pids(before)
             titles.update({pid: title for pid, title in found.items() if pid not in titles
                            or title.startswith("ray::")})  # fmt: skip
-            for pid, where in zip(found, pool.map(place, found)):
+            for pid, where in zip(found, pool.map(place, found), strict=True):
                 if where is not None:
                     samples.setdefault(pid, []).append((now, where))
             time.sleep(max(0.0, interval - (time.perf_counter() - started - now)))
