@@ -177,8 +177,10 @@ def main() -> None:
     runs = {}
     try:
         for mode in args.modes.split(","):
-            mode_env = {**env, "TRAINFORGE_WORKERS": "own"} if mode == "cold" else heads.env(
-                "address", env
+            mode_env = (
+                {**env, "TRAINFORGE_WORKERS": "own"}
+                if mode == "cold"
+                else heads.env("address", env)
             )
             command = [sys.executable, "-m", "trainforge", "train", args.recipe,
                        f"run.name={mode}", "train.log_every_steps=1", *args.overrides]  # fmt: skip
