@@ -1,9 +1,10 @@
 """Soak: many real runs, each with a random fault, then the same command again.
 
 Each round runs the digits recipe (2 workers, 3 epochs, augmentation on) as a real
-``trainforge train`` command on one worker group (the command's own processes, or the lasting
-local cluster's warm workers, in a home of this soak's own), causes one fault, then runs the
-same command again, and checks what a user keeps:
+``trainforge train`` command on one worker group (the command's own processes, the lasting
+local cluster's warm workers in a home of this soak's own, or Ray Train's worker group on a
+cluster of the soak's own joined by RAY_ADDRESS: ``ray-train``), causes one fault, then runs
+the same command again, and checks what a user keeps:
 
 - the second command ends with exit 0 and the uninterrupted run's final weights, bitwise;
 - one MLflow run of that name, FINISHED, with one value per step of every metric;
@@ -40,6 +41,9 @@ from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from startup import Heads  # noqa: E402  # the cluster joined by address
+
 from tests import faults  # noqa: E402  # the tests' worker plugin: the disk-full fault
 from trainforge import checkpoint  # noqa: E402
 
@@ -48,7 +52,11 @@ COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
           "workload.augment=true", "tracking.system_metrics=false"]  # fmt: skip
 FAULTS = ("worker-kill", "command-kill", "ctrl-c", "disk-full", "corrupt-newest")
 SECRET = "soak-planted-3e9d71"
-RANK_0_STEP = r"\((?:TrainforgeWorker rank=0) (\d+)\) \[trainforge\] epoch {epoch}/3 step"
+RANK_0_STEP = (
+    r"\((?:TrainforgeWorker rank=0|RayTrainWorker) (\d+)\) \[trainforge\] epoch {epoch}/3 step"
+)
+JOINED: dict[str, str] = {}
+"""The address and token of the soak's own cluster, for the ``ray-train`` rounds."""
 
 
 def main() -> int:
@@ -62,6 +70,9 @@ def main() -> int:
     draw = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="trainforge-soak-") as scratch:
         root = Path(scratch)
+        heads = Heads(root)
+        if "ray-train" in args.groups.split(","):
+            JOINED.update(heads.env("address", {}))
         reference = uninterrupted(root)
         rounds = []
         for number in range(args.rounds):
@@ -75,6 +86,7 @@ def main() -> int:
             rounds.append(result)
         subprocess.run([sys.executable, "-m", "trainforge", "cluster", "stop"],
                        env=environment(root, "warm"), capture_output=True, timeout=120)  # fmt: skip
+        heads.stop()
     passed = sum(r["ok"] for r in rounds)
     args.out.write_text(json.dumps({
         "machine": platform.platform(), "cpus": os.cpu_count(), "seed": args.seed,
@@ -86,8 +98,9 @@ def main() -> int:
 
 def environment(root: Path, group: str, **asked: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "TRAINFORGE_"))}
-    env |= {"TRAINFORGE_HOME": str(root / "home"), "TRAINFORGE_WORKERS": group,
-            "OMP_NUM_THREADS": "1", "AWS_SECRET_ACCESS_KEY": SECRET}  # fmt: skip
+    env |= {"TRAINFORGE_HOME": str(root / "home"), "OMP_NUM_THREADS": "1",
+            "AWS_SECRET_ACCESS_KEY": SECRET}  # fmt: skip
+    env |= JOINED if group == "ray-train" else {"TRAINFORGE_WORKERS": group}
     return faults.env(env, **asked) if asked else env
 
 
@@ -218,6 +231,9 @@ def _in_a_run(pid: int, folder: Path, home: Path, group: str) -> bool:
             ours = Path(f"/proc/{pid}/cwd").resolve() == folder.resolve()
             return b"trainforge.worker.own" in cmdline and ours
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if group == "ray-train":  # Ray Train's workers of the soak's cluster
+            token = f"RAY_AUTH_TOKEN={JOINED['RAY_AUTH_TOKEN']}".encode()
+            return b"RayTrainWorker" in cmdline and token in environ
         return b"WarmWorker.run" in cmdline and f"TRAINFORGE_HOME={home}".encode() in environ
     except OSError:
         return False

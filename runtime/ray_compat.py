@@ -223,6 +223,17 @@ def use_auth_token(token_path: str) -> None:
     use_token_mode()
 
 
+def token_on_this_machine() -> bool:
+    """Whether a Ray auth token is where Ray looks for one (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``). `ray start` on Ray 2.60 makes clusters that
+    want it, and writes it there; a driver sends it only in token mode (``RAY_AUTH_MODE``):
+    without, Ray retries its connection for ~20 s, then says it could not connect."""
+    from pathlib import Path
+
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path).is_file()
+
+
 def use_token_mode() -> None:
     """Token authentication, said explicitly: Ray then starts a local cluster with it without
     its "Token authentication is enabled…" warning (the mode is re-read as above)."""

@@ -31,7 +31,12 @@ HANG_AT_REPORT = "TRAINFORGE_TEST_HANG_AT_REPORT"
 DISK_FULL_AT_CHECKPOINT = "TRAINFORGE_TEST_ENOSPC_AT_CHECKPOINT"
 """The checkpoint (1-based, counted per worker process) whose writing on rank 0 runs out of
 disk space."""
-FAULTS = (FAIL_AFTER_EPOCH, OOM_AT_STEP, HANG_AT_STEP, HANG_AT_REPORT, DISK_FULL_AT_CHECKPOINT)
+SLOW_FROM_STEP = "TRAINFORGE_TEST_SLOW_FROM_STEP"
+"""From this optimizer step (1-based) on, every step takes ``SLOW_STEP_S`` longer on every rank:
+time for a fault from outside to land inside an epoch that would end within a second."""
+SLOW_STEP_S = 0.05
+FAULTS = (FAIL_AFTER_EPOCH, OOM_AT_STEP, HANG_AT_STEP, HANG_AT_REPORT, DISK_FULL_AT_CHECKPOINT,
+          SLOW_FROM_STEP)  # fmt: skip
 PLUGINS = "TRAINFORGE_WORKER_PLUGINS"
 
 
@@ -71,6 +76,8 @@ def install(trainer: Any, checkpointer: Any) -> None:
     if asked(FAIL_AFTER_EPOCH) is not None:
         checkpointer.maybe_save = FailAfterEpoch(asked(FAIL_AFTER_EPOCH), checkpointer.maybe_save,
                                                  position)  # fmt: skip
+    if asked(SLOW_FROM_STEP) is not None:
+        trainer.step = SlowFrom(asked(SLOW_FROM_STEP), trainer.step, position)
     if asked(DISK_FULL_AT_CHECKPOINT) is not None and trainer.ctx.rank == 0:
         checkpointer.write = DiskFullAt(asked(DISK_FULL_AT_CHECKPOINT), checkpointer.write)
     if trainer.ctx.rank != trainer.ctx.world_size - 1:
@@ -95,6 +102,18 @@ class FailAfterEpoch:
         if epoch_end and self.position.epoch == self.epoch:
             raise RuntimeError(f"injected failure after epoch {self.epoch} ({FAIL_AFTER_EPOCH})")
         return saved
+
+
+class SlowFrom:
+    """Steps that each take ``SLOW_STEP_S`` longer from one step on (the same computation)."""
+
+    def __init__(self, from_step: int, step: Any, position: Position) -> None:
+        self.from_step, self.step, self.position = from_step, step, position
+
+    def __call__(self, window: list[Any], measure_norm: bool = False) -> Any:
+        if self.position.global_step + 1 >= self.from_step:
+            time.sleep(SLOW_STEP_S)
+        return self.step(window, measure_norm=measure_norm)
 
 
 class OutOfMemoryAt:

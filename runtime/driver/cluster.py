@@ -54,6 +54,8 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     address = None if local_only else os.environ.get("RAY_ADDRESS")
     if address:
         refuse_unreachable(address)
+        if "RAY_AUTH_MODE" not in os.environ and ray_compat.token_on_this_machine():
+            ray_compat.use_token_mode()  # the cluster may want it; one that does not ignores it
         ray_compat.poll_controller_fast()
         try:
             _init_pinned(ray, address, address, options)

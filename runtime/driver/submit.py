@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
-from trainforge import config, log, settings
+from trainforge import config, log, ray_compat, settings
 from trainforge.driver.cluster import no_listener
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, find_recipe
@@ -118,7 +118,7 @@ def submit(
         runtime_env_file, git_commit_of(project), project if ship else None
     )
     env = dict(os.environ)
-    if (Path.home() / ".ray" / "auth_token").is_file():
+    if ray_compat.token_on_this_machine():
         env.setdefault("RAY_AUTH_MODE", "token")  # Ray ≥ 2.60 heads want the token
     _clear_finished_job(cfg.run.name, address, env)
     args = command(recipe_arg, overrides, address, runtime_env, cfg.run.name, wait)

@@ -6,8 +6,9 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
 (``tests/faults.py``) or from outside (a SIGKILL, a Ctrl-C).
 
 - a worker SIGKILLed mid-run with ``run.max_failures=1``: the restart is said once, naming the
-  killed rank's process; the run resumes from its checkpoint in the same MLflow run, counts the
-  restart, logs each epoch once, and ends bitwise where an uninterrupted run ends;
+  killed rank's process, and counted; then the command itself SIGKILLed, and run again: it
+  resumes from the last checkpoint in the same MLflow run, which logs each epoch once and one
+  value per step, and ends bitwise where an uninterrupted run ends;
 - a second command on the same run is refused while the first runs; a Ctrl-C then ends the
   first with one line, exit 130, the MLflow run KILLED and no worker process left;
 - a rank that stops responding: the others' collective times out, one line names the rank that
@@ -84,12 +85,12 @@ class Place:
             env=env or self.env, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
-    def start(self, *overrides: str) -> subprocess.Popen[str]:
+    def start(self, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """A command in the background, stoppable as from a terminal (an xdist worker ignores
         SIGINT, and its children inherit that)."""
         return subprocess.Popen(
             self.command("train", str(DIGITS), *COMMON, *overrides), cwd=self.folder,
-            env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
 
@@ -140,6 +141,9 @@ def place(
     if kind == "ray-train":
         nodes = RayNodes(folder).start_head("--num-cpus=2", wait_for_jobs=False)
         env |= {k: v for k, v in nodes.env.items() if k.startswith("RAY_")}
+        # the cluster's token, and no RAY_AUTH_MODE: as after `ray start`, whose token file
+        # is enough for a command to join (Ray's own driver would not send it)
+        del env["RAY_AUTH_MODE"]
         env["RAY_ADDRESS"] = nodes.gcs
         token = f"RAY_AUTH_TOKEN={env['RAY_AUTH_TOKEN']}".encode()
         yield Place(kind, folder, env, marker=token, ray_logs=nodes.temp_dir)
@@ -169,40 +173,61 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return found.state
 
 
-STEP_OF_EPOCH_2 = re.compile(
-    r"^\((?:RayTrainWorker|TrainforgeWorker rank=0) (\d+)\) \[trainforge\] epoch 2/3 step", re.M
+RANK_0_STEP = (
+    r"^\((?:RayTrainWorker|TrainforgeWorker rank=0) (\d+)\) \[trainforge\] epoch {}/3 step"
 )
+STEP_OF_EPOCH_2, STEP_OF_EPOCH_3 = (re.compile(RANK_0_STEP.format(n), re.M) for n in (2, 3))
 
 
-def kill_rank_0_in_epoch_2(log: Path, done: threading.Event, killed: list[int]) -> None:
+def kill_rank_0_then_the_command(log: Path, command: subprocess.Popen[str],
+                                 killed: list[int]) -> None:  # fmt: skip
     """Once rank 0 says a step of epoch 2 (epoch 1's checkpoint is saved), SIGKILL its process:
-    the one that prints, saves and logs."""
-    while not done.wait(0.05):
-        step = STEP_OF_EPOCH_2.search(log.read_text() if log.exists() else "")
+    the one that prints, saves and logs; once the restarted rank 0 says a step of epoch 3,
+    SIGKILL the command itself (as ``kill -9`` or the OOM killer)."""
+    while command.poll() is None:
+        said = log.read_text() if log.exists() else ""
+        step = (STEP_OF_EPOCH_3 if killed else STEP_OF_EPOCH_2).search(said)
         if step is not None:
+            if killed:
+                command.kill()
+                killed.append(command.pid)
+                return
             os.kill(int(step[1]), signal.SIGKILL)
             killed.append(int(step[1]))
-            return
+        time.sleep(0.05)
 
 
-def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(
+def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     place: Place, uninterrupted: dict[str, Any]
 ) -> None:
+    """Rank 0 SIGKILLed in epoch 2 with a restart left: the restart is said once, naming the
+    killed rank's process, and counted. The command itself SIGKILLed in epoch 3: the same
+    command again resumes from epoch 2's checkpoint. The run ends bitwise where an
+    uninterrupted one ends, as one MLflow run with one value per step of every metric."""
     log = place.folder / "runs" / "killed" / "worker-output.log"
-    done, killed = threading.Event(), []  # killed: the pid, once it is
-    killer = threading.Thread(target=kill_rank_0_in_epoch_2, args=(log, done, killed))
+    killed: list[int] = []  # rank 0's pid, then the command's, once killed
+    # epoch 3's steps slowed (0.05 s each; the same computation): the command's kill lands in it
+    slow = faults.env(place.env, **{faults.SLOW_FROM_STEP: 2 * STEPS_PER_EPOCH + 1})
+    first = place.start("run.name=killed", "run.max_failures=1", env=slow)
+    killer = threading.Thread(target=kill_rank_0_then_the_command, args=(log, first, killed))
     killer.start()
     try:
-        ran = place.train("run.name=killed", "run.max_failures=1")
+        said, _ = first.communicate(timeout=600)
     finally:
-        done.set()
+        first.kill()
         killer.join()
-    said = ran.stdout + ran.stderr
-    assert ran.returncode == 0 and len(killed) == 1, said[-3000:]
+    assert first.returncode == -signal.SIGKILL and len(killed) == 2, said[-3000:]
     restarts = [line for line in said.splitlines() if "restarting the workers" in line]
     assert len(restarts) == 1, said[-3000:]
     assert "(rank 0) " in restarts[0] and str(killed[0]) in restarts[0], restarts
     assert "workers restarted (1 so far, run.max_failures), resuming" in said
+    deadline = time.monotonic() + 60  # the killed command's workers end with it
+    while place.workers() and place.kind != "warm" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    again = place.train("run.name=killed", "run.max_failures=1", "checkpoint.resume=true")
+    said = again.stdout + again.stderr
+    assert again.returncode == 0, said[-3000:]
+    assert "resuming at epoch 3 step 178" in said, said[-3000:]  # epoch 2's checkpoint
     final = checkpoint.newest_in(place.folder / "runs" / "killed").state
     assert final is not None and (final["epoch"], final["global_step"]) == (3, 3 * STEPS_PER_EPOCH)
     for name, weights in uninterrupted["model"].items():
