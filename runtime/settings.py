@@ -96,7 +96,7 @@ PARENT_RUN = Setting(
 PRELOAD = Setting(
     "TRAINFORGE_PRELOAD", "",
     "Modules (comma-separated) a Ray Train worker process imports on a thread from its start: "
-    "torch, the loop and what the run needs beyond them, set by the command for its workers.",
+    "what the run needs beyond torch and the loop, set by the command for its workers.",
     set_by_trainforge=True,
 )  # fmt: skip
 

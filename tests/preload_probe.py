@@ -11,6 +11,6 @@ from typing import Any
 def install(trainer: Any, checkpointer: Any) -> None:
     from trainforge.worker import ray_train
 
-    wanted = {"torch", ray_train.LOOP, "torch._dynamo"}  # dynamo: DDP's, for several workers
+    wanted = {"torch._dynamo"}  # DDP's constructor imports it, for several workers
     if not wanted <= set(ray_train.preloading):
         raise RuntimeError(f"this worker preloaded {ray_train.preloading}, not {sorted(wanted)}")

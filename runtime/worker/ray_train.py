@@ -13,17 +13,16 @@ from trainforge import log, settings
 from trainforge.worker import environment
 from trainforge.worker.payload import WorkerPayload
 
-LOOP = "trainforge.worker.trainer"
 preloading: tuple[str, ...] = ()
 """What ``preload`` began importing in this process (empty where it did not run)."""
 
 
 def preload() -> None:
-    """Ray Train's workers' process set-up hook: the run's modules (``settings.PRELOAD``:
-    torch, the loop, what the run needs beyond them) imported on a thread from the process's
-    start, beside Ray Train's set-up of the group (its other actors, the rendezvous), as a
-    command's own workers import them before their run. The loop's own imports find them
-    done, or wait for them."""
+    """Ray Train's workers' process set-up hook: what the run imports beyond torch and the loop
+    (``settings.PRELOAD``: dynamo for DDP, the workload's modules) imported on a thread from
+    the process's start, beside Ray Train's set-up of the group (its other actors, the
+    rendezvous), as a command's own workers import them before their run. The loop's own
+    imports find them done, or wait for them."""
     global preloading
     preloading = settings.preload()
     threading.Thread(target=_import_all, args=(preloading,), name="trainforge-preload",
