@@ -8,6 +8,9 @@
 #             interleaved rounds
 #   timeline  bench/start_timeline.py: where the cold and address commands' processes spend
 #             their seconds before the first step (py-spy from the bundle's wheel)
+#   jitcache  the CUDA JIT cache's size and file count around two own-process and two address commands,
+#             and each worker's environment (bench/env_probe.py): why Ray Train's first backward
+#             does not find the kernels a cold command's left in the cache
 #   tests     every GPU test (tests/gpu), on this checkout
 set -u
 # shellcheck source=bench/device_env.sh
@@ -26,6 +29,19 @@ for step in "$@"; do
       PATH=/tmp/pyspy/bin:$PATH CUDA_VISIBLE_DEVICES=0 timeout -s INT "${LIMIT:-300}" python3 \
         bench/start_timeline.py --recipe cnn/synthetic_resnet18_bench --modes cold,address \
         --out "$OUT/timeline.json" train.max_steps=40 > "$OUT/timeline.log" 2>&1 ;;
+    jitcache)  # the CUDA JIT cache's size around cold and address commands; each worker's env
+      mkdir -p "$OUT/jitcache"
+      for mode in private address private address; do
+        du -s ~/.nv/ComputeCache >> "$OUT/jitcache/cache.log" 2>&1
+        find ~/.nv/ComputeCache -type f 2>/dev/null | wc -l >> "$OUT/jitcache/cache.log"
+        TRAINFORGE_WORKER_PLUGINS=bench.env_probe CUDA_VISIBLE_DEVICES=0 timeout 120 python3 \
+          bench/startup.py --recipe cnn/synthetic_resnet18_bench --repeats 1 --modes "$mode" \
+          --timeout-s 100 --out "$OUT/jitcache/$mode.json" train.max_steps=20 \
+          >> "$OUT/jitcache/start.log" 2>&1
+        echo "after $mode" >> "$OUT/jitcache/cache.log"
+      done
+      du -s ~/.nv/ComputeCache >> "$OUT/jitcache/cache.log" 2>&1
+      cp /tmp/env-probe-*.json "$OUT/jitcache/" 2>/dev/null ;;
     tests)
       timeout -s INT "${LIMIT:-420}" python3 -m pytest -p no:cacheprovider -q -rA --tb=short \
         tests/gpu > "$OUT/tests.log" 2>&1 ;;
