@@ -246,8 +246,9 @@ def test_a_dead_supervisors_processes_are_found_by_their_environment_and_stopped
     left = [subprocess.Popen([sys.executable, "-c", code + "print(1, flush=True); time.sleep(60)"],
                              env=env, stdout=subprocess.PIPE)
             for code in ("import time; ", stubborn)]  # fmt: skip
+    # another cluster's, at an address of its own: no other test's stale cluster has it
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**env, "RAY_ADDRESS": "127.0.0.1:1"})  # fmt: skip
+                             env={**env, "RAY_ADDRESS": f"127.0.0.1:{free_port()}"})  # fmt: skip
     try:
         write_state(cluster)
         for process in left:  # started, SIGTERM ignored where it is to be
