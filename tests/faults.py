@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 FAIL_AFTER_EPOCH = "TRAINFORGE_TEST_FAIL_AFTER_EPOCH"
 """Every rank raises after this epoch's checkpoint."""
+RAISE_AT_STEP = "TRAINFORGE_TEST_RAISE_AT_STEP"
+"""The optimizer step (1-based) during which the last rank raises a ``RuntimeError``, in an
+attempt that began at the run's first step: a restart resumes from a checkpoint and passes it."""
 OOM_AT_STEP = "TRAINFORGE_TEST_OOM_AT_STEP"
 """The optimizer step (1-based) during which the last rank runs out of memory."""
 HANG_AT_STEP = "TRAINFORGE_TEST_HANG_AT_STEP"
@@ -35,8 +38,8 @@ SLOW_FROM_STEP = "TRAINFORGE_TEST_SLOW_FROM_STEP"
 """From this optimizer step (1-based) on, every step takes ``SLOW_STEP_S`` longer on every rank:
 time for a fault from outside to land inside an epoch that would end within a second."""
 SLOW_STEP_S = 0.05
-FAULTS = (FAIL_AFTER_EPOCH, OOM_AT_STEP, HANG_AT_STEP, HANG_AT_REPORT, DISK_FULL_AT_CHECKPOINT,
-          SLOW_FROM_STEP)  # fmt: skip
+FAULTS = (FAIL_AFTER_EPOCH, RAISE_AT_STEP, OOM_AT_STEP, HANG_AT_STEP, HANG_AT_REPORT,
+          DISK_FULL_AT_CHECKPOINT, SLOW_FROM_STEP)  # fmt: skip
 PLUGINS = "TRAINFORGE_WORKER_PLUGINS"
 
 
@@ -82,6 +85,8 @@ def install(trainer: Any, checkpointer: Any) -> None:
         checkpointer.write = DiskFullAt(asked(DISK_FULL_AT_CHECKPOINT), checkpointer.write)
     if trainer.ctx.rank != trainer.ctx.world_size - 1:
         return
+    if asked(RAISE_AT_STEP) is not None:
+        trainer.step = RaiseAt(asked(RAISE_AT_STEP), trainer.step, position)
     if asked(OOM_AT_STEP) is not None:
         trainer.step = OutOfMemoryAt(asked(OOM_AT_STEP), trainer.step, position)
     if asked(HANG_AT_STEP) is not None:
@@ -113,6 +118,21 @@ class SlowFrom:
     def __call__(self, window: list[Any], measure_norm: bool = False) -> Any:
         if self.position.global_step + 1 >= self.from_step:
             time.sleep(SLOW_STEP_S)
+        return self.step(window, measure_norm=measure_norm)
+
+
+class RaiseAt:
+    """A step that raises an ordinary ``RuntimeError`` at one step, before any of its
+    collectives (the other ranks wait for this one in the step's all-reduce), unless this
+    attempt resumed from a checkpoint: the fault happens once, and a restart goes past it."""
+
+    def __init__(self, at_step: int, step: Any, position: Position) -> None:
+        self.at_step, self.step, self.position = at_step, step, position
+        self.resumed = position.global_step > 0
+
+    def __call__(self, window: list[Any], measure_norm: bool = False) -> Any:
+        if self.position.global_step + 1 == self.at_step and not self.resumed:
+            raise RuntimeError(f"injected error at step {self.at_step} ({RAISE_AT_STEP})")
         return self.step(window, measure_norm=measure_norm)
 
 

@@ -9,6 +9,8 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
   killed rank's process, and counted; then the command itself SIGKILLed, and run again: it
   resumes from the last checkpoint in the same MLflow run, which logs each epoch once and one
   value per step, and ends bitwise where an uninterrupted run ends;
+- a worker that raises an error with ``run.max_failures=1``: the restart is said once, naming
+  the rank and its error, and counted, and the run ends bitwise as uninterrupted;
 - a second command on the same run is refused while the first runs; a Ctrl-C then ends the
   first with one line, exit 130, the MLflow run KILLED and no worker process left;
 - a rank that stops responding: the others' collective times out, one line names the rank that
@@ -242,6 +244,35 @@ def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     for key in run.data.metrics:  # and one value per step of every metric
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert len(steps) == len(set(steps)), (key, sorted(steps))
+
+
+def test_a_worker_that_raises_is_restarted_and_the_run_ends_as_uninterrupted(
+    place: Place, uninterrupted: dict[str, Any]
+) -> None:
+    """Rank 1 raises an ordinary error in epoch 2 with a restart left, while rank 0 waits for
+    it in the step's all-reduce: the restart is said once, naming the rank and its error, the
+    workers resume from epoch 1's checkpoint (past the error: it happens once), and the run
+    ends bitwise where an uninterrupted one ends, as one MLflow run that counts the restart."""
+    at = STEPS_PER_EPOCH + 11
+    ran = place.train("run.name=raised", "run.max_failures=1",
+                      env=faults.env(place.env, **{faults.RAISE_AT_STEP: at}))  # fmt: skip
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0, said[-3000:]
+    restarts = [line for line in said.splitlines() if "restarting the workers" in line]
+    assert restarts == [
+        f"[trainforge] rank 1 failed (RuntimeError: injected error at step {at} "
+        f"({faults.RAISE_AT_STEP})); restarting the workers"
+    ], said[-3000:]
+    assert "workers restarted (1 so far, run.max_failures), resuming" in said
+    final = checkpoint.newest_in(place.folder / "runs" / "raised").state
+    assert final is not None and final["global_step"] == 3 * STEPS_PER_EPOCH
+    for name, weights in uninterrupted["model"].items():
+        assert torch.equal(final["model"][name], weights), name
+    run = place.mlflow_run("raised")
+    assert run.info.status == "FINISHED"
+    client = MlflowClient(f"sqlite:///{place.folder / 'mlflow.db'}")
+    restarted = client.get_metric_history(run.info.run_id, "run/restarts")
+    assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(

@@ -1,7 +1,8 @@
-"""The tests' fault plugin (``tests/faults.py``, a worker plugin): an out-of-memory error raised
-by, or an endless wait in, the last rank's step at the step asked for, an endless wait before the
-last rank's checkpoint report, a full disk while rank 0 writes the checkpoint asked for, a
-failure after an epoch's checkpoint, and nothing otherwise; the environment that asks for them."""
+"""The tests' fault plugin (``tests/faults.py``, a worker plugin): an error or an out-of-memory
+error raised by, or an endless wait in, the last rank's step at the step asked for (the error
+not after a resume), an endless wait before the last rank's checkpoint report, a full disk while
+rank 0 writes the checkpoint asked for, a failure after an epoch's checkpoint, and nothing
+otherwise; the environment that asks for them."""
 
 from __future__ import annotations
 
@@ -62,6 +63,22 @@ def test_the_last_rank_runs_out_of_memory_at_the_step_asked_for(
         last.step([1])
     first.state.position.global_step = untouched.state.position.global_step = 2
     assert first.step([1])[0].item() == untouched.step([1])[0].item() == 1
+
+
+def test_the_last_rank_raises_at_the_step_asked_for_unless_its_attempt_resumed(
+    inject: Callable[..., None],
+) -> None:
+    first, last, resumed = trainer(0, 2), trainer(1, 2), trainer(1, 2)
+    resumed.state.position.global_step = 1  # a restart, from a checkpoint at step 1
+    for each in (first, last, resumed):
+        inject({faults.RAISE_AT_STEP: 3}, each, checkpointer())
+    for each in (first, last, resumed):
+        each.state.position.global_step = 1
+        assert each.step([1, 2])[0].item() == 2  # step 2 runs
+        each.state.position.global_step = 2
+    with pytest.raises(RuntimeError, match="injected error at step 3"):
+        last.step([1])
+    assert first.step([1])[0].item() == resumed.step([1])[0].item() == 1
 
 
 class Hung(Exception):
