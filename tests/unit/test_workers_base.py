@@ -1,8 +1,8 @@
 """The one failure policy over every worker group (``driver/workers/base.py``), in this process
 with a group that plays back outcomes: a restart within ``run.max_failures`` said once, naming
-the rank whose process died rather than the peers it left waiting; the run's own stop (NaN)
-never restarted; a taken rendezvous port started again without using a restart; a stop ends
-the processes. The same policy on real processes of each group is
+the rank whose process died or that raised rather than the peers it left waiting; the run's own
+stop (NaN) never restarted; a taken rendezvous port started again without using a restart; a
+stop ends the processes. The same policy on real processes of each group is
 tests/integration/test_worker_groups.py."""
 
 from __future__ import annotations
@@ -65,6 +65,29 @@ def test_a_failure_within_max_failures_restarts_the_group_once_said(
         "[trainforge] worker process 4242 (rank 0) was killed by SIGKILL (out of memory: the "
         "kernel's OOM killer; or a kill -9); restarting the workers"
     ]
+
+
+# what gloo raises in rank 0's all-reduce once rank 1 has left the group (torch 2.13)
+PEER_LEFT = RuntimeError(
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:65183. This is typically caused by a remote worker crashing. Check "
+    "the logs of the remote worker before reporting an error."
+)
+
+
+def test_a_restart_names_the_rank_that_raised_not_the_peer_left_waiting_whichever_answered_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    raised = RuntimeError("injected error at step 100")
+    group = PlayedBack({0: PEER_LEFT, 1: raised}, Finished({}, None))  # read in rank order
+    run_with_restarts(group, PAYLOAD, max_failures=1)
+    assert capsys.readouterr().out.splitlines() == [
+        "[trainforge] rank 1 failed (RuntimeError: injected error at step 100); restarting "
+        "the workers"
+    ]
+    failed = WorkersFailed({0: PEER_LEFT, 1: raised})  # and where no restart is left
+    assert str(failed) == "rank 1: RuntimeError: injected error at step 100"
+    assert str(WorkersFailed({1: PEER_LEFT})).startswith("rank 1: RuntimeError: [")  # alone
 
 
 def test_no_restart_is_left_or_the_run_stopped_itself_ends_it_with_every_failed_rank() -> None:

@@ -55,8 +55,8 @@ class WorkersFailed(Exception):
 
     def __init__(self, worker_failures: Failures, message: str | None = None) -> None:
         if message is None:
-            rank, error = next(iter(worker_failures.items()))
-            error = cause(error)
+            rank = first_failed(worker_failures)
+            error = cause(worker_failures[rank])
             message = f"rank {rank}: {type(error).__name__}: {first_line(error, limit=500)}"
         super().__init__(message)
         self.worker_failures = worker_failures
@@ -174,14 +174,31 @@ def run_with_restarts(group: WorkerGroup, payload: WorkerPayload, max_failures: 
 
 
 def restart_reason(failures: Failures) -> str:
-    """The first failed rank and its error, in a few words. A rank whose process died is
-    named before the others, whose errors only follow from it (a collective's peer gone)."""
-    died = [rank for rank, error in failures.items() if isinstance(error, WorkerDied)]
-    rank = died[0] if died else next(iter(failures))
+    """The failed rank the others follow from (``first_failed``) and its error, in a few
+    words."""
+    rank = first_failed(failures)
     error = cause(failures[rank])
     if isinstance(error, WorkerDied):
         return str(error)
     return f"rank {rank} failed ({type(error).__name__}: {first_line(error, limit=200)})"
+
+
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer")
+"""gloo's words where a rank's collective lost its peer: a rank that failed and left the group,
+or whose process ended."""
+
+
+def first_failed(failures: Failures) -> int:
+    """The rank whose failure the others' follow from: one whose process died, else one whose
+    error is not a collective's peer gone, else the first to answer. The order of the answers
+    does not tell: a rank that raises leaves the group before it answers, its peers' collective
+    fails at once, and answers ready together are read in rank order."""
+
+    def consequence(rank: int) -> tuple[bool, bool]:
+        error = cause(failures[rank])
+        return not isinstance(error, WorkerDied), bool(PEER_GONE.search(str(error)))
+
+    return min(failures, key=consequence)  # the first of equals: the first to answer
 
 
 def died(rank: int, pid: int | None, how: str) -> WorkerDied:

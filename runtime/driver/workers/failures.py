@@ -25,7 +25,13 @@ import re
 
 from trainforge import log, ray_compat, storage
 from trainforge.config import Recipe
-from trainforge.driver.workers.base import Failures, WorkerDied, WorkersFailed, cause
+from trainforge.driver.workers.base import (
+    Failures,
+    WorkerDied,
+    WorkersFailed,
+    cause,
+    first_failed,
+)
 from trainforge.errors import CollectiveFailed, NonFiniteLoss
 from trainforge.log import first_line
 
@@ -48,7 +54,8 @@ def said(exc: WorkersFailed, cfg: Recipe, run_dir: str) -> str:
         return explained
     log.error(f"training failed: {exc}")
     log.error(f"re-run with run.name={cfg.run.name} to resume")
-    first = errors[0] if errors else exc
+    failures = exc.worker_failures
+    first = cause(failures[first_failed(failures)]) if failures else exc
     return f"{type(first).__name__}: {first_line(first, limit=1000)}"
 
 
