@@ -194,8 +194,8 @@ def start_run(
             client.set_tag(run_id, key, value)
     except Exception as exc:
         warn(
-            f"MLflow at {redact(uri)} is unreachable ({first_line(exc)}); training goes on and the "
-            f"run is kept in {spool_path} — replay it with `trainforge tracking-sync "
+            f"MLflow at {redact(uri)} {not_reached(exc, section.experiment)}; training goes on "
+            f"and the run is kept in {spool_path} — replay it with `trainforge tracking-sync "
             f"{Path(spool_path).parent}`"
         )
         handle.run_id = None
@@ -204,6 +204,28 @@ def start_run(
         spool.write("text", text=recipe_yaml, artifact_file="recipe.yaml")
         spool.write("tags", tags=tags)
     return handle
+
+
+CREDENTIALS = (
+    "the user and password in tracking.tracking_uri (http://user:password@host) or in "
+    "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+)
+
+
+def not_reached(exc: BaseException, experiment: str) -> str:
+    """Why the run could not be made, in the words a user acts on. A server that refuses the
+    credentials (basic auth: 401) or the user (403) answers: it is not called unreachable, and
+    what to fix is named."""
+    status = getattr(exc, "get_http_status_code", None)  # MLflow's errors carry the HTTP status
+    code = status() if callable(status) else None
+    if code == 401:
+        return f"refused the credentials (401, not authenticated): check {CREDENTIALS}"
+    if code == 403:
+        return (
+            f"refused the user access to experiment '{experiment}' (403, permission denied): "
+            "give the user permission to edit it, or set tracking.experiment to one it may edit"
+        )
+    return f"is unreachable ({redact_all(first_line(exc))})"
 
 
 def resumed_changes(client: Any, run_id: str, params: dict[str, str]) -> dict[str, str]:

@@ -122,6 +122,28 @@ def test_credentials_in_the_tracking_uri_never_reach_the_console_params_or_spool
     assert f"https://***@127.0.0.1:{port}" in written and f"https://***@127.0.0.1:{port}" in err
 
 
+def test_a_server_that_refuses_the_credentials_or_the_user_is_not_called_unreachable() -> None:
+    """MLflow's errors as its client raises them for a basic-auth server's 401 (a body that is
+    not JSON) and 403 (JSON)."""
+    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.protos.databricks_pb2 import UNAUTHENTICATED
+
+    refused = MlflowException("API request to endpoint /api/2.0/mlflow/experiments/get-by-name "
+                              "failed with error code 401 != 200. Response body: 'You are not "
+                              "authenticated.'", error_code=UNAUTHENTICATED)  # fmt: skip
+    assert driver.not_reached(refused, "trainforge") == (
+        "refused the credentials (401, not authenticated): check the user and password in "
+        "tracking.tracking_uri (http://user:password@host) or in MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD"
+    )
+    denied = RestException({"error_code": "PERMISSION_DENIED", "message": "Permission denied"})
+    assert driver.not_reached(denied, "shared").startswith(
+        "refused the user access to experiment 'shared' (403, permission denied)"
+    )
+    down = ConnectionError("https://***@127.0.0.1:1/health did not answer")
+    assert driver.not_reached(down, "trainforge") == f"is unreachable ({down})"
+
+
 def _start(cfg: config.Recipe, folder: Path) -> RunHandle:
     """The MLflow run of a run whose folder is ``folder``."""
     return driver.start_run(
