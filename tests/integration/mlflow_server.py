@@ -1,8 +1,11 @@
-"""A real `mlflow server` on 127.0.0.1 for the tests: SQLite backend, artifacts served."""
+"""A real `mlflow server` on 127.0.0.1 for the tests: SQLite backend, artifacts served; with
+``credentials``, MLflow's basic-auth app in front (``mlflow server --app-name basic-auth``: every
+request but /health needs that user's password)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -20,11 +23,47 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, credentials: tuple[str, str] | None = None) -> None:
         self.root = root
+        self.credentials = credentials
+        """The (user, password) of the server's one user, its admin, where it requires basic
+        auth."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
+
+    @property
+    def authenticated_url(self) -> str:
+        """The URL with the user's credentials in it, as ``tracking_uri`` takes them."""
+        if self.credentials is None:
+            return self.url
+        user, password = self.credentials
+        return f"http://{user}:{password}@127.0.0.1:{self.port}"
+
+    def _auth(self) -> tuple[list[str], dict[str, str]]:
+        """The basic-auth app's arguments and environment. MLflow 3.17 ships no admin password:
+        the app makes its admin from MLFLOW_AUTH_ADMIN_USERNAME/PASSWORD on its first start, and
+        needs a static key for its CSRF protection. The password stays out of the config file
+        (the secrets test searches the server's folder for it); the user store, beside the
+        runs', keeps only its hash."""
+        if self.credentials is None:
+            return [], {}
+        user, password = self.credentials
+        config = self.root / "basic_auth.ini"
+        config.write_text(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{self.root / 'basic_auth.db'}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+            # a credential checked once a minute, not at each of a run's ~100 requests (a
+            # scrypt hash, 0.1 s of this machine's CPU each); a wrong one is never kept
+            "auth_cache_ttl_seconds = 60\n"
+        )
+        return ["--app-name", "basic-auth"], {
+            "MLFLOW_AUTH_CONFIG_PATH": str(config),
+            "MLFLOW_AUTH_ADMIN_USERNAME": user,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+        }
 
     def start(self, timeout_s: float = 90, attempts: int = 3) -> MlflowServer:
         """The server, answering /health. Its port was free when picked, but another process
@@ -47,17 +86,18 @@ class MlflowServer:
         )
         log_path = self.root / "server.log"
         log_start = log_path.stat().st_size if log_path.is_file() else 0
+        auth_args, auth_env = self._auth()
         with log_path.open("ab") as log:  # the server writes to its own copy of the file
             self.process = subprocess.Popen(
                 [mlflow_cli, "server", "--host", "127.0.0.1", "--port", str(self.port),
                  "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
                  "--serve-artifacts", "--artifacts-destination", str(self.root / "artifacts"),
-                 "--workers", "1"],
+                 "--workers", "1", *auth_args],
                 stdout=log, stderr=subprocess.STDOUT,
                 # no job runner (eight more processes and ~23 CPU-seconds at each start, for
                 # MLflow's GenAI jobs): `trainforge ui` starts its server without it too
                 env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
-                     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+                     "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **auth_env},
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -17,7 +17,8 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
   waited and the setting, exit 1, no worker left;
 - a loss gone NaN stops every rank at once, with one line (advice fitted to the recipe, no
   traceback after it), and is not restarted;
-- credentials in the tracking URI and secrets in the environment are in no file and no line;
+- credentials in the tracking URI reach a server that requires basic auth, and they and secrets
+  in the environment are in no file and no line;
 - a run MLflow never saw, synced later, holds what a run tracked live holds;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
@@ -36,6 +37,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,42 +419,65 @@ def test_a_change_allowed_on_resume_is_the_one_trained_with_and_recorded(place: 
     assert run.data.tags["trainforge.changed.train.lr"] == "0.002 -> 0.01"
 
 
+USER, PASSWORD = "alice", "uri-pw-7f3a1c"
+"""The tracking server's user: it requires basic auth."""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    root = tmp_path_factory.mktemp("mlflow-server")
+    server = MlflowServer(root, credentials=(USER, PASSWORD)).start()
     yield server
     server.stop()
+
+
+def refuses_the_anonymous(server: MlflowServer) -> bool:
+    """Whether the server answers a request without credentials with 401."""
+    url = f"{server.url}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        urllib.request.urlopen(url, timeout=10).close()
+    except urllib.error.HTTPError as refused:
+        return refused.code == 401
+    return False
 
 
 def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote_or_said(
     place: Place, server: MlflowServer
 ) -> None:
-    """Credentials in the tracking URI, typed on the command line, and secrets in the
-    environment (one that trainforge forwards to its workers, one it does not) appear nowhere:
-    not on the console, in the run folder (checkpoints, recipe, worker output, spool), the
-    home (the lasting cluster's files), the Ray logs of the cluster the workers ran on, or the
-    MLflow store (params, tags, artifacts, the database file)."""
-    password, aws_key, mlflow_password = "uri-pw-7f3a1c", "aws-planted-9c1e4b", "mlf-planted-5b2d8e"
+    """Credentials in the tracking URI, typed on the command line, reach a server that requires
+    basic auth: the run is made and its metrics arrive, read back as that user (the password
+    planted in MLFLOW_TRACKING_PASSWORD is not the user's: the URI's are the ones sent). They,
+    and secrets in the environment (one that trainforge forwards to its workers, one it does
+    not), appear nowhere: not on the console, in the run folder (checkpoints, recipe, worker
+    output, spool), the home (the lasting cluster's files), the Ray logs of the cluster the
+    workers ran on, or the MLflow store (params, tags, artifacts, the databases of runs and
+    users)."""
+    aws_key, mlflow_password = "aws-planted-9c1e4b", "mlf-planted-5b2d8e"
+    assert refuses_the_anonymous(server)
     host = server.url.removeprefix("http://")
-    env = place.env | {"AWS_SECRET_ACCESS_KEY": aws_key, "MLFLOW_TRACKING_USERNAME": "alice",
+    env = place.env | {"AWS_SECRET_ACCESS_KEY": aws_key, "MLFLOW_TRACKING_USERNAME": USER,
                        "MLFLOW_TRACKING_PASSWORD": mlflow_password}  # fmt: skip
     name = f"secretive-{place.kind}"
     ran = place.train(f"run.name={name}", "train.epochs=1",
-                      f"tracking.tracking_uri=http://alice:{password}@{host}",
+                      f"tracking.tracking_uri=http://{USER}:{PASSWORD}@{host}",
                       "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5",
                       env=env)  # fmt: skip
     console = ran.stdout + ran.stderr
     assert ran.returncode == 0, console[-3000:]
-    assert "alice:***@" not in console and "***@" + host in console  # the URI, redacted, is shown
-    client = MlflowClient(tracking_uri=server.url)
+    assert f"{USER}:***@" not in console and "***@" + host in console  # the URI, redacted, shown
+    client = MlflowClient(tracking_uri=server.authenticated_url)
     (run,) = client.search_runs([client.get_experiment_by_name("trainforge").experiment_id],
                                 f"tags.`trainforge.run_name` = '{name}'")  # fmt: skip
+    assert run.info.status == "FINISHED"
+    epochs = client.get_metric_history(run.info.run_id, "epoch")
+    assert [(m.value, m.step) for m in epochs] == [(1.0, STEPS_PER_EPOCH)]
+    assert client.get_metric_history(run.info.run_id, "train/loss")
     recorded = {**run.data.params, **run.data.tags}
     assert recorded["tracking.tracking_uri"] == f"http://***@{host}"
     roots = [place.folder, server.root, *_ray_folders(place)]
     written = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "state.pt" for p in written) and any(p.suffix == ".db" for p in written)
-    for secret in (password, aws_key, mlflow_password):
+    for secret in (PASSWORD, aws_key, mlflow_password):
         assert secret not in console
         assert not [k for k, v in recorded.items() if secret in v], secret
         assert not [p for p in written if secret.encode() in _bytes(p)], secret
@@ -459,9 +485,11 @@ def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote_or_said(
 
 def test_a_run_mlflow_never_saw_is_synced_whole(place: Place, server: MlflowServer) -> None:
     """MLflow unreachable for the whole run: it is kept in the spool, and `trainforge
-    tracking-sync` sends all of it. The synced run then holds what the same recipe tracked live
-    holds (the secrets test's run, before this one), key by key: params, every metric's steps,
-    tags, artifacts (its learning curve), the logged model, the dataset input."""
+    tracking-sync` sends all of it (to the server that requires basic auth, the user's
+    credentials in MLFLOW_TRACKING_USERNAME/PASSWORD). The synced run then holds what the same
+    recipe tracked live holds (the secrets test's run, before this one), key by key: params,
+    every metric's steps, tags, artifacts (its learning curve), the logged model, the dataset
+    input."""
     name = f"offline-{place.kind}"
     ran = place.train(
         f"run.name={name}",
@@ -476,10 +504,11 @@ def test_a_run_mlflow_never_saw_is_synced_whole(place: Place, server: MlflowServ
     synced = subprocess.run(
         place.command("tracking-sync", str(place.folder / "runs" / name), "--tracking-uri",
                       server.url),
-        cwd=place.folder, env=place.env, capture_output=True, text=True, timeout=300,
+        cwd=place.folder, capture_output=True, text=True, timeout=300,
+        env=place.env | {"MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": PASSWORD},
     )  # fmt: skip
     assert synced.returncode == 0, synced.stdout + synced.stderr
-    client = MlflowClient(tracking_uri=server.url)
+    client = MlflowClient(tracking_uri=server.authenticated_url)
     experiment = client.get_experiment_by_name("trainforge").experiment_id
     (offline,) = client.search_runs([experiment], f"tags.`trainforge.run_name` = '{name}'")
     (live,) = client.search_runs(
@@ -488,6 +517,38 @@ def test_a_run_mlflow_never_saw_is_synced_whole(place: Place, server: MlflowServ
     kept, tracked = recorded(client, offline), recorded(client, live)
     for what in tracked:
         assert kept[what] == tracked[what], what
+
+
+def test_a_wrong_password_is_one_line_and_the_run_is_kept_for_tracking_sync(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    """The server refuses the credentials in the tracking URI: training goes on, one line says
+    that the server refused them (not that it is unreachable), what to check and where the run
+    is kept, with no password and no traceback; the run's records wait in the spool. On the
+    command's own processes only: every worker group's run is made by the same
+    ``tracking.start_run`` (the warm tracker's too), and the secrets test shows the right
+    credentials reaching the server on each."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAY_", "TRAINFORGE_", "MLFLOW_TRACKING_"))}  # fmt: skip
+    env |= {"TRAINFORGE_WORKERS": "own", "TRAINFORGE_HOME": str(tmp_path / "home")}
+    wrong, host = "wrong-pw-3e9d", server.url.removeprefix("http://")
+    ran = Place("own", tmp_path, env).train(
+        "run.name=refused", "train.epochs=1", f"tracking.tracking_uri=http://{USER}:{wrong}@{host}"
+    )
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0, said[-3000:]
+    folder = tmp_path / "runs" / "refused"
+    spool = folder / "tracking-spool.jsonl"
+    assert [line for line in said.splitlines() if "MLflow at" in line] == [
+        f"[trainforge] warning: MLflow at http://***@{host} refused the credentials (401, not "
+        "authenticated): check the user and password in tracking.tracking_uri "
+        "(http://user:password@host) or in MLFLOW_TRACKING_USERNAME and "
+        f"MLFLOW_TRACKING_PASSWORD; training goes on and the run is kept in {spool} — replay "
+        f"it with `trainforge tracking-sync {folder}`"
+    ], said[-3000:]
+    assert wrong not in said and "Traceback" not in said
+    kept = [json.loads(line)["kind"] for line in spool.read_text().splitlines()]
+    assert {"params", "metrics", "status"} <= set(kept), kept
 
 
 def _ray_folders(place: Place) -> list[Path]:
