@@ -29,6 +29,9 @@ Each repeat runs, in one invocation on one machine and in this order:
              checkpoint, evaluated and checkpointed again)
   torchrun — a hand-written torchrun script (gloo on CPU, NCCL on GPUs) with the same model and
              batch: the anchor for time to the first optimizer step (optional, --torchrun)
+  raytrain_script — the same steps as a hand-written Ray Train script (a TorchTrainer) on a
+             cluster of the bench's own joined by address, like `address`: what Ray Train itself
+             costs (optional, --raytrain-script; --torchrun-procs workers)
 
 With --warmup, one cold command of this checkout runs first, in the invocation's own
 TRAINFORGE_HOME, and is recorded apart (``runs["warmup"]``): on GPU hosts the first cold
@@ -69,7 +72,10 @@ MARKS = {
     "first_step": re.compile(r"\[trainforge\] epoch 1(/\d+)? step 1[/ ]"),
     "loop_end": re.compile(r"\[trainforge\] finished at step \d+ in (?P<s>[\d.]+) s"),
     "summary": re.compile(r"\[trainforge\] run '.*' finished in"),
-    "anchor_first_step": re.compile(r"^\[anchor\] first step"),  # startup_torchrun_digits.py
+    # the anchors' lines (startup_torchrun_*.py; startup_raytrain_resnet.py's through Ray's
+    # log relay, which prefixes the worker's name in colour)
+    "anchor_worker": re.compile(r"(^|\)(\x1b\[0m)? )\[anchor\] worker$"),
+    "anchor_first_step": re.compile(r"(^|\)(\x1b\[0m)? )\[anchor\] first step"),
 }
 
 
@@ -272,6 +278,11 @@ def main() -> None:
     )
     parser.add_argument("--torchrun-procs", type=int, default=2)
     parser.add_argument(
+        "--raytrain-script",
+        help="a Ray Train script to time as the anchor of the address modes "
+        "(bench/startup_raytrain_resnet.py)",
+    )
+    parser.add_argument(
         "--baseline", help="a folder holding another `trainforge` package, recipes/ and deploy/"
     )
     parser.add_argument(
@@ -322,8 +333,10 @@ def main() -> None:
         spinner.start()
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     heads = Heads(work)
-    if args.torchrun:
-        runs["torchrun"] = []
+    listed = (("torchrun", args.torchrun), ("raytrain_script", args.raytrain_script))
+    anchors = {name: script for name, script in listed if script}
+    for name in anchors:
+        runs[name] = []
     if args.warmup:  # untimed for the modes: an invocation's first command waits longer
         stop_cluster(env)
         runs["warmup"] = [trainforge_run(args.recipe, "warmup", list(args.overrides), env, work)]
@@ -356,13 +369,18 @@ def main() -> None:
             runs[mode].append(result)
             print(mode, json.dumps({k: v for k, v in result.items() if k != "log_tail"}),
                   flush=True)  # fmt: skip
-        if args.torchrun:
-            script = str(Path(args.torchrun).resolve())  # the commands run in a temporary folder
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc_per_node={args.torchrun_procs}", script]  # fmt: skip
-            result = timed_command(command, env, work)
-            runs["torchrun"].append(result)
-            print("torchrun", json.dumps(result), flush=True)
+        for name, script in anchors.items():
+            script = str(Path(script).resolve())  # the commands run in a temporary folder
+            if name == "torchrun":
+                command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={args.torchrun_procs}", script]  # fmt: skip
+                anchor_env = env
+            else:
+                command = [sys.executable, script, f"--workers={args.torchrun_procs}"]
+                anchor_env = heads.env(name, env)
+            result = timed_command(command, anchor_env, work)
+            runs[name].append(result)
+            print(name, json.dumps(result), flush=True)
         write_report(args, runs)  # what is done so far survives a kill
     stop_cluster(env)
     heads.stop()

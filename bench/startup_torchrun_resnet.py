@@ -16,18 +16,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main() -> None:
-    dist.init_process_group("nccl")
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+def train(device: torch.device) -> None:
+    """The steps, in a process group already joined, on ``device`` (a Ray Train worker's too:
+    ``startup_raytrain_resnet.py``)."""
     images = torch.randn(51200 // dist.get_world_size(), 3, 32, 32, device=device)
     labels = torch.randint(0, 10, (images.shape[0],), device=device)
     from trainforge.workloads.cnn.models import ResNet18CIFAR  # the recipe's model
 
     model = ResNet18CIFAR()
     model = model.to(device, memory_format=torch.channels_last)
-    model = DistributedDataParallel(model, device_ids=[local_rank])
+    model = DistributedDataParallel(model, device_ids=[device.index])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
     for step in range(int(os.environ.get("STEPS", "20"))):
         index = torch.randint(0, images.shape[0], (256,), device=device)
@@ -40,6 +38,13 @@ def main() -> None:
         if step == 0 and dist.get_rank() == 0:
             print(f"[anchor] first step loss {loss.item():.4f}", flush=True)
     torch.cuda.synchronize()
+
+
+def main() -> None:
+    dist.init_process_group("nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    train(torch.device("cuda", local_rank))
     dist.destroy_process_group()
 
 
