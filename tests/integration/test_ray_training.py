@@ -36,9 +36,10 @@ def _params(outcome: launch.Outcome) -> dict[str, torch.Tensor]:
 def test_digits_two_workers_reach_95_percent(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # every worker began importing the run's modules at its start, or its loop fails
+    # every worker began importing the run's modules at its start and stays where Ray
+    # started it, or its loop fails
     faults.ask(monkeypatch)  # this checkout on the workers' Python path
-    monkeypatch.setenv(faults.PLUGINS, "tests.preload_probe")
+    monkeypatch.setenv(faults.PLUGINS, "tests.ray_train_probe")
     outcome = _train("run.name=digits-acc", "scaling.num_workers=2")
     assert outcome.exit_code == 0
     assert (outcome.backend, outcome.num_workers) == ("gloo", 2)  # the workers' process group
