@@ -109,12 +109,23 @@ def invocation(argv: list[str]) -> tuple[str, str | None]:
     ``trainforge`` console script and ``python -m trainforge`` read the same."""
     program = Path(argv[0]).name if argv else "python"
     args = list(argv[1:])
+    recipe = None
     if program == "trainforge" or Path(argv[0]).parent.name in ("trainforge", "runtime"):
         program = "trainforge"  # python -m trainforge: argv[0] is the package's __main__.py
-        recipe = args[1] if len(args) > 1 and args[0] in ("train", "simulate") else None
-    else:
-        recipe = None
+        if args and args[0] in ("train", "simulate"):
+            recipe = _first_positional(args[1:])
     return redact_all(shlex.join([program, *args])), recipe
+
+
+def _first_positional(args: list[str]) -> str | None:
+    """The recipe among a `train` or `simulate` command's arguments: the first that is not
+    one of their flags (``-q``, ``--verbose``; none takes a value), or the one after ``--``."""
+    for position, arg in enumerate(args):
+        if arg == "--":
+            return args[position + 1] if position + 1 < len(args) else None
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def submitter() -> str:

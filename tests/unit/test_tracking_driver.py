@@ -37,6 +37,18 @@ def test_the_command_line_and_recipe_are_read_from_argv(argv0: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "args", [["-q", "r.yaml"], ["--verbose", "r.yaml", "a=1"], ["-v", "--", "r.yaml"]]
+)
+def test_the_recipe_is_read_past_the_flags_before_it(args: list[str]) -> None:
+    # `trainforge train -q r.yaml`, the order `--help` shows: the recipe, not the flag
+    _, recipe = driver.invocation(["trainforge", "train", *args])
+    assert recipe == "r.yaml"
+    tags = driver.source_tags(False, ["trainforge", "train", *args])
+    assert tags["mlflow.source.name"] == "r.yaml"
+    assert tags["mlflow.note.content"].endswith("Recipe: `r.yaml`")
+
+
 def test_source_tags_fill_what_the_mlflow_ui_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.GIT_COMMIT.name, "0123456789abcdef")
     monkeypatch.delenv(settings.USER.name, raising=False)
