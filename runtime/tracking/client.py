@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import os
 import re
 import tempfile
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,8 +156,14 @@ def open_store(uri: str, ask_server: bool = True) -> None:
 
 def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     """HTTP servers answer /health; local stores (sqlite, file) are always reachable."""
+    return health_problem(uri, timeout_s) is None
+
+
+def health_problem(uri: str, timeout_s: float = 5.0) -> str | None:
+    """Why the server at ``uri`` does not answer /health from this machine (refused, a name
+    that does not resolve, no answer in time, an HTTP status), else None; None for local stores."""
     if not uri.startswith(("http://", "https://")):
-        return True
+        return None
     # urllib cannot open a URL with credentials in it (MLflow's requests can): they go into a
     # basic-auth header instead, as requests would send them
     scheme, _, rest = uri.partition("://")
@@ -167,9 +175,20 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
         request.add_header("Authorization", f"Basic {token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            return reply.status == 200
-    except (OSError, ValueError):  # ValueError: a URL urllib cannot parse
-        return False
+            return None if reply.status == 200 else f"/health answered {reply.status}"
+    except urllib.error.HTTPError as exc:
+        return f"/health answered {exc.code}"
+    except urllib.error.URLError as exc:  # refused, unresolved, no route: the socket's reason
+        reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            return f"no answer in {timeout_s:g} s"
+        return getattr(reason, "strerror", None) or str(reason)
+    except TimeoutError:
+        return f"no answer in {timeout_s:g} s"
+    except http.client.HTTPException as exc:  # something other than an HTTP server answers
+        return f"no HTTP answer: {type(exc).__name__}"
+    except (OSError, ValueError) as exc:  # ValueError: a URL urllib cannot parse
+        return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 RUNS_FILE = "mlflow-runs.json"
