@@ -72,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ship nothing: the cluster's image already holds the project",
     )
+    submit.add_argument(
+        "--trust-cluster",
+        action="store_true",
+        help="skip the checks that the run is kept (an absolute run.storage_path, an MLflow "
+        "store set and answering from this machine): for a cluster whose nodes set "
+        "MLFLOW_TRACKING_URI themselves or reach a server this machine does not",
+    )
     cluster = add(
         "cluster",
         help="the local Ray cluster that trainforge keeps between commands",
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 env_file,
                 wait=not args.no_wait,
                 ship=not args.no_working_dir,
+                trust_cluster=args.trust_cluster,
             )
         from trainforge import config
 

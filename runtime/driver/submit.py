@@ -9,6 +9,9 @@
   which the cluster's own trainforge resolves;
 - the runtime_env file (by default the one shipped with trainforge) carries the environment
   variables, plus the project's git commit captured here (the shipped tree has no .git);
+- a job whose run would not be kept — a relative run folder or SQLite store, which land in
+  the job's temporary working_dir, or no tracking store that answers — is refused before the
+  cluster is asked anything (``submit_checks.py``);
 - the entrypoint, ``python -m trainforge train …``, reserves no CPU or GPU: the driver only
   coordinates, and a reserved GPU would starve a training worker.
 
@@ -31,6 +34,7 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type stubs
 
 from trainforge import config, log, ray_compat, settings
 from trainforge.driver.cluster import no_listener
+from trainforge.driver.submit_checks import check_kept
 from trainforge.errors import RecipeError
 from trainforge.resources import default_runtime_env, find_recipe
 from trainforge.tracking.driver import git_commit, submitter
@@ -105,11 +109,13 @@ def submit(
     runtime_env_file: Path | None = DEFAULT_RUNTIME_ENV,
     wait: bool = True,
     ship: bool = True,
+    trust_cluster: bool = False,
 ) -> int:
     """Submit from the project folder (the current directory), which ships as the working_dir.
 
     ``ship=False`` sends no working_dir: for clusters whose image already holds the project
-    (the container of deploy/docker); a recipe file is then named by its absolute path."""
+    (the container of deploy/docker); a recipe file is then named by its absolute path.
+    ``trust_cluster``: skip the checks that the run is kept (``submit_checks.py``)."""
     project = Path.cwd().resolve()
     path, name = find_recipe(recipe)
     cfg = config.load(path, overrides)  # refuse a bad recipe before touching the cluster
@@ -117,6 +123,8 @@ def submit(
     runtime_env = build_runtime_env(
         runtime_env_file, git_commit_of(project), project if ship else None
     )
+    # before the cluster is asked anything: a run that would be lost is never submitted
+    check_kept(cfg, runtime_env["env_vars"], runtime_env_file, ship, trust_cluster)
     env = dict(os.environ)
     if ray_compat.token_on_this_machine():
         env.setdefault("RAY_AUTH_MODE", "token")  # Ray ≥ 2.60 heads want the token

@@ -575,18 +575,22 @@ def test_tracking_uri_names_the_mlflow_service() -> None:
     assert re.search(database, script)
 
 
-def test_the_runtime_env_tracks_to_the_clusters_mlflow_server() -> None:
-    """`trainforge submit`'s default runtime env sends runs to the MLflow server these
-    manifests deploy, never to a SQLite file in the job's temporary working_dir."""
+def test_submit_leaves_the_tracking_server_to_the_pods_and_takes_its_service_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pods take MLFLOW_TRACKING_URI from the ConfigMap; `trainforge submit`'s default
+    runtime env sets none (it would override theirs, and a service name reaches nothing outside
+    Kubernetes). Named for a job (tracking.tracking_uri), the service is taken as it is: it
+    resolves only inside the cluster, so the submitting machine does not ask it."""
+    from trainforge.driver import submit, submit_checks
     from trainforge.resources import default_runtime_env
-    from trainforge.tracking.client import uri_problem
 
-    env = yaml.safe_load(default_runtime_env().read_text())["env_vars"]
-    uri = env["MLFLOW_TRACKING_URI"]
-    configmap = _core_doc("ConfigMap", "trainforge-mlflow")
-    assert uri == configmap["data"]["MLFLOW_TRACKING_URI"]
-    assert urlparse(uri).scheme in ("http", "https") and uri_problem(uri) is None
-    service = _core_doc("Service", "mlflow")
-    host = urlparse(uri).hostname or ""
-    assert host.split(".")[:2] == [service["metadata"]["name"], service["metadata"]["namespace"]]
-    assert urlparse(uri).port in [p["port"] for p in service["spec"]["ports"]]
+    env = submit.build_runtime_env(default_runtime_env(), None, None)["env_vars"]
+    assert "MLFLOW_TRACKING_URI" not in env
+    uri = _core_doc("ConfigMap", "trainforge-mlflow")["data"]["MLFLOW_TRACKING_URI"]
+
+    def asked(*args: object) -> str:
+        raise AssertionError(f"{uri} was asked from outside the cluster")
+
+    monkeypatch.setattr(submit_checks, "health_problem", asked)
+    assert submit_checks.tracking_problem((uri, "tracking.tracking_uri"), "the job") is None
