@@ -139,8 +139,10 @@ def attach(run_dir: Path | None) -> Console | None:
 
 
 # what the closing summary shows of the final metrics, in this order, with every val/, test/
-# and best/ metric after them and an SBI run's scores last; the rest is in MLflow
-SUMMARY_KEYS = ("epoch", "train/loss", "val/loss", "val/accuracy", "perf/samples_per_s")
+# and best/ metric after them and an SBI run's scores last; the rest is in MLflow. Not
+# perf/samples_per_s: that is the last logging window's rate, and the run's own is said once,
+# on the line above the table ("finished at step N in T s, R samples/s")
+SUMMARY_KEYS = ("epoch", "train/loss", "val/loss", "val/accuracy")
 SCORE_KEYS = ("c2st/mean", "sbc/ks_pvalue_min", "sbc/max_ecdf_deviation")
 
 
