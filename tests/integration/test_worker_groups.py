@@ -233,15 +233,8 @@ def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     said = again.stdout + again.stderr
     assert again.returncode == 0, said[-3000:]
     assert "resuming at epoch 3 step 178" in said, said[-3000:]  # epoch 2's checkpoint
-    final = checkpoint.newest_in(place.folder / "runs" / "killed").state
-    assert final is not None and (final["epoch"], final["global_step"]) == (3, 3 * STEPS_PER_EPOCH)
-    for name, weights in uninterrupted["model"].items():
-        assert torch.equal(final["model"][name], weights), name
-    run = place.mlflow_run("killed")
-    assert run.info.status == "FINISHED"
-    client = MlflowClient(f"sqlite:///{place.folder / 'mlflow.db'}")
-    restarted = client.get_metric_history(run.info.run_id, "run/restarts")
-    assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
+    final, run, client = _ended_as_uninterrupted_after_one_restart(place, "killed", uninterrupted)
+    assert final["epoch"] == 3
     epochs = client.get_metric_history(run.info.run_id, "epoch")
     assert [int(m.value) for m in epochs] == [1, 2, 3]  # each epoch once: none repeated
     for key in run.data.metrics:  # and one value per step of every metric
@@ -267,15 +260,25 @@ def test_a_worker_that_raises_is_restarted_and_the_run_ends_as_uninterrupted(
         f"({faults.RAISE_AT_STEP})); restarting the workers"
     ], said[-3000:]
     assert "workers restarted (1 so far, run.max_failures), resuming" in said
-    final = checkpoint.newest_in(place.folder / "runs" / "raised").state
+    _ended_as_uninterrupted_after_one_restart(place, "raised", uninterrupted)
+
+
+def _ended_as_uninterrupted_after_one_restart(
+    place: Place, name: str, uninterrupted: dict[str, Any]
+) -> tuple[dict[str, Any], Any, MlflowClient]:
+    """The run ``name`` ended at the uninterrupted run's last step with its weights bitwise, as
+    one FINISHED MLflow run that counts one restart, at the end of epoch 1; its final state, its
+    MLflow run and a client of the place's store."""
+    final = checkpoint.newest_in(place.folder / "runs" / name).state
     assert final is not None and final["global_step"] == 3 * STEPS_PER_EPOCH
-    for name, weights in uninterrupted["model"].items():
-        assert torch.equal(final["model"][name], weights), name
-    run = place.mlflow_run("raised")
+    for key, weights in uninterrupted["model"].items():
+        assert torch.equal(final["model"][key], weights), key
+    run = place.mlflow_run(name)
     assert run.info.status == "FINISHED"
     client = MlflowClient(f"sqlite:///{place.folder / 'mlflow.db'}")
     restarted = client.get_metric_history(run.info.run_id, "run/restarts")
     assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
+    return final, run, client
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(
