@@ -1,15 +1,20 @@
-"""One command per run name at a time: ``trainforge train`` holds a lock file for the whole
-command, so a second command with the same ``run.name`` refuses in one line before it connects
-to Ray, instead of two drivers training into one run folder and one MLflow run.
+"""One command per run name, through filelock's flock(2) lock, which the kernel lets go of
+however its holder ends; on NFS, Linux makes flock an NFS lock that every node honours (NFSv4,
+or NFSv3 with lockd; a ``nolock`` mount keeps locks to each node).
+
+``trainforge train`` holds the lock for the whole command, so a second command with the same
+``run.name`` refuses in one line before it connects to Ray, instead of two drivers training into
+one run folder and one MLflow run.
 
 The lock is ``.<run.name>.lock`` beside the run folder (``storage_path``), not inside it: a run
 that is refused or fails before training leaves no run folder behind, and ``checkpoint.resume``
-keeps meaning "this run has started before". It holds the holder's pid and host. It is created
-with O_EXCL (atomic on local file systems and NFSv3+), removed when the command ends however it
-ends, and taken over when its holder is gone: a pid that no longer exists on this host, or one
-that exited and was never reaped. A holder on another host cannot be checked from here; the
-message says which file to remove. Remote storage (``s3://…``) has no folder to hold a lock in:
-not locked.
+keeps meaning "this run has started before". Who holds it is the flock, not the file: a command
+killed with ``kill -9``, by the OOM killer, or never reaped (a zombie under a container's init)
+has let go of it, whatever its pid became since, and its file is simply taken. The holder writes
+its pid and host into the file for the refusal's message. On NFS a node that dies holding it lets
+go when its NFSv4 lease runs out (90 s by default). The command removes the file before it lets
+go. A file system without locks (an NFS mount with neither lockd nor NFSv4 locking, some FUSE
+mounts) is one line naming the folder. Remote storage (``s3://…``) has no folder: not locked.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import psutil
+from filelock import FileLock, Timeout
 
 from trainforge import storage
 from trainforge.errors import RecipeError
@@ -43,15 +48,28 @@ def lock_path(storage_path: str, run_name: str) -> Path | None:
 @contextlib.contextmanager
 def held(path: Path | None, run_name: str) -> Iterator[None]:
     """Hold the lock at ``path`` (None: nothing to lock) while the block runs; raises
-    RecipeError when a live command holds it."""
+    RecipeError when another live command holds it."""
     if path is None:
         yield
         return
-    token = acquire(path, run_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path, on_acquired=_write_holder)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise _busy(run_name, _read(path)) from None
+    except OSError as error:  # ENOLCK: the file system keeps no locks
+        raise RecipeError(
+            f"run.storage_path: {path.parent} cannot hold the run's lock ({error.strerror}); "
+            "use storage that supports file locks (on NFS: NFSv4, or lockd for NFSv3)"
+        ) from None
     try:
         yield
     finally:
-        release(path, token)
+        # Removed while still held: a command that opened this file just now finds it unlinked
+        # when its flock succeeds, and filelock does not count that as holding it.
+        path.unlink(missing_ok=True)
+        lock.release()
 
 
 def one_at_a_time(train: Callable[[Recipe], T]) -> Callable[[Recipe], T]:
@@ -67,33 +85,15 @@ def one_at_a_time(train: Callable[[Recipe], T]) -> Callable[[Recipe], T]:
     return locked
 
 
-def acquire(path: Path, run_name: str) -> str:
-    """Create the lock (taking over a dead holder's once); returns what it holds."""
-    token = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):  # the second try follows the removal of a dead holder's lock
-        try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _read(path)
-            if not _dead(holder):
-                raise _busy(path, run_name, holder) from None
-            _remove_stale(path, holder)
-            continue
-        with os.fdopen(descriptor, "w") as stream:
-            stream.write(token + "\n")
-        return token
-    raise _busy(path, run_name, _read(path))
-
-
-def release(path: Path, token: str) -> None:
-    """Remove the lock if it is still this command's."""
-    if _read(path) == json.loads(token):
-        path.unlink(missing_ok=True)
+def _write_holder(descriptor: int) -> None:
+    """filelock's ``on_acquired``: the file names its holder, for a refused command to say."""
+    holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n"
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, holder.encode(), 0)
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """The holder's pid and host; {} when the file is gone or half-written."""
+    """The holder's pid and host; {} when the file is gone or not yet written."""
     try:
         holder = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -101,49 +101,9 @@ def _read(path: Path) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
-def _dead(holder: dict[str, Any]) -> bool:
-    """True only when the holder is known gone: its pid no longer exists on this host."""
-    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-        return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return _exited(holder["pid"])
-
-
-def _exited(pid: int) -> bool:
-    """A zombie: exited (`kill -9`, the OOM killer) but not reaped, so kill(pid, 0) still
-    succeeds. A killed command whose parent is gone stays so under an init that does not reap
-    orphans (a container's), and would keep its lock for ever."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:  # gone meanwhile
-        return True
-    except psutil.Error:  # not ours to look at: alive
-        return False
-
-
-def _remove_stale(path: Path, holder: dict[str, Any]) -> None:
-    """Move the dead holder's lock aside and delete it. The rename is atomic: of two commands
-    taking over at once only one moves it; if what was moved is not the dead holder's (a live
-    command took over in between), it is put back."""
-    aside = path.with_name(f"{path.name}.stale.{os.getpid()}")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    if _read(aside) == holder:
-        aside.unlink(missing_ok=True)
-    else:
-        os.rename(aside, path)
-
-
-def _busy(path: Path, run_name: str, holder: dict[str, Any]) -> RecipeError:
+def _busy(run_name: str, holder: dict[str, Any]) -> RecipeError:
     who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
     return RecipeError(
         f"run.name: run {run_name!r} is in use by another trainforge command ({who}); wait for "
-        f"it, pick another run.name, or remove {path} if that command is gone"
+        "it to end or pick another run.name"
     )

@@ -1,5 +1,5 @@
 """One command per run name (``trainforge.driver.run_lock``): a second command refuses while a
-live one holds the lock, a dead holder's lock is taken over, another host's is respected."""
+live one holds the lock (filelock), a killed holder's is taken over, reaped or not."""
 
 from __future__ import annotations
 
@@ -31,6 +31,16 @@ with run_lock.held(Path(sys.argv[1]), "busy"):
 """
 
 
+def _holder(lock: Path) -> subprocess.Popen[str]:
+    """A live command holding ``lock`` until told to end (or killed)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+    return holder
+
+
 def test_a_second_command_with_the_same_run_name_refuses_before_ray(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -42,12 +52,8 @@ def test_a_second_command_with_the_same_run_name_refuses_before_ray(
     monkeypatch.setattr(launch, "connect", no_ray)
     lock = run_lock.lock_path(str(tmp_path), "busy")
     assert lock == tmp_path / ".busy.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(lock)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = _holder(lock)
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         code = cli.main(["train", str(DIGITS), "run.name=busy", f"run.storage_path={tmp_path}",
                          "tracking.enabled=false"])  # fmt: skip
         assert code == 2
@@ -60,58 +66,63 @@ def test_a_second_command_with_the_same_run_name_refuses_before_ray(
     assert not lock.exists()  # the holder released it when it ended
 
 
-def test_a_dead_holders_lock_is_taken_over(tmp_path: Path) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+def test_a_killed_holders_lock_is_taken_over_reaped_or_not(tmp_path: Path) -> None:
+    """`kill -9` of a holding command: once reaped, and before (a zombie, which an init that does
+    not reap orphans keeps, and which kill(pid, 0) still finds)."""
     lock = tmp_path / ".r.lock"
-    lock.write_text(json.dumps({"pid": int(gone.stdout), "host": socket.gethostname()}))
-    with run_lock.held(lock, "r"):
-        assert json.loads(lock.read_text())["pid"] == os.getpid()
-        with pytest.raises(RecipeError, match=f"pid {os.getpid()}"):  # and it is held now
-            run_lock.acquire(lock, "r")
-    assert not lock.exists()
+    for reaped in (True, False):
+        holder = _holder(lock)
+        try:
+            busy = pytest.raises(RecipeError, match=f"pid {holder.pid} on ")
+            with busy, run_lock.held(lock, "r"):
+                pass
+            os.kill(holder.pid, signal.SIGKILL)
+            if reaped:
+                holder.wait()
+            else:
+                deadline = time.monotonic() + 10
+                while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            assert json.loads(lock.read_text())["pid"] == holder.pid  # its file, left behind
+            with run_lock.held(lock, "r"):
+                assert json.loads(lock.read_text())["pid"] == os.getpid()
+        finally:
+            holder.kill()
+            holder.wait()
+        assert not lock.exists()
     assert [p.name for p in tmp_path.iterdir()] == []  # nothing stale left beside it
 
 
-def test_a_killed_holder_nobody_reaped_is_dead_too(tmp_path: Path) -> None:
-    """`kill -9` of a command whose parent does not reap it (an orphan under a container's
-    init): a zombie, which kill(pid, 0) still finds."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        os.kill(holder.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while psutil.Process(holder.pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        lock = tmp_path / ".r.lock"
-        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
-        with run_lock.held(lock, "r"):
-            assert json.loads(lock.read_text())["pid"] == os.getpid()
-    finally:
-        holder.wait()  # reaped only now
-
-
-def test_a_live_or_unknowable_holder_keeps_it(tmp_path: Path) -> None:
+def test_a_left_file_naming_a_live_pid_does_not_block(tmp_path: Path) -> None:
+    """What holds the run is the lock, not the file: a file left by a killed command whose pid is
+    now another live process's (pids are reused), or by a command on a host that has gone."""
     lock = tmp_path / ".r.lock"
-    for holder in ({"pid": os.getppid(), "host": socket.gethostname()},  # alive here
-                   {"pid": 1, "host": "another-host"}):  # fmt: skip
-        lock.write_text(json.dumps(holder))
-        with pytest.raises(RecipeError, match=f"pid {holder['pid']} on {holder['host']}"):
-            run_lock.acquire(lock, "r")
-        assert json.loads(lock.read_text()) == holder
+    for left in ({"pid": os.getppid(), "host": socket.gethostname()},
+                 {"pid": 1, "host": "another-host"}):  # fmt: skip
+        lock.write_text(json.dumps(left))
+        with run_lock.held(lock, "r"):
+            assert json.loads(lock.read_text()) == {"pid": os.getpid(),
+                                                    "host": socket.gethostname()}  # fmt: skip
+        assert not lock.exists()
 
 
-def test_the_lock_goes_when_the_command_fails_and_stays_if_another_took_it(
-    tmp_path: Path,
-) -> None:
+def test_a_lock_held_in_this_process_refuses_a_second_hold(tmp_path: Path) -> None:
+    lock = tmp_path / ".r.lock"
+    with run_lock.held(lock, "r"):
+        with pytest.raises(RecipeError, match=f"pid {os.getpid()}"), run_lock.held(lock, "r"):
+            pass
+        assert json.loads(lock.read_text())["pid"] == os.getpid()  # still held, still named
+
+
+def test_the_lock_goes_when_the_command_fails(tmp_path: Path) -> None:
     lock = tmp_path / ".r.lock"
     with pytest.raises(ValueError), run_lock.held(lock, "r"):
         raise ValueError("the run failed")
     assert not lock.exists()
-    token = run_lock.acquire(lock, "r")
-    lock.write_text(json.dumps({"pid": 1, "host": "another-host"}))  # removed by hand, retaken
-    run_lock.release(lock, token)
-    assert lock.exists()
+    holder = _holder(lock)  # another command takes it at once
+    holder.communicate("done\n", timeout=30)
+    assert holder.returncode == 0 and not lock.exists()
     assert run_lock.lock_path("s3://bucket/runs", "r") is None  # remote storage: no lock
     with run_lock.held(None, "r"):
         time.sleep(0)
