@@ -124,7 +124,7 @@ def test_import_failures_name_the_key(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "searched" not in str(inside.value)  # the module was found: its import failed
     sys.modules.pop("sim_needing_a_package", None)
     cfg.prior = "just_a_name"
-    with pytest.raises(RecipeError, match=r"is not an import path like 'my_pkg\.sim:simulate'"):
+    with pytest.raises(RecipeError, match=r"is not an import path like 'my_pkg\.module:name'"):
         sources.resolve(cfg)
     cfg.prior = None
     with pytest.raises(RecipeError, match="needs both prior and simulator"):

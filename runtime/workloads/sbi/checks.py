@@ -11,6 +11,7 @@ from pathlib import Path
 from trainforge import log
 from trainforge.config.schema import Recipe
 from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads import user_code
 from trainforge.workloads.sbi import architecture, catalogue, observations, simulate, simulations
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.stage import StageRunner
@@ -110,7 +111,7 @@ def prepare_data(
         from trainforge.workloads.sbi import sources
 
         sources.resolve(cfg)  # imports the user's modules, so their folder is known
-        cfg = dataclasses.replace(cfg, code_dir=sources.code_dir_of(cfg.simulator))
+        cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.simulator))
     path = cfg.simulation.path
     if path is None:
         assert runner is not None, "simulations to make need the driver's stage runner"

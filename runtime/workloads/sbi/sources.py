@@ -15,12 +15,8 @@ the contract (shape, dtype) is never such a failure: it stops the run.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
-import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +25,7 @@ from torch import Tensor
 
 from trainforge.errors import RecipeError, UserCodeError
 from trainforge.log import first_line
+from trainforge.workloads import user_code
 from trainforge.workloads.sbi.catalogue import CUSTOM, KNOWN_TASKS  # noqa: F401 - theirs too
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import get_task
@@ -43,36 +40,8 @@ class SimulatorError(UserCodeError):
 
 
 def import_object(path: str, key: str, code_dir: str | None = None) -> Any:
-    """``package.module:name`` → the object, or a SimulatorError naming the recipe key.
-
-    Searched: the working directory first (like ``python -m``; console scripts leave it out),
-    then ``code_dir`` — where the driver found the module, so that Ray workers started
-    elsewhere on the same machine or a shared file system find it too — then sys.path.
-    """
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise SimulatorError(f"{key}: {path!r} is not an import path like 'my_pkg.sim:simulate'")
-    for folder in (code_dir, os.getcwd()):
-        if folder and folder not in sys.path and os.path.isdir(folder):
-            sys.path.insert(0, folder)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # any error inside the user's module is theirs to see
-        where = ""
-        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
-            where = (f" (searched the current folder, {os.getcwd()}, and the Python path: run "
-                     "the command from the folder that holds it, or add that folder to "
-                     "PYTHONPATH)")  # fmt: skip
-        raise SimulatorError(
-            f"{key}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}{where}"
-        ) from None
-    try:
-        obj: Any = module
-        for part in attribute.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise SimulatorError(f"{key}: module {module_name!r} has no {attribute!r}") from None
-    return obj
+    """``package.module:name`` → the object, or a SimulatorError naming the recipe key."""
+    return user_code.import_object(path, key, code_dir, SimulatorError)
 
 
 def load_prior(path: str, code_dir: str | None = None) -> torch.distributions.Distribution:
@@ -86,16 +55,6 @@ def load_prior(path: str, code_dir: str | None = None) -> torch.distributions.Di
             "(or a function returning one)"
         )
     return prior
-
-
-def code_dir_of(path: str) -> str | None:
-    """The folder to put on sys.path for ``path``'s module (its top-level package's parent)."""
-    module = sys.modules.get(path.partition(":")[0])
-    file = getattr(module, "__file__", None)
-    if file is None:
-        return None
-    depth = path.partition(":")[0].count(".")
-    return str(Path(file).resolve().parents[depth])
 
 
 def _source_digest(obj: Any) -> str:
