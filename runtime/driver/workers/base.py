@@ -94,8 +94,10 @@ class WorkerGroup(ABC):
 
     def begin_run(self, cfg: Recipe) -> MadeRun:
         """The command's MLflow run, begun beside the workers (``driver/mlflow_run.py``)."""
+        from trainforge import plots
         from trainforge.driver.mlflow_run import CommandRun
 
+        plots.preload()  # imported while the workers train: the run's end draws its curve
         return CommandRun.begin(cfg, self.hand_over)
 
     @abstractmethod
