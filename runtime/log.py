@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import IO
 
 PREFIX = "[trainforge]"
 STARTED_AT = time.time()  # about when the command started: the CLI imports this module first
 _warned: set[str] = set()
 _verbosity = 0  # -1 quiet (-q), 0 normal, 1 verbose (-v): set once by the CLI
+_around: Callable[[], AbstractContextManager[object]] | None = None
 
 
 def set_verbosity(level: int) -> None:
@@ -70,8 +73,25 @@ def error(message: str) -> None:
     write(sys.stderr, f"{PREFIX} {message}\n")
 
 
+def write_around(around: Callable[[], AbstractContextManager[object]] | None) -> None:
+    """Every line written from now on is written inside ``around()`` (None: no longer): a
+    progress bar drawn in the terminal takes itself away before a line and draws itself again
+    below it, so no line is glued to it."""
+    global _around
+    _around = around
+
+
 def write(stream: IO[str], text: str) -> None:
     """``text`` to ``stream``, flushed; a reader gone silences the stream (``silence``)."""
+    around = _around
+    if around is None:
+        _write(stream, text)
+        return
+    with around():
+        _write(stream, text)
+
+
+def _write(stream: IO[str], text: str) -> None:
     try:
         stream.write(text)
         stream.flush()

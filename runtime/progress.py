@@ -1,14 +1,14 @@
-"""Progress lines from rank 0: epoch, step, loss, throughput and ETA — plus perf metrics."""
+"""Progress from rank 0: the run's first line, step, epoch and finish events (drawn or printed
+by the driver: ``progress_events.py``) with loss, throughput and ETA — plus perf metrics."""
 
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
 
-from trainforge import log
+from trainforge import log, progress_events
 from trainforge.checkpoint import Position
 from trainforge.distributed import WorkerContext
 
@@ -69,36 +69,34 @@ class Progress:
         return metrics
 
     def log_step(self, position: Position, metrics: dict[str, float]) -> None:
-        if self.total_steps is None:
-            where, eta = f"epoch {position.epoch + 1} step {position.global_step}", "early stop"
-        else:
+        remaining = None
+        if self.total_steps is not None:
             remaining = (self.total_steps - position.global_step) * self.step_ms / 1000
-            where = (
-                f"epoch {position.epoch + 1}/{self.epochs} step "
-                f"{position.global_step}/{self.total_steps}"
-            )
-            eta = f"{self.eta_prefix}{timedelta(seconds=round(remaining))}"
-        self._print(
-            f"{where} loss {metrics['train/loss']:.4f} lr {metrics['train/lr']:.2e} "
-            f"{metrics['perf/samples_per_s']:,.0f} samples/s {self.step_ms:.1f} ms/step eta {eta}"
-        )
+        self._emit(
+            "step", epoch=position.epoch + 1, epochs=self.epochs, step=position.global_step,
+            total=self.total_steps, loss=metrics["train/loss"], lr=metrics["train/lr"],
+            samples_per_s=metrics["perf/samples_per_s"], step_ms=self.step_ms,
+            eta_s=remaining, eta_bound=bool(self.eta_prefix),
+        )  # fmt: skip
 
     def log_epoch(self, epoch: int, metrics: dict[str, float]) -> None:
         # the epoch's mean training loss when there is one, not the last logging window's
         train_key = "train/epoch_loss" if "train/epoch_loss" in metrics else "train/loss"
         shown = {k: v for k, v in metrics.items() if k == train_key or k.startswith("val/")}
-        text = " ".join(f"{k} {v:.4f}" for k, v in shown.items())
-        of = f"/{self.epochs}" if self.epochs is not None else ""
-        self._print(f"epoch {epoch + 1}{of} done: {text}")
+        self._emit("epoch", epoch=epoch + 1, epochs=self.epochs, metrics=shown)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def finish(self, position: Position) -> None:
+        """The run's last step (a logging step or not: a bar ends there) and its rate."""
         elapsed = time.perf_counter() - self.started
         steps = position.global_step - self.first_step
-        rate = f", {self.global_batch * steps / elapsed:,.0f} samples/s" if steps else ""
-        self._print(f"finished at step {position.global_step} in {elapsed:.1f} s{rate}")
+        self._emit(
+            "finish", epoch=position.epoch, epochs=self.epochs, step=position.global_step,
+            total=self.total_steps, seconds=elapsed,
+            samples_per_s=self.global_batch * steps / elapsed if steps else None,
+        )  # fmt: skip
 
     def note(self, text: str) -> None:
         """A one-off line from rank 0 (early stopping, evaluation results)."""
@@ -107,3 +105,7 @@ class Progress:
     def _print(self, text: str) -> None:
         if self.ctx.is_main:
             log.say(text)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.ctx.is_main:
+            progress_events.emit(kind, **fields)

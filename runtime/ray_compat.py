@@ -276,10 +276,16 @@ def _ray_printer() -> Callable[[dict[str, Any]], None]:
     return functools.partial(worker.print_to_stdstream, ignore_prefix=ignore_prefix)
 
 
-def restore_worker_log_printer() -> None:
+def restore_worker_log_printer(each_line: Callable[[str], str] | None = None) -> None:
     """Ray's own printer back (as ray.init registers it), for a -v run after another run in
-    the same process."""
-    replace_worker_log_printer(_ray_printer())
+    the same process; every relayed line passed through ``each_line`` first, where given."""
+    printer = _ray_printer()
+    if each_line is None:
+        replace_worker_log_printer(printer)
+        return
+    replace_worker_log_printer(
+        lambda data: printer({**data, "lines": [each_line(line) for line in data.get("lines", [])]})
+    )
 
 
 # What Ray's GCS, raylet and workers say when the metrics agent came up late (a busy host: seen

@@ -6,8 +6,9 @@ Ray Train's per-report dumps, MLflow's INFO lines, C++ log lines from Ray's core
 ``quiet`` (``-q``) keeps only warnings and errors; ``verbose`` (``-v``) leaves Ray's printer
 in place. Every line, shown or not, is kept in ``<run folder>/worker-output.log``.
 
-In a terminal, the step lines become one progress bar redrawn in place; in a log or CI they
-stay plain lines (no colour codes either way).
+Rank 0's progress comes as events (``progress_events.py``): in a terminal they draw one
+progress bar (``progress_bar.py``); in a log or CI each becomes the plain line it stands for (no
+colour codes either way), as it does in worker-output.log and under -v.
 """
 
 from __future__ import annotations
@@ -19,17 +20,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import log, ray_compat
+from trainforge import log, progress_events, ray_compat
+from trainforge.driver.progress_bar import Bar
 
 # Python's `warnings` format: "path/file.py:12: UserWarning: text"
 _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
-# Progress's step line (progress.py): the bar is drawn from it
-# (a run that early stopping ends has no totals: "epoch 3 step 900 … eta early stop")
-_STEP = re.compile(
-    r"^epoch (?P<epoch>\d+)(?:/(?P<epochs>\d+))? step (?P<step>\d+)(?:/(?P<total>\d+))? "
-    r"loss (?P<loss>\S+) lr \S+ (?P<rate>[\d,]+) samples/s \S+ ms/step eta (?P<eta>.+)$"
-)
-BAR_WIDTH = 24
 
 
 class Console:
@@ -40,7 +35,7 @@ class Console:
         self.tty = self.out.isatty()
         self.log_file = log_file
         self._file: IO[str] | None = None
-        self._bar = ""  # the progress bar currently drawn (terminal only)
+        self._bar = Bar(self.out) if self.tty else None
         self.closed = False  # after the run: late lines (a stopped run's) are dropped
         self._lock = threading.Lock()  # Ray's log thread and the driver both write
 
@@ -51,7 +46,7 @@ class Console:
         source = f"({data.get('actor_name') or data.get('task_name') or 'pid'} {pid})"
         with self._lock:
             for line in data.get("lines", []):
-                self._keep(f"{source} {line}")
+                self._keep(f"{source} {progress_events.as_text(line)}")
                 if pid == "raylet":  # rare and serious: a worker killed for memory, a crash
                     if not ray_compat.is_late_metrics_agent(line):  # harmless: kept only
                         self._print(f"(raylet) {line}")
@@ -66,49 +61,36 @@ class Console:
     def close(self) -> None:
         self.closed = True
         with self._lock:
-            self._clear_bar()
+            if self._bar is not None:
+                self._bar.close()  # its last frame stays, on a line of its own
             if self._file is not None:
                 self._file.close()
                 self._file = None
 
     def _show(self, line: str, is_err: bool) -> None:
-        if line.startswith(log.PREFIX):
+        event = progress_events.read(line)
+        if event is not None:
+            if log.verbosity() >= 0:  # no progress under -q, no bar either
+                self._progress(event)
+        elif line.startswith(log.PREFIX):
             text = line[len(log.PREFIX) + 1 :]
-            step = _STEP.match(text)
-            if step is not None and self.tty:
-                if log.verbosity() >= 0:  # no bar under -q either
-                    self._draw_bar(step)
-            elif log.verbosity() >= 0 or text.startswith("warning:"):
+            if log.verbosity() >= 0 or text.startswith("warning:"):
                 self._print(line)
         elif is_err and _PY_WARNING.match(line):
             self._print(line)
 
+    def _progress(self, event: progress_events.Event) -> None:
+        """In a terminal, steps move the bar and the run's end leaves it at its last step;
+        elsewhere each event is its plain line."""
+        if self._bar is not None and event["kind"] == "step":
+            self._bar.step(event)
+            return
+        if self._bar is not None and event["kind"] == "finish":
+            self._bar.finish(event)
+        self._print(f"{log.PREFIX} {progress_events.text(event)}")
+
     def _print(self, line: str) -> None:
-        self._clear_bar()
-        log.write(self.out, line + "\n" + self._bar)
-
-    def _draw_bar(self, step: re.Match[str]) -> None:
-        done = int(step["step"])
-        self._clear_bar()
-        if step["total"] is None:  # until early stopping: no end to fill towards
-            self._bar = (
-                f"epoch {step['epoch']} step {done} loss {step['loss']} {step['rate']} "
-                "samples/s, until early stopping"
-            )
-        else:
-            total = max(1, int(step["total"]))
-            filled = round(BAR_WIDTH * done / total)
-            self._bar = (
-                f"epoch {step['epoch']}/{step['epochs']} [{'#' * filled}"
-                f"{'.' * (BAR_WIDTH - filled)}] {done}/{total} loss {step['loss']} "
-                f"{step['rate']} samples/s eta {step['eta']}"
-            )
-        self.out.write(self._bar)
-        self.out.flush()
-
-    def _clear_bar(self) -> None:
-        if self._bar:
-            self.out.write("\r\x1b[2K")  # back to the line's start, erase it
+        log.write(self.out, line + "\n")  # above the bar, where one is drawn (log.write_around)
 
     def _keep(self, line: str) -> None:
         if self.log_file is None:
@@ -119,19 +101,14 @@ class Console:
         self._file.write(line + "\n")
 
 
-def step_bar_fields(text: str) -> dict[str, str | None] | None:
-    """The fields the bar shows, from one of progress.py's step lines (None: not one)."""
-    match = _STEP.match(text)
-    return match.groupdict() if match else None
-
-
 def attach(run_dir: Path | None) -> Console | None:
     """Put the console between Ray's relayed worker output and the terminal for this run
     (not under -v: then Ray prints as it always does); every line is kept in the run folder's
     ``worker-output.log``. Returns it, to be closed at the end; it stays Ray's printer after
     that, dropping what a stopped run's workers still print."""
     if log.verbosity() > 0:
-        ray_compat.restore_worker_log_printer()  # in case an earlier run replaced it
+        # Ray's printer (in case an earlier run replaced it), progress events as plain lines
+        ray_compat.restore_worker_log_printer(progress_events.as_text)
         return None
     output = Console(run_dir / "worker-output.log" if run_dir else None)
     ray_compat.replace_worker_log_printer(output.handle)
@@ -200,6 +177,7 @@ def relay_file(path: Path, output: Console | None) -> Any:
             output.handle({"pid": pid, "actor_name": f"TrainforgeWorker rank={rank}",
                            "lines": [text], "is_err": is_err == "1"})  # fmt: skip
         else:
+            text = progress_events.as_text(text)
             log.write(sys.stdout, f"(TrainforgeWorker pid={pid}, rank={rank}) {text}\n")
 
     def follow() -> None:

@@ -1,6 +1,7 @@
 """The driver's console (``trainforge.driver.console``): which relayed worker lines reach the
-user, what is kept in the run's worker-output.log, the progress bar in a terminal, and the
-closing summary."""
+user, what is kept in the run's worker-output.log, rank 0's progress events as plain lines or
+as a bar in a terminal, and the closing summary. The bar on a real terminal's screen:
+test_console_terminal.py."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ from typing import Any
 import pytest
 import torch
 
-from trainforge import log, ray_compat
+from trainforge import log, progress_events, ray_compat
 from trainforge.checkpoint import Position
 from trainforge.distributed import WorkerContext
 from trainforge.driver import console
 from trainforge.driver.console import Console
 from trainforge.progress import Progress
 
-CLEAR = "\r\x1b[2K"  # what the console writes to erase the bar
 STEP = "epoch 1/2 step 5/10 loss 0.5000 lr 1.00e-03 1,234 samples/s 12.3 ms/step eta 0:00:01"
-BAR = f"epoch 1/2 [{'#' * 12}{'.' * 12}] 5/10 loss 0.5000 1,234 samples/s eta 0:00:01"
+# the event rank 0 writes for that step (progress.py)
+STEP_EVENT = progress_events.line(
+    "step", epoch=1, epochs=2, step=5, total=10, loss=0.5, lr=1e-3, samples_per_s=1234.0,
+    step_ms=12.3, eta_s=1.0, eta_bound=False,
+)  # fmt: skip
 REPORT = "Reporting training result 1: TrainingReport(checkpoint=None, metrics={'loss': 0.5})"
 CORE = (
     "[2026-11-26 15:41:54,683 E 27545 27575] core_worker.cc:2465: Actor with class name: "
@@ -96,7 +100,7 @@ def test_without_a_log_file_lines_are_still_filtered() -> None:
 def test_quiet_hides_progress_but_keeps_warnings(out: io.StringIO, tmp_path: Path) -> None:
     log.set_verbosity(-1)
     shown = Console(tmp_path / "worker-output.log", out)
-    shown.handle(batch("[trainforge] training 10 steps over 2 epochs", f"[trainforge] {STEP}"))
+    shown.handle(batch("[trainforge] training 10 steps over 2 epochs", STEP_EVENT))
     shown.handle(batch("[trainforge] warning: loss scale dropped", is_err=True))
     shown.close()
     # no progress line and, in a terminal, no bar either: only the warning
@@ -104,54 +108,62 @@ def test_quiet_hides_progress_but_keeps_warnings(out: io.StringIO, tmp_path: Pat
     assert len((tmp_path / "worker-output.log").read_text().splitlines()) == 3
 
 
-def test_step_lines_stay_plain_lines_outside_a_terminal() -> None:
+def test_step_events_are_plain_lines_outside_a_terminal(tmp_path: Path) -> None:
     out = io.StringIO()
-    shown = Console(None, out)
-    shown.handle(batch(f"[trainforge] {STEP}"))
+    kept = tmp_path / "worker-output.log"
+    shown = Console(kept, out)
+    shown.handle(batch(STEP_EVENT))
     shown.close()
     assert out.getvalue() == f"[trainforge] {STEP}\n"
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+    # the run folder's log reads the same line, not the event
+    assert kept.read_text() == f"(RayTrainWorker 123) [trainforge] {STEP}\n"
 
 
-def test_step_lines_become_one_bar_in_a_terminal() -> None:
+def test_step_events_become_one_bar_in_a_terminal(capsys: pytest.CaptureFixture) -> None:
     out = Terminal()
     shown = Console(None, out)
-    shown.handle(batch(f"[trainforge] {STEP}"))
-    assert out.getvalue() == BAR  # drawn in place, not the step line
-    second = STEP.replace("step 5/10", "step 10/10")
-    shown.handle(batch(f"[trainforge] {second}"))
-    full = f"epoch 1/2 [{'#' * 24}] 10/10 loss 0.5000 1,234 samples/s eta 0:00:01"
-    assert out.getvalue() == BAR + CLEAR + full  # the first bar erased, the second drawn
-    # a line said while the bar is drawn: on its own line, the bar redrawn below it
+    shown.handle(batch(STEP_EVENT))
+    drawn = out.getvalue()
+    assert drawn.startswith("\r") and "\n" not in drawn  # drawn in place, not a line
+    assert "epoch 1/2  50%|" in drawn and "| 5/10 [" in drawn and "loss 0.5000" in drawn
+    assert STEP not in drawn and progress_events.MARK not in drawn
+    second = STEP_EVENT.replace('"step": 5', '"step": 10')
+    shown.handle(batch(second))
+    assert "100%|" in out.getvalue()[len(drawn) :]
+    # a line said while the bar is drawn: the bar cleared first, on its own line, the bar
+    # drawn again below it
+    before = len(out.getvalue())
     shown.handle(batch("[trainforge] epoch 1/2 done: train/loss 0.5000 val/loss 0.2500"))
+    said = out.getvalue()[before:]
     done = "[trainforge] epoch 1/2 done: train/loss 0.5000 val/loss 0.2500\n"
-    assert out.getvalue() == BAR + CLEAR + full + CLEAR + done + full
-    shown.say("[trainforge] from the driver")
-    assert out.getvalue().endswith(CLEAR + "[trainforge] from the driver\n" + full)
-    before = out.getvalue()
+    assert said.startswith("\r") and done in said and "| 10/10 [" in said.split(done)[1]
+    before = len(out.getvalue())
+    log.say("from the driver")  # the command's own lines (to stdout): the bar cleared first
+    assert capsys.readouterr().out == "[trainforge] from the driver\n"
+    cleared, redrawn = out.getvalue()[before:].rsplit("\r", 1)
+    assert cleared.strip() == "" and "| 10/10 [" in redrawn
     shown.close()
-    assert out.getvalue() == before + CLEAR  # the bar erased at the end
+    assert out.getvalue().endswith("\n")  # the bar's last frame stays, on a line of its own
     assert STEP not in out.getvalue()
 
 
-def test_the_step_pattern_matches_what_progress_prints(capsys: pytest.CaptureFixture) -> None:
+def test_progress_events_are_drawn_as_progress_writes_them(capsys: pytest.CaptureFixture) -> None:
     ctx = WorkerContext(rank=0, local_rank=0, world_size=1, node_rank=0, device=torch.device("cpu"))
     for early_stopping in (False, True):
         lines = Progress(ctx, 100, 4, 64, {}, early_stopping)
         metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
         lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
         printed = capsys.readouterr().out
-        assert printed.startswith(f"{log.PREFIX} ") and printed.endswith("\n")
-        fields = console.step_bar_fields(printed[len(log.PREFIX) + 1 : -1])
-        assert fields is not None, printed
-        assert (fields["epoch"], fields["epochs"]) == ("2", "4")
-        assert (fields["step"], fields["total"], fields["loss"]) == ("35", "100", "0.5000")
-        assert fields["eta"].startswith("≤ " if early_stopping else "0:")
-        # and the console turns that very line into the bar in a terminal
+        assert printed.startswith(f"{progress_events.MARK} ") and printed.endswith("\n")
+        plain = progress_events.as_text(printed.rstrip("\n"))
+        assert plain.startswith("[trainforge] epoch 2/4 step 35/100 loss 0.5000 lr 1.00e-03 ")
+        assert " eta ≤ " in plain if early_stopping else " eta 0:" in plain
+        # and the console draws that very event as the bar in a terminal
         out = Terminal()
         Console(None, out).handle(batch(printed.rstrip("\n")))
-        assert out.getvalue().startswith("epoch 2/4 [") and " 35/100 loss 0.5000 " in out.getvalue()
-    assert console.step_bar_fields("epoch 1/2 done: train/loss 0.5000") is None
+        assert "epoch 2/4  35%|" in out.getvalue() and "| 35/100 [" in out.getvalue()
+    assert progress_events.read("[trainforge] epoch 1/2 done: train/loss 0.5000") is None
 
 
 def test_a_run_that_early_stopping_ends_shows_no_totals(capsys: pytest.CaptureFixture) -> None:
@@ -162,17 +174,18 @@ def test_a_run_that_early_stopping_ends_shows_no_totals(capsys: pytest.CaptureFi
     metrics = lines.step_metrics(Position(1, 10, 35), steps=5)
     lines.log_step(Position(1, 10, 35), {"train/loss": 0.5, "train/lr": 1e-3, **metrics})
     lines.log_epoch(1, {"val/loss": 0.25})
-    printed = capsys.readouterr().out.splitlines()
+    written = capsys.readouterr().out.splitlines()
+    printed = [progress_events.as_text(line) for line in written]
     assert printed[0].startswith(f"{log.PREFIX} training until early stopping ends the run on 1 ")
     step = printed[1][len(log.PREFIX) + 1 :]
     assert step.startswith("epoch 2 step 35 loss 0.5000 ") and step.endswith(" eta early stop")
     assert printed[2] == f"{log.PREFIX} epoch 2 done: val/loss 0.2500"
-    fields = console.step_bar_fields(step)
-    assert fields is not None and (fields["epochs"], fields["total"]) == (None, None)
+    event = progress_events.read(written[1])
+    assert event is not None and (event["epochs"], event["total"]) == (None, None)
     out = Terminal()
-    Console(None, out).handle(batch(printed[1]))
-    assert out.getvalue().startswith("epoch 2 step 35 loss 0.5000 ")
-    assert out.getvalue().endswith("samples/s, until early stopping")
+    Console(None, out).handle(batch(written[1]))
+    assert out.getvalue().startswith("\repoch 2 step 35 [")  # a bar without a total
+    assert "%" not in out.getvalue() and "loss 0.5000" in out.getvalue()
 
 
 def test_summary_table(capsys: pytest.CaptureFixture) -> None:

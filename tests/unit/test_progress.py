@@ -1,4 +1,5 @@
-"""Progress lines (``trainforge.progress``): from rank 0 only, with the resume point, loss,
+"""Progress from rank 0 (``trainforge.progress``): its first line, then step, epoch and finish
+events that stand for plain lines (``progress_events.text``) with the resume point, loss,
 throughput and an ETA that is an upper bound under early stopping."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import time
 import pytest
 import torch
 
+from trainforge import progress_events
 from trainforge.checkpoint import Position
 from trainforge.distributed import WorkerContext
 from trainforge.progress import Progress
@@ -35,7 +37,15 @@ def test_lines_from_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     lines.log_epoch(1, {"train/loss": 0.5, "val/loss": 0.25, "perf/step_ms": 1.0})
     lines.note("early stop")
     lines.finish(Position(2, 0, 50))
-    out = capsys.readouterr().out.splitlines()
+    written = capsys.readouterr().out.splitlines()
+    # the step, the epoch and the finish are events, not text for the driver to parse
+    events = [progress_events.read(line) for line in written]
+    assert [event and event["kind"] for event in events] == [
+        None, "step", "epoch", None, "finish"
+    ]
+    assert events[1] is not None and (events[1]["step"], events[1]["total"]) == (35, 100)
+    # each stands for the plain line a log shows
+    out = [progress_events.as_text(line) for line in written]
     assert out[0].startswith("[trainforge] training 100 steps over 4 epochs on 2 workers (cpu)")
     assert "global batch 64, resuming at epoch 2 step 30; model=simple_cnn" in out[0]
     assert out[1].startswith("[trainforge] epoch 2/4 step 35/100 loss 0.5000 lr 1.00e-03 ")

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests import faults
-from trainforge import checkpoint, config
+from trainforge import checkpoint, config, progress_events
 from trainforge.checkpoint import FolderReporter
 from trainforge.distributed import WorkerContext
 from trainforge.errors import NonFiniteLoss
@@ -218,7 +218,7 @@ def test_the_epoch_line_carries_the_epochs_mean_train_loss(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     reporter = train(tmp_path, "train.epochs=1", "train.log_every_steps=1")
-    out = capsys.readouterr().out
+    out = as_text(capsys.readouterr().out)
     losses = [float(value) for value in re.findall(r"step \d+/44 loss (\S+)", out)]
     assert len(losses) == 44
     epoch_end = next(r for r in reporter.reports if "val/loss" in r)
@@ -259,7 +259,7 @@ def test_epochs_null_trains_until_early_stopping_ends_the_run(
         tmp_path, "train.epochs=null", "train.early_stopping_patience=1", "train.lr=0.03",
         "train.schedule=constant", "checkpoint.every_steps=null", "train.log_every_steps=20",
     )  # fmt: skip
-    out = capsys.readouterr().out
+    out = as_text(capsys.readouterr().out)
     epochs = [r for r in reporter.reports if "val/loss" in r]
     stopped = re.search(r"early stop after epoch (\d+)", out)
     assert stopped is not None, out
@@ -267,6 +267,11 @@ def test_epochs_null_trains_until_early_stopping_ends_the_run(
     assert "training until early stopping ends the run on 1 worker (cpu)" in out
     assert re.search(r"epoch 1 step 20 loss \S+ .* eta early stop\n", out)
     assert "[trainforge] epoch 1 done: " in out  # no "/<epochs>" to a run without one
+
+
+def as_text(out: str) -> str:
+    """Rank 0's output with its progress events as the plain lines they stand for."""
+    return "".join(f"{progress_events.as_text(line)}\n" for line in out.splitlines())
 
 
 @pytest.mark.parametrize("autotune", [True, False])
