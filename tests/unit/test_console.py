@@ -302,3 +302,35 @@ def test_before_a_run_ray_prints_its_lines_less_the_late_metrics_agent(
     printed = capsys.readouterr()
     assert "metrics exporter agent" not in printed.out + printed.err
     assert "simulating chunk 3" in printed.out
+
+
+def test_under_verbose_the_line_file_shows_events_as_plain_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """-v on the own and warm workers' path: every line as it comes, an event as its line."""
+    lines = tmp_path / ".console-lines"
+    lines.write_text(f"41\t0\t0\t{STEP_EVENT}\n41\t0\t0\t[trainforge] hello\n")
+    console.relay_file(lines, None)()  # started, then stopped: what the file holds is shown
+    assert capsys.readouterr().out.splitlines() == [
+        f"(TrainforgeWorker pid=41, rank=0) [trainforge] {STEP}",
+        "(TrainforgeWorker pid=41, rank=0) [trainforge] hello",
+    ]
+
+
+@pytest.mark.ray
+def test_under_verbose_rays_printer_shows_events_as_plain_lines(
+    ray_cluster, capsys: pytest.CaptureFixture
+) -> None:
+    """-v on Ray Train's path: Ray's own printer, each event as the line it stands for."""
+    from ray._private import worker
+
+    log.set_verbosity(1)
+    assert console.attach(None) is None
+    base = {"ip": "127.0.0.1", "job": "01000000", "task_name": "", "actor_name": "RayTrainWorker"}
+    worker.global_worker_stdstream_dispatcher.emit(
+        base | {"pid": 4242, "is_err": False, "lines": [STEP_EVENT, "plain"]}
+    )
+    printed = capsys.readouterr().out
+    assert f"[trainforge] {STEP}\n" in printed and "plain\n" in printed
+    assert progress_events.MARK not in printed
+    ray_compat.quiet_ray_printer()  # as it was before the run

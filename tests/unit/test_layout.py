@@ -29,8 +29,8 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[2] / "runtime"
 PACKAGE = "trainforge"
 CORE = ("config", "data", "worker", "tracking", "checkpoint", "precision", "distributed",
-        "early_stopping", "optim", "profiling", "progress", "log", "atomic", "errors",
-        "ray_compat", "resources", "plots", "settings", "storage",
+        "early_stopping", "optim", "profiling", "progress", "progress_events", "log", "atomic",
+        "errors", "ray_compat", "resources", "plots", "settings", "storage",
         "gradient_averaging")  # fmt: skip
 SHARED_TRACKING = ("client", "spool", "datasets", "new_store", "system_metrics", "model_logging")
 LAUNCHING = ("ray", "subprocess", "multiprocessing")
