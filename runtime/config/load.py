@@ -99,6 +99,18 @@ def build(user: DictConfig) -> Recipe:
     return recipe
 
 
+def typed_section(schema: type, values: dict[str, Any], key: str) -> Any:
+    """``values`` checked against the dataclass ``schema`` as a recipe's own sections are (an
+    unknown key, a wrong type, a missing value: a RecipeError naming ``key``.name), and
+    returned as an instance of it: how a user's workload gets its own section."""
+    merged = _merge(OmegaConf.structured(schema), OmegaConf.create(values), prefix=key)
+    _check_missing(merged, key)
+    try:
+        return OmegaConf.to_object(merged)
+    except (TypeError, ValueError) as exc:  # the dataclass's own __post_init__ checks
+        raise RecipeError(f"{key}: {first_line(exc)}") from None
+
+
 def to_yaml(cfg: Recipe) -> str:
     """The recipe as YAML (logged to MLflow and stored in checkpoints)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
@@ -195,8 +207,9 @@ def _check_shapes(base: DictConfig, user: Any, prefix: str) -> None:
     ``observations`` reaches the section's checks as a value."""
     if not isinstance(user, DictConfig):
         return
+    free_form = getattr(OmegaConf.get_type(base), "FREE_FORM", ())
     for name in [str(k) for k in user]:
-        if name not in base or OmegaConf.is_interpolation(user, name):
+        if name not in base or name in free_form or OmegaConf.is_interpolation(user, name):
             continue
         key = _full_key(prefix, name)
         expected, given = base._get_node(name), user._get_node(name)

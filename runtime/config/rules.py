@@ -22,6 +22,9 @@ class Section:
     (``train``, ``workload.simulation``), so messages name the full key."""
 
     KEY: ClassVar[str] = ""
+    FREE_FORM: ClassVar[tuple[str, ...]] = ()
+    """Fields whose mappings are the user's own, nested as they like (a user's workload
+    settings): checked by their owner, not held to plain values."""
 
     def __post_init__(self) -> None:
         for name, choices in literal_fields(type(self)).items():

@@ -47,6 +47,21 @@ class TensorData:
 # a map-style Dataset goes through a DataLoader; ChunkedData is read from disk window by window
 Split = TensorData | ChunkedData | Dataset
 
+
+def as_split(value: object, which: str) -> Split:
+    """A workload's ``which`` split ("training", "validation") as the loop takes it: a tuple
+    of equal-length tensors becomes ``TensorData``; anything else a split cannot be is a
+    TypeError saying what it may be."""
+    if isinstance(value, TensorData | ChunkedData | Dataset):
+        return value
+    if isinstance(value, tuple | list) and value and all(torch.is_tensor(t) for t in value):
+        return TensorData(*value)
+    raise TypeError(
+        f"the {which} split is {type(value).__name__}: expected a tuple of equal-length "
+        "tensors, trainforge.TensorData or a map-style torch Dataset"
+    )
+
+
 # Keep a data set on the GPU only when it leaves most of the memory to training.
 DEVICE_MEMORY_FRACTION = 0.4
 

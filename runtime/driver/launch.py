@@ -112,7 +112,7 @@ def prepare_data(cfg: Recipe) -> Any:
         start_workload_data,
     )
 
-    if spec_for(cfg.workload.kind).prepare_data is None:
+    if spec_for(cfg.workload.kind).start_data is None:  # a family with a data stage begins it
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
     check_workload_data(cfg.workload)
     root = storage_root(cfg.run)

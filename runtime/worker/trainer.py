@@ -31,7 +31,7 @@ from trainforge import config, distributed
 from trainforge.checkpoint import Reporter
 from trainforge.config.schema import PrecisionSection, Recipe, TrainSection
 from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch, streams
-from trainforge.data.types import Split
+from trainforge.data.types import Split, as_split
 from trainforge.distributed import WorkerContext
 from trainforge.early_stopping import EarlyStopping
 from trainforge.optim import PlateauLR, build_optimizer, build_schedule
@@ -148,7 +148,9 @@ class Trainer:
         # rank 0 fills an on-disk cache first, when loading can write one
         first = distributed.main_first(ctx) if self.workload.fills_cache else nullcontext()
         with first:
-            self.train_split, self.val_split = self.workload.datasets(ctx.device)
+            train_split, val_split = self.workload.datasets(ctx.device)
+        self.train_split = as_split(train_split, "training")
+        self.val_split = as_split(val_split, "validation")
         self.plan = Plan.of(cfg.train, len(self.train_split), ctx)  # type: ignore[arg-type]
         # before the model: a DataLoader's worker processes start from a server that imports
         # meanwhile (``loader_processes``); making the loader draws no random numbers

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 FAMILIES = {
     "cnn": "trainforge.workloads.cnn",
     "sbi": "trainforge.workloads.sbi",
+    "python": "trainforge.workloads.python",  # the user's own, by import path
 }
 
 

@@ -1,4 +1,5 @@
-"""What the training loop needs from a workload family (CNN, SBI, …); how a family declares
+"""What the training loop needs from a workload: a built-in family's (CNN, SBI) or a user's own
+(``trainforge.Workload``, named by ``workload.entry``: the same class). How a family declares
 itself to the registry is ``spec.py``.
 
 The loop owns distribution, precision, accumulation, checkpointing and reporting; a workload
@@ -42,6 +43,13 @@ class Workload(ABC):
     rank must know without asking rank 0, because the loop reports (a barrier) once more
     after it."""
 
+    def __init__(self, config: Any = None, seed: int = 0) -> None:
+        """A user's workload (``workload.kind: python``) is made as ``Entry(config, seed=…)``:
+        ``config`` is its recipe settings (its ``Config`` dataclass, or a dict), ``seed`` the
+        run's. The built-in families make theirs with their own arguments."""
+        self.config = config
+        self.seed = seed
+
     @abstractmethod
     def build_model(self) -> nn.Module:
         """A fresh model (same initial weights on every rank, seeded by the loop)."""
@@ -55,14 +63,17 @@ class Workload(ABC):
         """Mean loss of a prepared batch (under autocast when mixed precision is on). A batch
         is the split's tensors in the order ``datasets`` gave them; the workload names them."""
 
-    @abstractmethod
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
         """Summable statistics of one prepared validation batch (summed over batches and
-        ranks)."""
+        ranks). Default: the batch's summed loss and its size, for ``val/loss``."""
+        size = len(batch[0])
+        loss = self.loss(model, batch).detach().float()
+        return {"loss_sum": loss * size, "samples": torch.tensor(float(size), device=loss.device)}
 
-    @abstractmethod
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Validation metrics from the summed statistics, e.g. val/loss and val/accuracy."""
+        """Validation metrics from the summed statistics, e.g. val/loss and val/accuracy.
+        Default: ``val/loss``, the mean over the validation samples."""
+        return {"val/loss": float(sums["loss_sum"] / sums["samples"].clamp(min=1))}
 
     def prepare_batch(self, batch: Batch, train: bool) -> Batch:
         """Per-batch work on the device before ``loss`` or ``eval_sums``: augmentation for
