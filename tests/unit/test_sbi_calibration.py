@@ -1,16 +1,20 @@
-"""SBC ranks and KS summaries on posteriors whose calibration is known, and the two figures."""
+"""SBC and TARP through sbi's diagnostics on a real sbi posterior, KS summaries on posteriors whose
+calibration is known, and the figures."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from matplotlib import image
 
-from trainforge.workloads.sbi.calibration import pair_plot, plot_sbc, sbc_ranks, sbc_summary
+from trainforge.workloads.sbi import calibration
+from trainforge.workloads.sbi.calibration import pair_plot, plot_sbc
+from trainforge.workloads.sbi.calibration import summary as sbc_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MLFLOW_KEY = re.compile(r"^[A-Za-z0-9_\-./]+$")
@@ -27,7 +31,7 @@ def gaussian_sbc(
     std = 0.5**0.5
     noise = torch.randn(n_runs, n_samples, 2, generator=generator)
     posterior = x.unsqueeze(1) / 2 + shift * std + scale * std * noise
-    return sbc_ranks(theta, posterior), n_samples
+    return (posterior < theta.unsqueeze(1)).sum(dim=1), n_samples
 
 
 def png_shape(path: Path) -> tuple[int, int]:
@@ -36,27 +40,37 @@ def png_shape(path: Path) -> tuple[int, int]:
     return height, width
 
 
-def test_ranks_count_samples_strictly_below_the_truth() -> None:
-    theta = torch.tensor([[0.0, 1.0], [2.0, -1.0]])
-    samples = torch.tensor(
-        [
-            [[-1.0, 5.0], [0.0, 0.0], [0.5, 2.0], [-0.1, 3.0]],
-            [[3.0, -2.0], [1.0, -3.0], [2.5, -1.0], [1.9, -1.5]],
-        ]
-    )
-    ranks = sbc_ranks(theta, samples)
-    # Samples equal to θ (0.0 in run 0, -1.0 in run 1) do not count as below it.
-    assert ranks.tolist() == [[2, 1], [2, 3]]
-    assert ranks.dtype == torch.int64
-    assert sbc_ranks(theta, samples + 10.0).tolist() == [[0, 0], [0, 0]]
-    assert sbc_ranks(theta, samples - 10.0).tolist() == [[4, 4], [4, 4]]
+def _posterior(dim: int = 2) -> Any:
+    """A real sbi DirectPosterior: an untrained MAF of sbi's builder over a Gaussian prior (no
+    support to reject samples at), on the CPU."""
+    from sbi.inference import DirectPosterior
+    from sbi.neural_nets import posterior_nn
+
+    torch.manual_seed(0)
+    prior = torch.distributions.MultivariateNormal(torch.zeros(dim), torch.eye(dim))
+    theta = prior.sample((200,))
+    estimator = posterior_nn("maf", hidden_features=8, num_transforms=1)(theta, theta + 0.1)
+    return DirectPosterior(estimator, prior), prior
 
 
-def test_ranks_reject_mismatched_shapes() -> None:
-    with pytest.raises(ValueError, match="do not match"):
-        sbc_ranks(torch.zeros(3, 2), torch.zeros(3, 10, 4))
-    with pytest.raises(ValueError, match="n_runs, n_samples, d"):
-        sbc_ranks(torch.zeros(3, 2), torch.zeros(3, 2))
+def test_sbc_ranks_are_sbis_count_of_samples_below_the_truth_and_tarp_runs(
+    tmp_path: Path,
+) -> None:
+    posterior, prior = _posterior()
+    theta = prior.sample((30,))
+    x = theta + 0.1 * torch.randn(30, 2)
+    torch.manual_seed(5)
+    ranks, summary = calibration.sbc(posterior, theta, x, n_samples=40)
+    torch.manual_seed(5)  # the same draws, counted here
+    drawn = posterior.sample_batched((40,), x=x, show_progress_bars=False)
+    expected = (drawn.transpose(0, 1) < theta.unsqueeze(1)).sum(dim=1)
+    assert ranks.shape == (30, 2) and torch.equal(ranks.long(), expected)
+    assert summary == sbc_summary(ranks, 40)
+    metrics = calibration.tarp(posterior, theta, x, tmp_path / "tarp.png", seed=0)
+    assert set(metrics) == {"tarp/atc", "tarp/ks_pvalue"}
+    assert all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
+    assert -0.5 <= metrics["tarp/atc"] <= 0.5 and 0.0 <= metrics["tarp/ks_pvalue"] <= 1.0
+    png_shape(tmp_path / "tarp.png")
 
 
 def test_exactly_uniform_ranks_deviate_only_by_the_discretisation() -> None:
@@ -113,27 +127,22 @@ def test_summary_rejects_ranks_beyond_n_samples() -> None:
         sbc_summary(torch.tensor([[0], [11]]), n_samples=10)
 
 
-@pytest.mark.parametrize("histogram", [True, False])
-def test_plot_sbc_writes_a_png_with_one_panel_per_dimension(
-    tmp_path: Path, histogram: bool
-) -> None:
+def test_plot_sbc_writes_sbis_ecdf_and_rank_histograms(tmp_path: Path) -> None:
     ranks, n_samples = gaussian_sbc(seed=1, n_runs=200, n_samples=50)
-    path = tmp_path / "sbc.png"
-    plot_sbc(ranks, n_samples, path, labels=["a", "b"], histogram=histogram)
-    height, width = png_shape(path)
-    # 2.6 x 2.2 inches per panel at 90 dpi; the histogram adds a second row.
-    assert abs(width - 2 * 2.6 * 90) <= 2
-    assert abs(height - (2 if histogram else 1) * 2.2 * 90) <= 2
+    paths = plot_sbc(ranks, n_samples, tmp_path, labels=["a", "b"])
+    assert paths == [tmp_path / "sbc.png", tmp_path / "sbc_ranks.png"]
+    assert png_shape(paths[0]) == (4 * 90, 6 * 90)  # one panel, every dimension's ECDF
+    height, width = png_shape(paths[1])  # a histogram per dimension, 2.6 x 2.2 in each
+    assert abs(width - 2 * 2.6 * 90) <= 2 and abs(height - 2.2 * 90) <= 2
 
 
 def test_plot_sbc_wraps_many_dimensions_into_rows(tmp_path: Path) -> None:
     generator = torch.Generator().manual_seed(0)
     ranks = torch.randint(0, 101, (100, 7), generator=generator)
-    path = tmp_path / "sbc7.png"
-    plot_sbc(ranks, 100, path)
-    height, width = png_shape(path)
+    _, histograms = plot_sbc(ranks, 100, tmp_path, labels=[f"t{i}" for i in range(7)])
+    height, width = png_shape(histograms)
     assert abs(width - 5 * 2.6 * 90) <= 2
-    assert abs(height - 4 * 2.2 * 90) <= 2
+    assert abs(height - 2 * 2.2 * 90) <= 2
 
 
 @pytest.mark.parametrize("dim", [1, 2, 10])
@@ -144,7 +153,7 @@ def test_pair_plot_writes_a_png_scaled_with_dimension(tmp_path: Path, dim: int) 
     npe[0] = float("nan")  # a stray non-finite row must not break the figure
     truth = torch.full((dim,), 0.5)
     path = tmp_path / f"pairs{dim}.png"
-    pair_plot({"NPE": npe, "reference": reference}, path, theta_true=truth, max_points=500)
+    pair_plot({"NPE": npe, "reference": reference}, path, theta_true=truth)
     height, width = png_shape(path)
     side = max(1.6 * dim, 3.2) * 90
     assert abs(width - side) <= 2

@@ -15,7 +15,6 @@ waited for them after its last step. The classifier of C2ST, the ranks and plots
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +116,9 @@ def run_posterior(
     if scores:
         metrics["c2st/mean"] = sum(scores) / len(scores)
     if cfg.sbc_runs > 0:
-        metrics |= sbc(posterior, source, cfg, seed, folder / "sbc.png", labels, device)
-        files.append(folder / "sbc.png")
+        calibrated, figures = sbc(posterior, source, cfg, seed, folder, labels, device)
+        metrics |= calibrated
+        files += figures
     conclude(metrics, numbers, observed.label if observed is not None else "", cfg,
              time.perf_counter() - started_at)  # fmt: skip
     return metrics, files
@@ -158,6 +158,8 @@ def conclude(metrics: dict[str, float], numbers: list[int], label: str, cfg: Any
             f"{metrics['sbc/ks_pvalue_min']:.3f}, largest rank ECDF deviation "
             f"{metrics['sbc/max_ecdf_deviation']:.3f}"
         )
+    if "tarp/atc" in metrics:
+        parts.append(f"TARP ATC {metrics['tarp/atc']:+.3f} (0: calibrated)")
     if parts:
         say(f"evaluation done in {seconds:.0f} s: " + "; ".join(parts))
 
@@ -167,26 +169,23 @@ def sbc(
     source: SimulationSource,
     cfg: Any,
     seed: int,
-    path: Path,
+    folder: Path,
     labels: list[str],
     device: torch.device,
-) -> dict[str, float]:
-    """Ranks of true θ among posterior samples for fresh (θ, x) prior predictive pairs."""
+) -> tuple[dict[str, float], list[Path]]:
+    """SBC and TARP (sbi's, ``calibration``) on fresh (θ, x) prior predictive pairs: their
+    metrics and figures."""
     generator = torch.Generator().manual_seed(seed + 10_007)
     torch.manual_seed(seed + 10_007)  # user priors draw from the global RNG
     with torch.no_grad():
         theta = source.sample_prior(cfg.sbc_runs, generator)
         x = source.simulate(theta, generator)
     keep = torch.isfinite(x).all(dim=1)
-    theta, x = theta[keep], x[keep]
-    with warnings.catch_warnings():  # sbi caps its sampling batch for many x at once; fine
-        warnings.simplefilter("ignore", UserWarning)
-        samples = posterior.sample_batched(
-            (cfg.sbc_samples,), x=x.to(device), show_progress_bars=False
-        ).cpu()
-    ranks = calibration.sbc_ranks(theta, samples.transpose(0, 1))
-    calibration.plot_sbc(ranks, cfg.sbc_samples, path, labels=labels)
-    return calibration.sbc_summary(ranks, cfg.sbc_samples)
+    theta, x = theta[keep].to(device), x[keep].to(device)
+    ranks, metrics = calibration.sbc(posterior, theta, x, cfg.sbc_samples)
+    files = calibration.plot_sbc(ranks, cfg.sbc_samples, folder, labels)
+    metrics |= calibration.tarp(posterior, theta, x, folder / "tarp.png", seed=seed + 10_009)
+    return metrics, [*files, folder / "tarp.png"]
 
 
 def evaluate_ensemble(
