@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 SERIES_COLOURS = {"train/loss": "tab:blue", "val/loss": "tab:orange", "val/accuracy": "tab:green"}
-SVG_STYLE = {"svg.fonttype": "none", "svg.hashsalt": "trainforge"}
-"""Text as text (smaller files, readable by tests and search), the same ids on every save."""
 ANNOTATED_CLASSES = 20
 """Up to this many classes the matrix shows each count and each class's number."""
 
@@ -121,5 +119,6 @@ def confusion_matrix_figure(counts: np.ndarray) -> Figure:
 def _save(figure: Figure, path: Path) -> None:
     from matplotlib import rc_context
 
-    with rc_context(SVG_STYLE):
+    # text as text (smaller files, readable by tests and search), the same ids on every save
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "trainforge"}):
         figure.savefig(path, format="svg")
