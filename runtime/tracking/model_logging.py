@@ -1,17 +1,23 @@
 """The run's final model as an MLflow model: the pytorch flavour (loadable with
-``mlflow.pytorch.load_model``, with its input example and explicit requirements) or the
-workload's own (e.g. SBI's posterior pyfunc). Logged by rank 0, or by the command where it
-sends rank 0's records (``tracking/relay.py``): rank 0 then hands it the module."""
+``mlflow.pytorch.load_model``, with its input example, explicit requirements and only the code
+its classes need) or the workload's own (e.g. SBI's posterior pyfunc), named after the workload
+and linked to the run's evaluation metrics (MLflow 3's ``model_id``). Logged by rank 0, or by
+the command where it sends rank 0's records (``tracking/relay.py``): rank 0 then hands it the
+module.
+
+Hand-written beside MLflow's documented arguments: ``no_package_scan``, because every one of
+them (``pip_requirements``, ``conda_env``) has MLflow scan every installed package first, 0.4-0.6 s
+of each cold run's end on this project's CPU (``bench/model_logging.py``)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import importlib
 import logging
 import os
 import pickle
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from trainforge.log import verbosity, warn
+from trainforge.tracking import model_code
 from trainforge.tracking.client import RunHandle
 
 
@@ -30,24 +37,56 @@ def for_mlflow(model: Any, example: Any) -> tuple[Any, Any]:
     return cpu_model, example.detach().float().cpu().numpy()
 
 
-def handed_over(model: Any, example: Any, custom: Callable[[], Any] | None) -> bytes:
+MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step: as the run logged it
+NOT_EVALUATION = ("train/", "perf/", "system/", "sys/")
+SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.source.git.commit",
+               "mlflow.user")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRecord:
+    """What the logged model is called (after the workload: ``resnet18_cifar``,
+    ``posterior``), and the run's evaluation metrics it is linked to, as the run logged them."""
+
+    name: str = "model"
+    metrics: tuple[MetricRow, ...] = ()
+
+    @classmethod
+    def of(cls, name: str, latest: dict[str, MetricRow]) -> ModelRecord:
+        """The record of a model named ``name``, from the run's latest row of each metric:
+        its evaluation's (``val/…``, ``final/…``, a workload's own such as ``c2st/…``), not
+        training, performance or the system's."""
+        kept = (
+            row for key, row in latest.items() if "/" in key and not key.startswith(NOT_EVALUATION)
+        )
+        return cls(name, tuple(sorted(kept)))
+
+    @property
+    def step(self) -> int:
+        """The step the model is the run's output at: its evaluation's."""
+        return max((row[3] for row in self.metrics), default=0)
+
+
+def handed_over(
+    model: Any, example: Any, custom: Callable[..., Any] | None, record: ModelRecord | None = None
+) -> bytes:
     """What ``log`` would be given, as rank 0 hands it to the command (``log_handed``):
     pickled here, so that the connection to the command sends bytes. Its own pickler would
     send the tensors' memory as file descriptors, which the command can only take from a
     process that multiprocessing started (it refused them: "digest sent was rejected")."""
-    return pickle.dumps((model, example, custom))
+    return pickle.dumps((model, example, custom, record or ModelRecord()))
 
 
 def log_handed(handle: RunHandle, handed: bytes) -> bool:
     """The model rank 0 handed over (``handed_over``), logged; False where it could not be
     (said)."""
     try:
-        model, example, custom = pickle.loads(handed)
+        model, example, custom, record = pickle.loads(handed)
     except Exception as exc:
         _failed(exc)
         return False
     with _quiet():
-        return log(handle, model, example, custom)
+        return log(handle, model, example, custom, record)
 
 
 @contextlib.contextmanager
@@ -69,17 +108,27 @@ def log(
     handle: RunHandle,
     model: Any = None,
     example: Any = None,
-    custom: Callable[[], Any] | None = None,
+    custom: Callable[..., Any] | None = None,
+    record: ModelRecord | None = None,
 ) -> bool:
     """``model`` with its input ``example`` (as ``for_mlflow`` makes them) as the pytorch
-    flavour, or the model as ``custom`` logs it. A failure is said, not raised (the state
-    dict is logged already): False."""
+    flavour, or the model as ``custom`` logs it (given MLflow's ``model_id`` to log it as),
+    named and linked as ``record`` says (``initialized``), the run's output. A failure is said,
+    not raised (the state dict is logged already): False."""
+    record = record or ModelRecord()
     try:
         with no_package_scan(), refused(IPYTHON), _environment_kept():
+            import mlflow
+            from mlflow.entities import LoggedModelOutput
+
+            mlflow.set_tracking_uri(handle.tracking_uri)
+            model_id = initialized(handle, record)
             if custom is not None:
-                _log_custom_model(handle, custom)
+                custom(model_id=model_id)
             else:
-                _log_pytorch_model(handle, model, example)
+                _log_pytorch_model(model_id, model, example)
+            output = LoggedModelOutput(model_id, step=record.step)
+            mlflow.MlflowClient().log_outputs(str(handle.run_id), models=[output])
     except Exception as exc:
         _failed(exc)
         return False
@@ -178,40 +227,46 @@ def pytorch_flavour() -> ModuleType:
         return importlib.import_module("mlflow.pytorch")
 
 
-def _log_custom_model(handle: RunHandle, log: Callable[[], Any]) -> None:
-    import mlflow
-
-    mlflow.set_tracking_uri(handle.tracking_uri)
-    with mlflow.start_run(run_id=handle.run_id):
-        log()
-
-
-def _log_pytorch_model(handle: RunHandle, cpu_model: Any, example: Any) -> None:
-    import mlflow
+def _log_pytorch_model(model_id: str, cpu_model: Any, example: Any) -> None:
     import numpy as np
     import torch
 
-    import trainforge
-
-    mlflow.set_tracking_uri(handle.tracking_uri)
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
-    with mlflow.start_run(run_id=handle.run_id), tempfile.TemporaryDirectory() as folder:
-        # The model's classes live in this package: ship it so the model loads anywhere. MLflow
-        # names the copy after its folder, and a checkout's folder is runtime/: copy it under
-        # the name it is imported by.
-        package = Path(folder) / "trainforge"
-        shutil.copytree(
-            Path(trainforge.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
-        )
+    with tempfile.TemporaryDirectory() as folder:
+        # the code its classes need, so that it loads where trainforge is not installed
+        package = model_code.ship(cpu_model, Path(folder))
         pytorch_flavour().log_model(
             cpu_model,
-            name="model",
+            model_id=model_id,
             input_example=example,
             pip_requirements=requirements,
-            code_paths=[str(package)],
+            code_paths=[str(package)] if package is not None else None,
             # MLflow 3.17's default, "pt2", runs torch.export at every run's end: importing
             # torch._dynamo and tracing took 8-18 s for ResNet-18 on this project's 2-core CPU
             # against 2 s pickled, and the user waits for it. The pickle loads anywhere the
             # package shipped beside it does (code_paths), for any module torch.export may refuse.
             serialization_format="pickle",
         )
+
+
+def initialized(handle: RunHandle, record: ModelRecord) -> str:
+    """The id of a new logged model of the run, for a flavour's ``log_model`` to fill: named
+    ``record.name``, with the run's params and source (the command and recipe, not the process
+    that logs it: Ray's ``default_worker.py`` on warm workers), and linked to the run's
+    evaluation metrics, the rows the run logs (the same timestamps and steps: its history gains
+    no second value). Made first, not by ``log_model`` in the run: that links whichever of the
+    run's metrics have the model's step, the system metrics' sample of that number among them."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(str(handle.run_id))
+    source = {key: run.data.tags[key] for key in SOURCE_TAGS if key in run.data.tags}
+    model_id = mlflow.initialize_logged_model(
+        name=record.name, source_run_id=run.info.run_id, tags=source, params=run.data.params,
+        experiment_id=run.info.experiment_id,
+    ).model_id  # fmt: skip
+    if record.metrics:
+        metrics = [Metric(*row, model_id=model_id) for row in record.metrics]
+        client.log_batch(run.info.run_id, metrics=metrics)
+    return str(model_id)

@@ -43,7 +43,7 @@ from trainforge.tracking.client import (
 from trainforge.tracking.datasets import TrainingData
 from trainforge.tracking.spool import Spool
 
-MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step
+MetricRow = model_logging.MetricRow  # key, value, timestamp ms, step
 COMMIT_WAIT_S = 2.0  # how long a checkpoint waits for its metrics to be acknowledged
 CLOSE_WAIT_S = 15.0
 
@@ -166,6 +166,7 @@ class WorkerTracker:
             self.online and ctx.local_rank == 0 and section.system_metrics and not relayed
         )
         self.pending: list[MetricRow] = []
+        self.latest: dict[str, MetricRow] = {}  # each metric's last row: the model's are linked
         self.sender: Sender | None = None
         self.system_monitor: Any = None
         self.busy_s = 0.0  # time the training thread spends in tracking calls
@@ -230,7 +231,9 @@ class WorkerTracker:
             return
         started = time.perf_counter()
         now = int(time.time() * 1000)
-        self.pending.extend((key, float(value), now, step) for key, value in metrics.items())
+        rows = [(key, float(value), now, step) for key, value in metrics.items()]
+        self.pending.extend(rows)
+        self.latest.update((row[0], row) for row in rows)
         self.busy_s += time.perf_counter() - started
 
     @contextlib.contextmanager
@@ -300,11 +303,13 @@ class WorkerTracker:
         self,
         model: nn.Module,
         example: torch.Tensor | None,
-        custom: Callable[[], Any] | None = None,
+        custom: Callable[..., Any] | None = None,
+        name: str = "model",
     ) -> None:
-        """The final weights as a state dict, and as an MLflow model: loadable with
-        ``mlflow.pytorch.load_model`` (with its input example and explicit requirements), or
-        as ``custom`` logs it (the workload's own flavour, e.g. SBI's posterior pyfunc)."""
+        """The final weights as a state dict, and as an MLflow model named ``name``: loadable
+        with ``mlflow.pytorch.load_model`` (with its input example and explicit requirements),
+        or as ``custom`` logs it (the workload's own flavour, e.g. SBI's posterior pyfunc);
+        linked to the run's evaluation metrics (``model_logging.ModelRecord``)."""
         if not self.logs_metrics:
             return
         with tempfile.TemporaryDirectory() as folder:
@@ -314,18 +319,19 @@ class WorkerTracker:
         # a relayed run may not exist yet: the command logs the model if it does
         if not (self.section.log_model and (self.online or self.hands_off)):
             return
+        record = model_logging.ModelRecord.of(name, self.latest)
         logged: nn.Module | None = None
         if custom is None:
             assert example is not None, "the pytorch flavour needs an input example"
             logged, example = model_logging.for_mlflow(model, example)
         if self.hands_off:  # the command logs it (tracking/relay.py)
             try:
-                handed = model_logging.handed_over(logged, example, custom)
+                handed = model_logging.handed_over(logged, example, custom, record)
                 relay.keep_handed_model(str(self._handle().relay_path), handed)
                 return
             except Exception as exc:  # a flavour that cannot be pickled is logged here
                 warn(f"the model is logged by rank 0: it cannot be handed over ({exc})")
-        model_logging.log(self._handle(), logged, example, custom)
+        model_logging.log(self._handle(), logged, example, custom, record)
 
     @contextlib.contextmanager
     def model_folder(self) -> Iterator[Path]:

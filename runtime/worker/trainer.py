@@ -398,11 +398,11 @@ def log_final_artifacts(
     with tracker.model_folder() as folder:
         custom = workload.mlflow_model(model, folder)  # the workload's own flavour
         if custom is not None:
-            tracker.log_model(model, None, custom)
+            tracker.log_model(model, None, custom, workload.model_name)
             return
     batch = next(eval_batches(val_split, WorkerContext(0, 0, 1, 0, torch.device("cpu")), 2))
     example = workload.prepare_batch(batch, train=False)[0]  # the input example: its first tensor
-    tracker.log_model(model, example)
+    tracker.log_model(model, example, name=workload.model_name)
 
 
 @torch.no_grad()

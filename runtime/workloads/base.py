@@ -36,6 +36,9 @@ class Workload(ABC):
     fills_cache: bool = True
     """Whether loading the data may write an on-disk cache (a download): rank 0 then loads
     first while the others wait. False lets every rank load at once."""
+    model_name: str = "model"
+    """The name of the final model in MLflow: what the recipe trains, e.g. ``resnet18_cifar``
+    (MLflow refuses ``/ : . % " '`` in it)."""
     finish: Finish | None = None
     """Rank 0 after training: the workload's own evaluation and export, as ``finish(model,
     run_dir, folder) -> (metrics, files written under folder)``. None: the workload has no
@@ -87,8 +90,9 @@ class Workload(ABC):
     def mlflow_model(self, model: nn.Module, folder: Path) -> Callable[[], Any] | None:
         """How the final model goes to MLflow when not as ``mlflow.pytorch`` with the first
         input tensor as its example (None, the default): a function that logs it into the
-        active MLflow run, using files it writes under ``folder`` now. Picklable, so that rank
-        0 can hand it to the command (``tracking/relay.py``; else rank 0 logs it)."""
+        active MLflow run, using files it writes under ``folder`` now, as the logged model it
+        is given (the keyword ``model_id``: MLflow's, named ``model_name``). Picklable, so that
+        rank 0 can hand it to the command (``tracking/relay.py``; else rank 0 logs it)."""
         return None
 
     def training_data(self) -> TrainingData | None:

@@ -54,10 +54,10 @@ for step in (1, 2):
 plot = Path(folder) / "curve.png"
 plot.write_bytes(b"png")
 tracker.log_artifacts([plot], "plots")
-tracker.log({"train/loss": 0.5}, 3)
+tracker.log({"train/loss": 0.5, "val/accuracy": 0.75, "perf/elapsed_s": 1.5}, 3)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-tracker.log_model(model, torch.zeros(2, 1, 8, 8))
+tracker.log_model(model, torch.zeros(2, 1, 8, 8), name="simple_cnn")
 tracker.close()
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "monitor": tracker.system_monitor is None,
                   "warming": tracker._warming is None}))
@@ -118,9 +118,9 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     assert handle is not None and handle.run_id is not None and sending is not None
     assert handle.relay_path == str(run_dir / relay.RELAY_FILE)
     kept = relay.files_folder(run_dir / relay.RELAY_FILE) / relay.HANDED_MODEL
-    model, example, custom = pickle.loads(kept.read_bytes())
+    model, example, custom, record = pickle.loads(kept.read_bytes())
     sending.log_kept_model()
-    assert custom is None
+    assert custom is None and record.name == "simple_cnn" and record.step == 3
     making.stop()
 
     client = MlflowClient(handle.tracking_uri)
@@ -134,6 +134,17 @@ def test_rank_0_imports_no_mlflow_and_the_command_sends_all_it_wrote(
     assert torch.load(state, weights_only=True).keys() == model.state_dict().keys()
     loaded = the_logged_model(handle.tracking_uri, run, monkeypatch)
     torch.testing.assert_close(loaded(torch.from_numpy(example)), model(torch.from_numpy(example)))
+    # named after the workload's model, the run's output at its last step, linked to the
+    # evaluation's metrics, not to training's, performance's or the system's
+    [logged] = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                           output_format="list")  # fmt: skip
+    assert logged.name == "simple_cnn"
+    assert [(m.key, m.step, m.value) for m in logged.metrics] == [("val/accuracy", 3, 0.75)]
+    assert [m.step for m in run.outputs.model_outputs] == [3]
+    # the logged model's source is the run's (a warm worker's is Ray's default_worker.py)
+    assert {key: logged.tags.get(key) for key in model_logging.SOURCE_TAGS} == {
+        key: run.data.tags.get(key) for key in model_logging.SOURCE_TAGS
+    }
     # the command sampled the system as node 0
     assert any(key.startswith("system/node_0/") for key in run.data.metrics), run.data.metrics
     # all sent: nothing of the relay is left in the run folder, nothing spooled; which MLflow
@@ -259,7 +270,7 @@ workload = SBIWorkload(SBIWorkloadConfig(), seed=0)
 workload.train_theta, workload.train_x, workload.dim_theta, workload.dim_x = theta, x, 2, 2
 model = workload.build_model()
 with tracker.model_folder() as where:
-    tracker.log_model(model, None, workload.mlflow_model(model, where))
+    tracker.log_model(model, None, workload.mlflow_model(model, where), workload.model_name)
 print(json.dumps({"mlflow": "mlflow" in sys.modules, "where": str(where)}))
 """
 

@@ -219,7 +219,7 @@ def test_logging_a_model_leaves_the_processs_tracking_uri_as_it_was(
             monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
         else:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", before)
-        model_logging.log(handle, custom=lambda: logged.append(mlflow.get_tracking_uri()))
+        model_logging.log(handle, custom=lambda **_: logged.append(mlflow.get_tracking_uri()))
         assert os.environ.get("MLFLOW_TRACKING_URI") == before
         # and MLflow's fluent API, which prefers its own global to the variable, follows it again
         assert mlflow.get_tracking_uri() != uri

@@ -6,12 +6,10 @@ import torch
 from torch import nn
 
 from trainforge.errors import RecipeError
-from trainforge.workloads.cnn.checks import (
-    TORCHVISION_PREFIX,
-    check_model_name,
-    check_torchvision_name,
-    import_torchvision,
-)
+
+# The recipe checks (``checks.py``, which reads the whole recipe schema) are imported where a
+# model is built, not with the classes: a logged model ships this module and what it imports
+# at its top level (``tracking/model_code.py``), and loads with that alone.
 
 
 class SimpleCNN(nn.Module):
@@ -123,6 +121,8 @@ def _make_stage(in_planes: int, planes: int, blocks: int, stride: int) -> nn.Seq
 
 def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     """Build the classifier named by ``workload.model``, freshly initialised."""
+    from trainforge.workloads.cnn.checks import TORCHVISION_PREFIX, check_model_name
+
     check_model_name(name)
     if name == "simple_cnn":
         return SimpleCNN(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
@@ -134,6 +134,12 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int) 
 
 
 def _build_torchvision_model(tv_name: str, in_channels: int, num_classes: int) -> nn.Module:
+    from trainforge.workloads.cnn.checks import (
+        TORCHVISION_PREFIX,
+        check_torchvision_name,
+        import_torchvision,
+    )
+
     torchvision = import_torchvision()
     check_torchvision_name(torchvision, tv_name)
     if in_channels != 3:

@@ -14,6 +14,7 @@ from trainforge.config.schema import PrecisionSection
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
+from trainforge.workloads.cnn.checks import TORCHVISION_PREFIX
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
     TensorSplit,
@@ -36,6 +37,8 @@ class CNNWorkload(Workload):
         self.pin_memory = cfg.pin_memory
         # only CIFAR-10 is fetched into a folder; digits, synthetic and ImageFolder only read
         self.fills_cache = cfg.dataset == "cifar10"
+        # the logged model's name: the recipe's model (a torchvision model's own name)
+        self.model_name = cfg.model.removeprefix(TORCHVISION_PREFIX).strip()
 
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         on_device = self.cfg.data_on_device != "false"

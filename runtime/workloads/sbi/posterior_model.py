@@ -23,8 +23,9 @@ class PosteriorExport:
     user_modules: list[str] = field(default_factory=list)
 
 
-def log_pyfunc(spec: PosteriorExport) -> Any:
-    """The posterior as the pyfunc model, into the active MLflow run (``pyfunc.log``)."""
+def log_pyfunc(spec: PosteriorExport, model_id: str | None = None) -> Any:
+    """The posterior as the pyfunc model, into the active MLflow run or as the logged model
+    ``model_id`` (``pyfunc.log``)."""
     from trainforge.workloads.sbi import pyfunc
 
-    return pyfunc.log(spec)
+    return pyfunc.log(spec, model_id=model_id)

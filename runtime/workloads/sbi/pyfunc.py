@@ -79,8 +79,9 @@ def signature(dim_theta: int, dim_x: int) -> ModelSignature:
     )
 
 
-def log(export: PosteriorExport, name: str = "posterior") -> Any:
-    """Log the model into the active MLflow run; returns MLflow's ModelInfo."""
+def log(export: PosteriorExport, name: str = "posterior", model_id: str | None = None) -> Any:
+    """Log the model into the active MLflow run, or as the logged model ``model_id`` (made
+    beforehand, ``mlflow.initialize_logged_model``); returns MLflow's ModelInfo."""
     import sbi
 
     import trainforge
@@ -105,6 +106,7 @@ def log(export: PosteriorExport, name: str = "posterior") -> Any:
         signature=signature(export.dim_theta, export.example_x.shape[1]),
         input_example=export.example_x.astype(np.float32),
         pip_requirements=requirements,
+        model_id=model_id,
     )
 
 

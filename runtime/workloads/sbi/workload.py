@@ -46,6 +46,7 @@ def split(theta: torch.Tensor, x: torch.Tensor, val_fraction: float, seed: int) 
 class SBIWorkload(Workload):
     # Validation is forward-only through a small network: big batches, few launches per epoch.
     eval_batch_size = 16384
+    model_name = "posterior"
 
     def __init__(self, cfg: SBIWorkloadConfig, seed: int) -> None:
         self.cfg = cfg
