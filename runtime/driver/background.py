@@ -16,12 +16,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from trainforge import log
 from trainforge.config import Recipe
-from trainforge.driver import local_cluster, warm_pool
+from trainforge.driver import cluster_footprint, local_cluster, warm_pool
 
 STOP_WAIT_S = 5.0  # a background start asked to stop (SIGTERM) gets this long before SIGKILL
+GRACE_S = 4.0
+"""How long a background start waits before its first step, for a command started right after
+the one that made it (a script's next line): that command reaches its own processes
+(``training_here``) 1-3 s after its start on this project's busy 2-core CPU, and then the
+background start waits for it."""
 
 
 def start_cluster(cfg: Recipe) -> None:
@@ -59,6 +66,9 @@ def start_cluster(cfg: Recipe) -> None:
     if replacing:  # said here, not only in the background start's log
         log.say(replacing)
     log.say(start_line(cfg.scaling.num_workers, started_meanwhile))
+    cost = cluster_footprint.cost_line(cfg.scaling.num_workers)
+    if cost is not None:
+        log.say(cost)
 
 
 def start_line(num_workers: int, running: local_cluster.ClusterState | None) -> str:
@@ -69,10 +79,50 @@ def start_line(num_workers: int, running: local_cluster.ClusterState | None) -> 
     if running is not None:
         return (f"ray: the local cluster at {running.gcs_address} came up while this command "
                 f"ran; readying {workers} there in the background for later commands")  # fmt: skip
-    idle_min = local_cluster.idle_stop_s() / 60
-    return (f"ray: starting the local cluster and {workers} in the background; later commands "
-            f"use them, the cluster stops after {idle_min:.0f} min unused or on `trainforge "
-            "cluster stop`")  # fmt: skip
+    return f"ray: starting the local cluster and {workers} in the background for later commands"
+
+
+def training_lock_path() -> Path:
+    return local_cluster.folder() / "own-workers.lock"
+
+
+@contextlib.contextmanager
+def training_here() -> Iterator[None]:
+    """Held (shared) by a command whose workers are processes of its own, for as long as they
+    run: a background start does nothing while any command holds it (``yield_cores``)."""
+    path = training_lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield  # the lock dies with the process, a killed one's too
+
+
+def commands_training() -> bool:
+    """Whether a command trains on processes of its own now (holds ``training_here``)."""
+    try:
+        with open(training_lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no folder: no command ever trained here
+        return False
+    return False
+
+
+def yield_cores(asked: Callable[[], bool], grace_s: float = 0.0) -> None:
+    """Wait ``grace_s``, then while a command trains on processes of its own: the next step
+    (Ray's start, the warm workers' imports, their rehearsal) would take the cores from it, and
+    a command started right after a cold one ran slowest of all (digits on this project's
+    2-core CPU: overhead 6.8 s against 5.2 s cold). Returns at once when ``asked`` to stop."""
+    deadline, said = time.monotonic() + grace_s, False
+    while not asked():
+        training = commands_training()
+        if not training and time.monotonic() >= deadline:
+            return
+        if training and not said:
+            log.say("a command trains on processes of its own: waiting for it to end")
+            said = True
+        time.sleep(0.2)
 
 
 def wait(timeout_s: float) -> bool:
@@ -151,9 +201,13 @@ def main(lock_fd: int) -> int:
         from trainforge.driver import rehearsal
         from trainforge.driver.cluster import connect
 
-        connect()
+        yield_cores(lambda: term.asked, GRACE_S)
+        if not term.asked:  # a stop asked before the start starts nothing
+            connect()
         term.start_done()
+        yield_cores(lambda: term.asked)
         started = warm_pool.prestart(cfg)
+        yield_cores(lambda: term.asked)
         code = rehearsal.rehearse(cfg, started)  # a stop there ends the rehearsal's run
         if code is not None and not term.asked:
             log.say(f"rehearsal {'done' if code == 0 else f'failed (exit {code})'}")

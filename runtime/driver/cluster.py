@@ -105,6 +105,7 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     started_at = time.monotonic()
     state, started = _held.enter_context(local_cluster.claimed(log.say))
     ray_compat.use_auth_token(state.token_path)
+    local_cluster.single_node_client()
     # The workers' processes are children of a Ray started by an earlier command: this
     # command's settings (threads, MLflow, Python path) reach them through the payload
     # (launch.py, local_cluster.worker_env); the cluster's address and Ray Train's settings are
@@ -113,11 +114,14 @@ def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
     local_cluster.joined.set()
     took = time.monotonic() - started_at
     if started:
+        from trainforge.driver import cluster_footprint
+
         idle_min = local_cluster.idle_stop_s() / 60
+        cost = cluster_footprint.cost_line(None)
         return (
             f"ray: started a local cluster at {state.gcs_address} ({took:.1f} s); later commands "
             f"reuse it, it stops after {idle_min:.0f} min unused or on `trainforge cluster stop`"
-        )
+        ) + (f"\n{log.PREFIX} {cost}" if cost else "")
     return f"ray: connected to the local cluster at {state.gcs_address} ({took:.1f} s)"
 
 

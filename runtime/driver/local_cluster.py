@@ -424,7 +424,8 @@ def _hold_alone(lock_path: Path) -> IO[str] | None:
 
 
 def _supervisor_env() -> dict[str, str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder() / "token")}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(folder() / "token"),
+           **SINGLE_NODE}  # fmt: skip
     # MLflow's settings are each command's (its store, its credentials): every command hands
     # its own to the workers (worker_env); the cluster's own would outlive the command that
     # started it, and be seen by later commands that set none
@@ -435,6 +436,25 @@ def _supervisor_env() -> dict[str, str]:
     # environment, which is the cluster's.
     env |= RUN_SETTINGS
     return env
+
+
+SINGLE_NODE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""Ray's single-node mode, where every port of the cluster is bound to 127.0.0.1. Otherwise Ray
+2.60 takes ``--node-ip-address=127.0.0.1`` for the machine's own address (its
+``resolve_ip_for_localhost``): the GCS, raylet, agents and workers listen on all interfaces
+and its client server on the machine's address. Every process that talks to the cluster needs
+it too, else it too turns 127.0.0.1 into that address, where nothing listens
+(``single_node_client``); the cluster's own processes inherit it."""
+
+
+def single_node_client() -> None:
+    """Let this process join the lasting cluster at 127.0.0.1 (``SINGLE_NODE``). Ray reads the
+    variable when it is imported, which a command has done before it knows where it runs, and
+    asks the constant each time it resolves an address."""
+    os.environ.update(SINGLE_NODE)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False  # type: ignore[attr-defined]
 
 
 RUN_SETTINGS = {

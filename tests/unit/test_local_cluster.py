@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainforge.driver import local_cluster, orphans
+from trainforge.driver import background, cluster_footprint, local_cluster, orphans
 from trainforge.driver.local_cluster import ClusterState
 from trainforge.worker import environment
 
@@ -310,3 +310,72 @@ def test_a_command_that_finds_another_starting_the_cluster_uses_it_and_did_not_s
     waiting.join(10)
     gcs.close()
     assert found == [(theirs, False)]
+
+
+def test_the_cost_of_the_cluster_is_said_once_per_home(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first command that starts the lasting cluster says what it holds, when it stops and
+    the setting under which nothing outlives a command; later commands, and another command's
+    start beside it, say nothing more. Another home is told again."""
+    monkeypatch.setenv("TRAINFORGE_CLUSTER_IDLE_S", "900")
+    first = cluster_footprint.cost_line(2)
+    assert first == (
+        "ray: the local cluster holds about 1.8 GB of memory (Ray, 2 warm workers and a tracker) "
+        "until 15 min unused or `trainforge cluster stop`; with TRAINFORGE_WORKERS=own nothing "
+        "outlives a command (said once; `trainforge cluster status` shows what it holds)"
+    )
+    assert cluster_footprint.cost_line(2) is None
+    assert cluster_footprint.cost_line(None) is None  # a command that started it in front
+    monkeypatch.setenv("TRAINFORGE_HOME", str(home / "another-user"))
+    again = cluster_footprint.cost_line(None)
+    assert again is not None and again.startswith(
+        "ray: the local cluster holds about 0.75 GB of memory, and 0.35 GB per warm worker until "
+        "15 min unused"
+    )
+
+
+def test_the_supervisor_starts_ray_in_its_single_node_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's single-node mode binds every port to 127.0.0.1 (checked on a real cluster:
+    tests/integration/test_local_cluster.py); a client in it resolves 127.0.0.1 to itself."""
+    import ray._private.ray_constants as constants
+    from ray._private import services
+
+    assert local_cluster._supervisor_env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    # both restored after the test: the session's other Ray clusters are not single-node
+    monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", True)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
+    assert services.canonicalize_bootstrap_address("127.0.0.1:6380") != "127.0.0.1:6380"
+    local_cluster.single_node_client()
+    assert services.canonicalize_bootstrap_address("127.0.0.1:6380") == "127.0.0.1:6380"
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+
+
+HOLD_TRAINING_LOCK = """
+import sys, time
+from trainforge.driver import background
+with background.training_here():
+    print("holding", flush=True)
+    time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_background_start_waits_while_a_command_trains_on_its_own_processes() -> None:
+    """A command that trains on processes of its own holds a shared lock; a background start
+    waits for every such command to end before each of its steps, and at once when stopped."""
+    assert not background.commands_training()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_TRAINING_LOCK, "2"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+    assert background.commands_training()
+    began = time.monotonic()
+    background.yield_cores(lambda: True)  # asked to stop: no wait
+    assert time.monotonic() - began < 0.5
+    background.yield_cores(lambda: False)
+    waited = time.monotonic() - began
+    assert holder.wait(timeout=10) == 0
+    assert 1.0 < waited < 6.0, waited  # until the holder ended (~2 s after its start)
+    assert not background.commands_training()
+    began = time.monotonic()
+    background.yield_cores(lambda: False, grace_s=0.6)  # nobody trains: the grace alone
+    assert 0.6 <= time.monotonic() - began < 2.0

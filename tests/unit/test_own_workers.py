@@ -77,6 +77,36 @@ def test_which_commands_train_on_their_own_workers(
         why()
 
 
+def test_while_a_background_start_readies_the_cluster_a_command_trains_on_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cluster that runs is used, unless a background start is readying it: its warm
+    workers would be importing or rehearsing, and the command would wait for them."""
+    import json
+    import socket
+    from dataclasses import asdict
+
+    a_users_command(monkeypatch, tmp_path)
+    with socket.socket() as gcs:  # a GCS that answers, under a supervisor that lives
+        gcs.bind(("127.0.0.1", 0))
+        gcs.listen()
+        cluster = local_cluster.ClusterState(
+            gcs_address=f"127.0.0.1:{gcs.getsockname()[1]}", dashboard_url="",
+            supervisor_pid=os.getpid(), temp_dir="", python=local_cluster._python(),
+            ray_version=local_cluster._ray_version(), started_at=0.0,
+        )  # fmt: skip
+        local_cluster.folder().mkdir(parents=True)
+        (local_cluster.folder() / "state.json").write_text(json.dumps(asdict(cluster)))
+        assert own.unavailable(recipe(), str(tmp_path)) == "the local cluster runs"  # type: ignore[arg-type]
+        with open(local_cluster.background_lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # as a background start holds it
+            assert own.unavailable(recipe(), str(tmp_path)) is None  # type: ignore[arg-type]
+            assert own.phase_line() == (
+                "ray: the local cluster is being readied in the background for later commands; "
+                "this run's workers are processes of this command"
+            )
+
+
 @pytest.mark.ray
 def test_a_process_connected_to_ray_trains_there(
     ray_cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -259,8 +289,7 @@ def test_a_stop_asked_while_the_background_start_starts_the_cluster_waits_for_th
 
 def test_a_command_says_whether_its_background_start_starts_the_cluster_or_found_it() -> None:
     assert background.start_line(2, None) == (
-        "ray: starting the local cluster and 2 warm workers in the background; later commands "
-        "use them, the cluster stops after 30 min unused or on `trainforge cluster stop`"
+        "ray: starting the local cluster and 2 warm workers in the background for later commands"
     )
     came_up = local_cluster.ClusterState(
         gcs_address="127.0.0.1:6380", dashboard_url="", supervisor_pid=1, temp_dir="",

@@ -64,13 +64,20 @@ def unavailable(cfg: Recipe, storage_path: str) -> str | None:
         return "its data stage runs on the cluster"
     if storage.local_folder(storage_path) is None:
         return "remote storage"
-    if settings.keeps_cluster() and local_cluster.running() is not None:
+    # While a background start readies the cluster's warm workers (their imports, their
+    # rehearsal), a command that joined it would wait for them: it trains on its own processes,
+    # and the background start waits for it (``background.yield_cores``).
+    if (settings.keeps_cluster() and local_cluster.running() is not None
+            and not local_cluster.background_start_running()):  # fmt: skip
         return "the local cluster runs"
     return None
 
 
 def phase_line() -> str:
     """The command's first line where its workers are its own processes."""
+    if settings.keeps_cluster() and local_cluster.background_start_running():
+        return ("ray: the local cluster is being readied in the background for later commands; "
+                "this run's workers are processes of this command")  # fmt: skip
     if settings.keeps_cluster():
         return "ray: no local cluster runs; this run's workers are processes of this command"
     return (f"ray: none for this command ({settings.WORKERS.name}=own: nothing outlives it); "
@@ -122,6 +129,9 @@ class OwnWorkers(WorkerGroup):
         super().__init__(cfg)
         self._held = contextlib.ExitStack()
         self._stop_relay: Any = None
+        from trainforge.driver import background
+
+        self._held.enter_context(background.training_here())  # a background start waits
         self.slots = self._held.enter_context(warm_pool.claimed_slots(cfg.scaling.num_workers))
         self.gpus: list[str] | None = None
         if cfg.scaling.use_gpu == "true":
