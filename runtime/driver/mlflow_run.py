@@ -27,16 +27,22 @@ def spool_file(cfg: Recipe, storage_path: str) -> Path:
 
 
 def start(
-    cfg: Recipe, root: str, quiet: Any = None, tags: dict[str, str] | None = None
+    cfg: Recipe,
+    root: str,
+    quiet: Any = None,
+    tags: dict[str, str] | None = None,
+    command_started: float | None = None,
 ) -> RunHandle:
     """Create or reopen the MLflow run, tagged with ``tags`` (default: this command's,
-    ``tracking.driver_tags``); its phase line unless ``quiet`` (a ``threading.Event``) is set
-    by then."""
+    ``tracking.driver_tags``), a new one starting when the command did (``command_started``,
+    default this process's ``log.STARTED_AT``); its phase line unless ``quiet`` (a
+    ``threading.Event``) is set by then."""
     started = time.time()
     handle = tracking.start_run(cfg.tracking, cfg.run.name, config.to_container(cfg),
                                 config.to_yaml(cfg), str(spool_file(cfg, root)),
                                 tags if tags is not None else tracking.driver_tags(),
-                                resolve_uri(cfg.tracking.tracking_uri))  # fmt: skip
+                                resolve_uri(cfg.tracking.tracking_uri),
+                                command_started)  # fmt: skip
     if handle.run_id is not None and not (quiet is not None and quiet.is_set()):
         state = "reopened" if handle.resumed else "created"
         log.phase("mlflow", f"run {handle.run_id} {state} at {redact(handle.tracking_uri)}",
@@ -73,7 +79,7 @@ class MadeRun(Protocol):
 class CommandRun:
     """The run in the making (``begin``), and its end (``end``). Made in the command, or, for
     warm workers, in the lasting cluster's warm tracker (``driver/warm_tracker.py``), given the
-    command's ``tags``."""
+    command's ``tags`` and start (``command_started``)."""
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class CommandRun:
         hand_over: Callable[[Any], None] | None,
         tags: dict[str, str] | None = None,
         leftover_end: int | None = None,
+        command_started: float | None = None,
     ) -> None:
         from trainforge.tracking import relay
         from trainforge.workloads import spec_for
@@ -91,7 +98,7 @@ class CommandRun:
         interval = section.system_metrics_interval_s if section.system_metrics else None
         imports = spec_for(cfg.workload.kind).model_imports if section.log_model else ()
         self.making: relay.RunInTheMaking = relay.RunInTheMaking(
-            lambda: start(cfg, root, quiet=self.making.quiet, tags=tags),
+            lambda: start(cfg, root, self.making.quiet, tags, command_started),
             self.for_workers, interval, imports, hand_over, leftover_end,
         )  # fmt: skip
 
@@ -102,11 +109,12 @@ class CommandRun:
         hand_over: Callable[[Any], None] | None = None,
         tags: dict[str, str] | None = None,
         leftover_end: int | None = None,
+        command_started: float | None = None,
     ) -> CommandRun:
         """The run, being made (``hand_over``: where the workers that talk to MLflow themselves
         are given it; ``leftover_end``: the relay file's size before the workers started, where
         it was measured by the command — ``relay.RunInTheMaking``)."""
-        run = cls(cfg, hand_over, tags, leftover_end)
+        run = cls(cfg, hand_over, tags, leftover_end, command_started)
         run.making.start()  # from here on a Ctrl-C still ends the run (``end``)
         return run
 

@@ -44,11 +44,11 @@ class WarmTracker(WarmWorker):
         self._run: CommandRun | None = None
 
     def begin(self, recipe: dict[str, Any], tags: dict[str, str], env: dict[str, str],
-              lines: str, leftover_end: int) -> None:  # fmt: skip
+              lines: str, leftover_end: int, started: float) -> None:  # fmt: skip
         """Begin making the command's run, tagged ``tags``, with the command's environment
         ``env`` taken on until its end, this process's lines to the file ``lines``;
         ``leftover_end``, the relay file's size the command found before its workers started
-        (this call may come after rank 0 has written)."""
+        (this call may come after rank 0 has written); ``started``, the command's start."""
         from trainforge import config
 
         self.running = True
@@ -56,7 +56,7 @@ class WarmTracker(WarmWorker):
             self._held.enter_context(lines_to(Path(lines), 0))
             self._held.enter_context(environment.applied(env))
             self._run = CommandRun.begin(
-                config.from_container(recipe), tags=tags, leftover_end=leftover_end
+                config.from_container(recipe), None, tags, leftover_end, started
             )
         except BaseException:
             self._held.close()
@@ -98,7 +98,7 @@ class TrackerRun:
         left = relay.size(Path(str(self.for_workers.relay_path)))  # before the workers write
         self._begun = tracker.begin.remote(config.to_container(cfg), tracking.driver_tags(),
                                            local_cluster.worker_env(), str(lines),
-                                           left)  # fmt: skip
+                                           left, log.STARTED_AT)  # fmt: skip
 
     def end(
         self,

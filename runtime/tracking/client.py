@@ -159,6 +159,24 @@ def reachable(uri: str, timeout_s: float = 5.0) -> bool:
     return health_problem(uri, timeout_s) is None
 
 
+def run_url(uri: str, run_id: str, timeout_s: float = 2.0) -> str | None:
+    """The run's page in the MLflow UI of the server at ``uri``
+    (``http://HOST:PORT/#/experiments/<id>/runs/<run>``, without credentials); None for a local
+    store, or a server that does not answer within ``timeout_s``."""
+    if not uri.startswith(("http://", "https://")) or not reachable(uri, timeout_s):
+        return None
+    from mlflow.tracking import MlflowClient
+
+    try:
+        experiment_id = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
+    except Exception:  # a question for a link: nothing to say when it is not answered
+        return None
+    scheme, _, rest = uri.partition("://")
+    netloc, _, path = rest.partition("/")
+    base = f"{scheme}://{netloc.rpartition('@')[2]}/{path}".rstrip("/")
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def health_problem(uri: str, timeout_s: float = 5.0) -> str | None:
     """Why the server at ``uri`` does not answer /health from this machine (refused, a name
     that does not resolve, no answer in time, an HTTP status), else None; None for local stores."""
@@ -202,6 +220,7 @@ def find_or_create_run(
     run_name: str,
     folder: Path | None,
     user: str | None = None,
+    started_ms: int | None = None,
 ) -> tuple[str, bool]:
     """(run_id, created): the MLflow run that the commands of the run ``folder`` record into,
     reopened; else a new run, created by ``user`` (its ``user_id``, which the UI's "Created by"
@@ -209,11 +228,9 @@ def find_or_create_run(
     same ``run.name`` in another folder (another project, another user of a shared server, a
     run folder removed to start again) is another run, and gets its own. By name only where
     nothing here can keep the record (``folder`` None: the run's storage is remote, s3://…), and
-    for folders of an older trainforge (checkpoints, no record), as then."""
-    found_experiment = client.get_experiment_by_name(experiment)
-    experiment_id = (
-        found_experiment.experiment_id if found_experiment else client.create_experiment(experiment)
-    )
+    for folders of an older trainforge (checkpoints, no record), as then. A new run starts at
+    ``started_ms`` (the command's start: its MLflow duration is the run's)."""
+    experiment_id = _experiment_id(client, experiment)
     key = f"{redact(uri)} {experiment}"
     recorded = _recorded_runs(folder) if folder is not None else {}
     known = recorded.get(key)
@@ -225,13 +242,48 @@ def find_or_create_run(
     created = known is None or not _active(client, known)
     if created:
         tags = {RUN_NAME_TAG: run_name} | ({"mlflow.user": user} if user else {})
-        known = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+        known = client.create_run(
+            experiment_id, start_time=started_ms, run_name=run_name, tags=tags
+        ).info.run_id
     run_id = str(known)
     if folder is not None and recorded.get(key) != run_id:
         folder.mkdir(parents=True, exist_ok=True)
         with replacing(folder / RUNS_FILE) as temporary:
             temporary.write_text(json.dumps(recorded | {key: run_id}, indent=1) + "\n")
     return run_id, created
+
+
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+
+def _experiment_id(client: Any, name: str) -> str:
+    """The experiment ``name``, made if need be, and marked as one of trained models: MLflow
+    3's UI otherwise guesses its kind and opens an experiment without traces on its GenAI
+    overview, not on its runs."""
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        return str(client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT}))
+    if EXPERIMENT_KIND not in found.tags:  # one made before, or by someone else: unguessed
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_DEVELOPMENT)
+    return str(found.experiment_id)
+
+
+MODEL_DEVELOPMENT = "custom_model_development"  # MLflow 3's kind for a model-training project
+
+
+def runs_view(uri: str, experiment: str, served_at: str) -> str:
+    """Where the MLflow UI at ``served_at`` shows the runs of ``experiment`` in the store
+    ``uri`` (its runs view, the experiment marked so that the UI stays there); the UI's list of
+    experiments where the store has no such experiment or cannot be read."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(experiment) is None:
+            return served_at
+        return f"{served_at}/#/experiments/{_experiment_id(client, experiment)}/runs"
+    except Exception:  # a question for a link: the UI itself shows what is wrong
+        return served_at
 
 
 def _recorded_runs(folder: Path) -> dict[str, str]:

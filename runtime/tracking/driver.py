@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainforge import settings, storage
+from trainforge import log, settings, storage
 from trainforge.log import first_line, warn
 from trainforge.tracking import new_store
 from trainforge.tracking.client import (
@@ -161,12 +161,14 @@ def start_run(
     spool_path: str,
     tags: dict[str, str] | None = None,
     uri: str | None = None,
+    started: float | None = None,
 ) -> RunHandle:
     """Create the MLflow run for ``run_name`` or reopen it; offline (spooling) when the server
-    cannot be reached. ``tags``: ``driver_tags()``, and ``uri``: the store as the command
-    resolved it (``client.resolve_uri``), taken in the driver when this runs in another
-    process (a warm worker, ``driver/warm_pool.py``, started by an earlier command: its own
-    folder and environment are not this command's)."""
+    cannot be reached. ``tags``: ``driver_tags()``, ``uri``: the store as the command resolved
+    it (``client.resolve_uri``), and ``started``: the command's start (``log.STARTED_AT``), the
+    new run's start time, taken in the driver when this runs in another process (a warm
+    worker, ``driver/warm_pool.py``, started by an earlier command: its own folder,
+    environment and start are not this command's)."""
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
@@ -188,8 +190,9 @@ def start_run(
         # the run's, a later command of it may run elsewhere)
         remote = storage.is_uri(str(recipe.get("run", {}).get("storage_path", "")))
         folder = None if remote else Path(spool_path).parent
+        started_ms = int(1000 * (log.STARTED_AT if started is None else started))
         run_id, created = find_or_create_run(
-            client, uri, section.experiment, run_name, folder, user
+            client, uri, section.experiment, run_name, folder, user, started_ms
         )
         handle.run_id, handle.resumed = run_id, not created
         if created:

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from trainforge import config, settings
 from trainforge.config.schema import TrackingSection
 from trainforge.tracking import driver
-from trainforge.tracking.client import FAILURE_TAG, RUNS_FILE, RunHandle
+from trainforge.tracking.client import FAILURE_TAG, RUNS_FILE, RunHandle, run_url, runs_view
 from trainforge.tracking.spool import SPOOL_FILE, Spool, replay, send
 from trainforge.tracking.worker import Sender
 
@@ -82,8 +82,8 @@ def test_machine_paths_are_tags_and_the_rest_params() -> None:
     assert kept == {k: v for k, v in params.items() if k not in tags}
 
 
-def _run_recipe(storage: Path | str, uri: str) -> config.Recipe:
-    overrides = [f"run.storage_path={storage}", f"tracking.tracking_uri={uri}"]
+def _run_recipe(storage: Path | str, uri: str, *more: str) -> config.Recipe:
+    overrides = [f"run.storage_path={storage}", f"tracking.tracking_uri={uri}", *more]
     return config.load(DIGITS, overrides)
 
 
@@ -298,3 +298,35 @@ def test_a_run_that_finishes_after_a_failed_attempt_no_longer_carries_its_failur
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED" and FAILURE_TAG not in run.data.tags, route
     driver.finish_run(handle, "FINISHED", None)  # never failed: nothing to drop, no error
+
+
+def test_a_new_run_starts_when_the_command_did_and_its_experiment_opens_on_its_runs(
+    tmp_path: Path,
+) -> None:
+    """MLflow's duration of a run is the command's (the run is made beside the workers, seconds
+    after the command began); a resumed run keeps its first start. The experiment is marked as
+    one of trained models, so MLflow 3's UI opens it on its runs, not on its GenAI overview;
+    ``trainforge ui`` names that view (``runs_view``)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    cfg = _run_recipe(tmp_path / "runs", uri)
+    args = (cfg.tracking, cfg.run.name, config.to_container(cfg), "", str(tmp_path / SPOOL_FILE))
+    began = 1_700_000_000.25
+    handle = driver.start_run(*args, started=began)
+    assert client.get_run(str(handle.run_id)).info.start_time == 1_700_000_000_250
+    again = driver.start_run(*args, started=began + 60)
+    assert again.resumed and client.get_run(str(again.run_id)).info.start_time == 1_700_000_000_250
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # one made elsewhere without a kind is marked too, once a run is made in it
+    client.create_experiment("elsewhere")
+    other = _run_recipe(tmp_path / "other", uri, "tracking.experiment=elsewhere")
+    _start(other, tmp_path / "other" / other.run.name)
+    kind = client.get_experiment_by_name("elsewhere").tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development"
+    served = "http://127.0.0.1:5000"
+    assert runs_view(uri, cfg.tracking.experiment, served) == (
+        f"{served}/#/experiments/{experiment.experiment_id}/runs"
+    )
+    assert runs_view(uri, "none-such", served) == served
+    assert run_url(uri, str(handle.run_id)) is None  # a local store: no server to link to
