@@ -360,6 +360,7 @@ def _cluster_status() -> int:
                 f"{running.dashboard_url}, supervisor pid {running.supervisor_pid}, "
                 f"Ray {running.ray_version}")  # fmt: skip
         cpus, gpus, workers = _cluster_view(running)
+        log.say(_cluster_memory(running.supervisor_pid))
     log.say(f"resources: {log.counted(cpus, 'CPU', 'CPUs')}, {log.counted(gpus, 'GPU', 'GPUs')}")
     if starting:
         log.say(f"a background start is still readying warm workers (its log: {log_path})")
@@ -370,6 +371,15 @@ def _cluster_status() -> int:
         for line in lines:
             log.say(f"  {line}")
     return 0
+
+
+def _cluster_memory(supervisor_pid: int) -> str:
+    from trainforge.driver import cluster_footprint
+
+    found = cluster_footprint.processes(supervisor_pid)
+    held = cluster_footprint.gigabytes(cluster_footprint.memory_pss(found))
+    return (f"memory: {held} (PSS, summed over its "
+            f"{log.counted(len(found), 'process', 'processes')})")  # fmt: skip
 
 
 def _no_cluster() -> str:
@@ -422,9 +432,10 @@ def _cluster_view(state: Any) -> tuple[int, int, list[str]]:
     import ray
 
     from trainforge import ray_compat
-    from trainforge.driver import warm_pool
+    from trainforge.driver import local_cluster, warm_pool
 
     ray_compat.use_auth_token(state.token_path)
+    local_cluster.single_node_client()
     ray.init(address=state.gcs_address, logging_level=logging.WARNING, log_to_driver=False)
     try:
         total = ray.cluster_resources()
