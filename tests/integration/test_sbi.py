@@ -185,7 +185,10 @@ def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: 
         "evaluation/posterior.pt",
         "evaluation/pair_plot_obs1.png",
         "evaluation/sbc.png",
+        "evaluation/sbc_ranks.png",
+        "evaluation/tarp.png",
     } <= files
+    assert -0.5 <= run.data.metrics["tarp/atc"] <= 0.5  # sbi's TARP on the SBC pairs
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == metrics["epoch"]
 
 
