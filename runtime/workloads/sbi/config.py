@@ -122,7 +122,8 @@ class EvaluationSection(Section):
     """C2ST against reference posterior samples (sbibm's definition; 10-d costs ~1-2 min per
     observation on one core)."""
     sbc_runs: int = 200
-    """Simulation-based calibration: (θ, x) pairs from the prior, 0 disables."""
+    """Simulation-based calibration and TARP (sbi's): (θ, x) pairs from the prior, 0 disables
+    both."""
     sbc_samples: int = 1000
     """Posterior samples per SBC run."""
     pair_plot: bool = True
