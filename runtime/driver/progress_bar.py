@@ -3,19 +3,18 @@
 meanwhile put above it (``log.write_around``), and left on a line of its own at its last frame
 when the run ends, so the closing table or the Ctrl-C line starts on a clean line.
 
-tqdm rather than rich (Lightning's other bar): tqdm is installed with the runtime anyway,
-imports in 0.05 s here, and draws one line with carriage returns, which every terminal takes.
+tqdm rather than rich (Lightning's other bar): tqdm is installed with the runtime anyway and
+draws one line with carriage returns, which every terminal takes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
 from typing import IO, Any
-
-from tqdm import tqdm
 
 from trainforge import log
 from trainforge.progress_events import Event
@@ -27,8 +26,16 @@ MIN_BAR = 10  # the bar's own columns that the loss and the rate give way to in 
 WITH_TOTAL_FIXED = len(" 100%|| / [00:00<00:00, ]")
 
 
-class _Tqdm(tqdm):  # type: ignore[type-arg]
-    monitor_interval = 0  # no monitor thread: the bar is redrawn as events come
+@functools.cache
+def _tqdm() -> type[Any]:
+    """tqdm's bar class, imported with the first bar (not at the command's start: 0.04-0.05 s
+    here), without tqdm's monitor thread: the bar is redrawn as events come."""
+    from tqdm import tqdm
+
+    class Tqdm(tqdm):  # type: ignore[type-arg]
+        monitor_interval = 0
+
+    return Tqdm
 
 
 class Bar:
@@ -36,7 +43,7 @@ class Bar:
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
-        self._tqdm: _Tqdm | None = None
+        self._tqdm: Any = None  # tqdm's bar while one is drawn
         self._last: Event | None = None  # the last step's event: its loss stays on the bar
         self._lock = threading.RLock()  # Ray's log thread and the command's own lines
 
@@ -55,7 +62,7 @@ class Bar:
         """The run's last step, logged or not, then the bar's last frame on its own line: at
         100 % (a run that early stopping ended before its planned steps ends its bar there)."""
         with self._lock:
-            bar = self._tqdm or self._open(event)
+            bar = self._tqdm if self._tqdm is not None else self._open(event)
             if bar.total is not None:
                 bar.total = event["step"]
             bar.n = event["step"]
@@ -73,10 +80,10 @@ class Bar:
                 self._tqdm.close()
                 self._tqdm, self._last = None, None
 
-    def _open(self, event: Event, postfix: str = "") -> _Tqdm:
+    def _open(self, event: Event, postfix: str = "") -> Any:
         """A bar at ``event``'s step, drawn at once."""
         total = event.get("total")
-        self._tqdm = _Tqdm(
+        self._tqdm = _tqdm()(
             total=total, initial=event["step"], file=self.out, dynamic_ncols=True, leave=True,
             position=0,  # one bar: never below a bar another run left open
             mininterval=0,  # every event drawn: they come at the logging cadence, not per step

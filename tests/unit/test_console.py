@@ -183,9 +183,15 @@ def test_a_run_that_early_stopping_ends_shows_no_totals(capsys: pytest.CaptureFi
     event = progress_events.read(written[1])
     assert event is not None and (event["epochs"], event["total"]) == (None, None)
     out = Terminal()
-    Console(None, out).handle(batch(written[1]))
+    shown = Console(None, out)
+    shown.handle(batch(written[1]))
     assert out.getvalue().startswith("\repoch 2 step 35 [")  # a bar without a total
     assert "%" not in out.getvalue() and "loss 0.5000" in out.getvalue()
+    lines.finish(Position(3, 0, 40))  # early stopping ended it at step 40, no logging step
+    shown.handle(batch(capsys.readouterr().out.rstrip("\n")))
+    last_frame, finished = out.getvalue().rsplit("\r", 1)[-1].split("\n")[:2]
+    assert last_frame.startswith("epoch 2 step 40 [") and "%" not in last_frame
+    assert finished.startswith("[trainforge] finished at step 40 in ")
 
 
 def test_summary_table(capsys: pytest.CaptureFixture) -> None:
