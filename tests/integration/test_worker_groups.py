@@ -20,6 +20,8 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
 - credentials in the tracking URI reach a server that requires basic auth, and they and secrets
   in the environment are in no file and no line;
 - a run MLflow never saw, synced later, holds what a run tracked live holds;
+- a user's own workload (``examples/wave``, copied to a folder outside the repository) trains,
+  is restarted after a worker raises, and ends bitwise as uninterrupted, its settings in MLflow;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
   (step lines, checkpoint, MLflow) says so.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +60,9 @@ from trainforge import checkpoint, config, optim
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("worker-groups")]
 
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
+WAVE = Path(__file__).resolve().parents[2] / "examples" / "wave"
+WAVE_STEPS_PER_EPOCH = 32  # 4096 rows in batches of 64 over 2 workers
+WAVE_COMMON = ["train.epochs=3", "tracking.system_metrics=false"]
 # batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s; augmentation on,
 # so that a resume must restore every rank's random streams to end bitwise the same
 STEPS_PER_EPOCH = 89
@@ -279,6 +285,65 @@ def _ended_as_uninterrupted_after_one_restart(
     restarted = client.get_metric_history(run.info.run_id, "run/restarts")
     assert [(m.value, m.step) for m in restarted] == [(1.0, STEPS_PER_EPOCH)]
     return final, run, client
+
+
+def wave_project(parent: Path) -> Path:
+    """The example workload and its recipe, as a user's project of its own (outside the
+    repository, so only its folder makes its module importable)."""
+    project = parent / "wave-project"
+    project.mkdir()
+    for name in ("wave_task.py", "recipe.yaml"):
+        shutil.copy(WAVE / name, project / name)
+    return project
+
+
+def train_wave(
+    project: Path, env: dict[str, str], *overrides: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainforge", "train", "recipe.yaml", *WAVE_COMMON, *overrides],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def wave_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The example's final checkpoint without a fault, on the command's own processes."""
+    project = wave_project(tmp_path_factory.mktemp("wave-uninterrupted"))
+    env = {**os.environ, "TRAINFORGE_WORKERS": "own", "TRAINFORGE_HOME": str(project / "home")}
+    env.pop("RAY_ADDRESS", None)
+    done = train_wave(project, env, "tracking.enabled=false")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = checkpoint.newest_in(project / "runs" / "wave-regression")
+    assert found.state is not None
+    return found.state
+
+
+def test_a_users_own_workload_is_restarted_and_ends_as_uninterrupted(
+    place: Place, wave_uninterrupted: dict[str, Any]
+) -> None:
+    """The example workload of a user's project (its module importable only from its folder):
+    a worker raises in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint
+    and ends bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the
+    workload's own settings and validation metrics."""
+    project = wave_project(place.folder)
+    at = WAVE_STEPS_PER_EPOCH + 5
+    ran = train_wave(project, faults.env(place.env, **{faults.RAISE_AT_STEP: at}),
+                     "run.max_failures=1")  # fmt: skip
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 0, said[-3000:]
+    assert "workers restarted (1 so far, run.max_failures), resuming" in said, said[-3000:]
+    final = checkpoint.newest_in(project / "runs" / "wave-regression").state
+    assert final is not None and final["global_step"] == 3 * WAVE_STEPS_PER_EPOCH
+    for key, weights in wave_uninterrupted["model"].items():
+        assert torch.equal(final["model"][key], weights), key
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("trainforge").experiment_id])
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["workload.entry"] == "wave_task:WaveRegression"
+    assert params["workload.config.hidden"] == "64"
+    assert run.data.metrics["val/rmse"] < 0.5  # learnt: the wave's values spread over ±1
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(

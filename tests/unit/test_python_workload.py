@@ -224,8 +224,9 @@ def test_a_module_that_is_not_there_is_named_with_where_it_was_looked_for(
 def test_a_broken_workload_stops_the_command_in_one_line_before_any_worker(
     tmp_path: Path,
 ) -> None:
-    """`train` and `validate` of the example with its loss broken: exit 2, one line naming the
-    entry and what was expected, no traceback, no run folder and no MLflow store written."""
+    """`validate` of a settings key the workload's Config lacks, and `train` and `validate` of
+    the example with its loss broken: exit 2, one line naming the key or the entry and what
+    was expected, no traceback, no run folder and no MLflow store written."""
     project = tmp_path / "project"
     project.mkdir()
     source = (EXAMPLE / "wave_task.py").read_text()
@@ -234,6 +235,14 @@ def test_a_broken_workload_stops_the_command_in_one_line_before_any_worker(
     assert broken != source
     (project / "wave_task.py").write_text(broken)
     (project / "recipe.yaml").write_text((EXAMPLE / "recipe.yaml").read_text())
+    refused = subprocess.run(
+        [sys.executable, "-m", "trainforge", "validate", "recipe.yaml", "workload.config.hiden=3"],
+        cwd=project, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "trainforge: error: workload.config.hiden: unknown key (did you mean "
+        "'workload.config.hidden'?)"
+    ), refused.stderr
     for command in ("validate", "train"):
         done = subprocess.run(
             [sys.executable, "-m", "trainforge", command, "recipe.yaml"],

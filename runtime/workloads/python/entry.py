@@ -8,7 +8,7 @@ import inspect
 from typing import Any
 
 from trainforge.config.load import typed_section
-from trainforge.errors import UserCodeError
+from trainforge.errors import RecipeError, UserCodeError
 from trainforge.log import first_line
 from trainforge.workloads import user_code
 from trainforge.workloads.base import Workload
@@ -23,9 +23,12 @@ def settings(entry: Any, cfg: PythonWorkloadConfig) -> Any:
     """What the entry is given: an instance of its ``Config`` dataclass made from
     ``workload.config`` (every key checked as a recipe's are), or the mapping itself."""
     schema = getattr(entry, "Config", None)
-    if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema)):
+        return dict(cfg.config)
+    try:
         return typed_section(schema, cfg.config, "workload.config")
-    return dict(cfg.config)
+    except RecipeError as exc:  # wrong wherever it runs: `validate` fails on it too
+        raise WorkloadCodeError(str(exc)) from None
 
 
 def make(cfg: PythonWorkloadConfig, seed: int) -> Workload:
