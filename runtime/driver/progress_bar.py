@@ -51,7 +51,7 @@ class Bar:
         with self._lock:
             bar = self._tqdm
             if bar is None or event["step"] < bar.n or event.get("total") != bar.total:
-                self.close()  # a restarted attempt resumes behind the bar: a new one
+                self.close(keep=False)  # a restarted attempt resumes behind it: a new bar
                 bar = self._open(event, self._postfix(event))
             bar.set_description_str(_epoch(event), refresh=False)
             bar.set_postfix_str(self._postfix(event), refresh=False)
@@ -72,11 +72,12 @@ class Bar:
                                     refresh=False)  # fmt: skip
             self.close()
 
-    def close(self) -> None:
-        """The last frame stays, the cursor on the next line."""
+    def close(self, keep: bool = True) -> None:
+        """The last frame stays, the cursor on the next line (``keep``), or is erased."""
         with self._lock:
             if self._tqdm is not None:
                 log.write_around(None)
+                self._tqdm.leave = keep
                 self._tqdm.close()
                 self._tqdm, self._last = None, None
 

@@ -176,3 +176,23 @@ def test_a_real_run_in_a_terminal(tmp_path: Path) -> None:
     kept = (tmp_path / "runs" / "tty" / "worker-output.log").read_text()
     assert f"[trainforge] epoch 1/{EPOCHS} step 10/{STEPS} loss " in kept
     assert "trainforge:progress" not in kept
+
+
+def test_a_restarted_attempt_gets_one_new_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart resumes from its last checkpoint, behind the bar: the old bar goes, the new
+    one starts where the attempt resumes and ends at 100 %."""
+    columns = 80
+    terminal = Terminal(columns)
+    with on(terminal, monkeypatch) as shown:
+        for line in rank_0_output(until_step=45):
+            relay(shown, line)
+        log.say("workers restarted (1 so far, run.max_failures), resuming")
+        for line in rank_0_output():
+            relay(shown, line)
+        shown.close()
+    screen = terminal.screen()
+    bars = bar_rows(screen)
+    assert len(bars) == 1 and bars[0].startswith("epoch 3/3 100%|"), screen
+    assert screen.index("[trainforge] workers restarted (1 so far, run.max_failures), resuming") < (
+        screen.index(bars[0])
+    )
