@@ -53,11 +53,6 @@ class Console:
                 else:
                     self._show(line, bool(data.get("is_err")))
 
-    def say(self, text: str) -> None:
-        """A driver line that must not collide with the bar."""
-        with self._lock:
-            self._print(text)
-
     def close(self) -> None:
         self.closed = True
         with self._lock:
