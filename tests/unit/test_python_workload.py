@@ -60,6 +60,10 @@ def takes_seed(config, seed):
     return workload
 
 
+class Named(Good):
+    model_name = "wave_mlp_v2"
+
+
 class NotAWorkload:
     def __init__(self, config):
         pass
@@ -153,6 +157,7 @@ def test_a_workload_that_keeps_the_contract_is_built_with_its_checked_settings(
     workload = build_workload(cfg.workload, seed=7, precision=cfg.precision)
     assert type(workload.config).__name__ == "Settings"
     assert (workload.config.width, workload.config.rows, workload.seed) == (6, 16, 7)
+    assert workload.model_name == "good"  # MLflow's name for it: the class's, unless it sets one
     model = workload.build_model()
     train, _ = workload.datasets(torch.device("cpu"))
     # the default validation: the mean loss over the samples, as val/loss
@@ -166,7 +171,10 @@ def test_settings_without_a_config_class_arrive_as_the_recipes_mapping(user_modu
     workload = build_workload(cfg.workload, seed=0, precision=cfg.precision)
     assert workload.config == {"width": 5, "layers": [8, 8], "block": {"norm": "layer"}}
     cfg = _recipe(f"{user_module}:takes_seed")  # a function; it takes the seed by name
-    assert build_workload(cfg.workload, seed=3, precision=cfg.precision).seed == 3
+    made = build_workload(cfg.workload, seed=3, precision=cfg.precision)
+    assert (made.seed, made.model_name) == (3, "good")
+    named = build_workload(_recipe(f"{user_module}:Named").workload, 0, cfg.precision)
+    assert named.model_name == "wave_mlp_v2"
 
 
 @pytest.mark.parametrize(

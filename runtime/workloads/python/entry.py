@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any
 
 from trainforge.config.load import typed_section
@@ -52,7 +53,14 @@ def make(cfg: PythonWorkloadConfig, seed: int) -> Workload:
             f"workload.entry: {cfg.entry}(config) returned {type(workload).__name__}, not a "
             "trainforge.Workload"
         )
+    if workload.model_name == Workload.model_name:  # not named by the user's class
+        workload.model_name = _snake_case(type(workload).__name__)
     return workload
+
+
+def _snake_case(name: str) -> str:
+    """``WaveRegression`` → ``wave_regression``: the logged model's name."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
 def _takes_seed(entry: Any) -> bool:
