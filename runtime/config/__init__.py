@@ -5,6 +5,7 @@ and resolving (``resolve.py``: what the driver decides once it knows the cluster
 from trainforge.config.load import (
     build,
     from_container,
+    from_mapping,
     global_batch,
     load,
     scaled_lr,
@@ -18,6 +19,7 @@ __all__ = [
     "Recipe",
     "build",
     "from_container",
+    "from_mapping",
     "global_batch",
     "load",
     "resolve",

@@ -15,6 +15,7 @@ import difflib
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,20 @@ def load(recipe_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise RecipeError(f"cannot read recipe {path}: {first_line(exc)}") from None
     if not isinstance(user, DictConfig):
         raise RecipeError(f"recipe {path} must be a mapping of sections, not a list")
+    return with_overrides(user, overrides)
+
+
+def from_mapping(data: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """A recipe given as a mapping (the Python API's ``trainforge.train({...})``), with
+    ``key=value`` overrides, validated as a file's is. Raises RecipeError."""
+    try:
+        user = OmegaConf.create(dict(data))
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise RecipeError(f"recipe: {first_line(exc)}") from None
+    return with_overrides(user, overrides)
+
+
+def with_overrides(user: DictConfig, overrides: list[str] | tuple[str, ...]) -> Recipe:
     overriding = _parse_overrides(overrides)
     try:
         merged = OmegaConf.merge(user, overriding)

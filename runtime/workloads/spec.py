@@ -96,6 +96,10 @@ class WorkloadSpec(Generic[W]):
     model_imports: tuple[str, ...] = ("torch", "mlflow.pytorch")
     """What logging the final model imports: the command imports it while the workers train
     where it logs the model that rank 0 hands it (``tracking/relay.py``)."""
+    trained: Callable[[W, Path], Any] | None = None
+    """(section, run folder) → what ``trainforge.load`` gives back of a finished run when that
+    is not the model with its final weights (SBI: sbi's posterior, from the run's
+    ``posterior.pt``). None: the model."""
     ensembles: Ensembles[W] | None = None
     """How runs of the family combine (None: they do not)."""
     rehearsal: dict[str, Any] = field(default_factory=dict)

@@ -18,6 +18,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
+import trainforge
 from trainforge import config
 from trainforge.cli import main as cli_main
 from trainforge.driver import launch, stage
@@ -210,13 +211,15 @@ def test_a_user_simulator_by_import_path_trains_end_to_end(
     assert outcome.exit_code == 0
     assert "sbc/ks_pvalue_min" in outcome.metrics
 
-    # The export finds the user's prior again from anywhere (the driver recorded its folder).
+    # The export finds the user's prior again from anywhere (the driver recorded its folder);
+    # trainforge.load of the run's folder is sbi's posterior
     elsewhere = in_tmp / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     sys.modules.pop("user_sim_e2e", None)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(in_tmp))])
-    posterior = load_posterior(in_tmp / "runs" / "user-sim" / "posterior.pt")
+    posterior = trainforge.load(in_tmp / "runs" / "user-sim")
+    assert type(posterior).__name__ == "DirectPosterior"
     samples = posterior.sample((50,), x=torch.tensor([0.5, 0.1]), show_progress_bars=False)
     assert samples.shape == (50, 2) and bool(samples.abs().le(2).all())
     sys.modules.pop("user_sim_e2e", None)

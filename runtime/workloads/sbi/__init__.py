@@ -45,6 +45,14 @@ def evaluate_mixture(
     return evaluate.evaluate_ensemble(posterior, cfg, seed, folder)
 
 
+def posterior(cfg: SBIWorkloadConfig, run_dir: Path) -> Any:
+    """A finished run's posterior, as sbi's ``DirectPosterior`` (``trainforge.load``)."""
+    from trainforge.workloads.sbi.ensemble import POSTERIOR_FILE
+    from trainforge.workloads.sbi.export import load_posterior  # torch, sbi
+
+    return load_posterior(run_dir / POSTERIOR_FILE)
+
+
 SPEC = WorkloadSpec(
     kind="sbi",
     schema=SBIWorkloadConfig,
@@ -59,6 +67,7 @@ SPEC = WorkloadSpec(
     # first forward pass imports: torch.broadcast_shapes imports symbolic_shapes (sympy)
     worker_imports=("sbi.neural_nets", "torch.fx.experimental.symbolic_shapes"),
     model_imports=("trainforge.workloads.sbi.pyfunc", "sbi"),  # the posterior's pyfunc
+    trained=posterior,
     ensembles=Ensembles(
         members=lambda cfg: int(cfg.ensemble),
         output="posterior.pt",
