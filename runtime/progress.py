@@ -38,7 +38,7 @@ class Progress:
     def start(self, position: Position) -> None:
         self.started = self.last = time.perf_counter()
         self.first_step = position.global_step
-        facts = ", ".join(f"{k}={v}" for k, v in self.facts.items())
+        facts = "; " + ", ".join(f"{k}={v}" for k, v in self.facts.items()) if self.facts else ""
         resumed = f", resuming at epoch {position.epoch + 1} step {position.global_step}"
         length = (
             f"{log.counted(self.total_steps, 'step', 'steps')} over "
@@ -50,7 +50,7 @@ class Progress:
             f"training {length} on "
             f"{log.counted(self.ctx.world_size, 'worker', 'workers')} ({self.ctx.device.type}), "
             "global batch "
-            f"{self.global_batch}{resumed if position.global_step else ''}; {facts}"
+            f"{self.global_batch}{resumed if position.global_step else ''}{facts}"
         )
 
     def step_metrics(self, position: Position, steps: int) -> dict[str, float]:

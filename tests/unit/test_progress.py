@@ -71,3 +71,4 @@ def test_one_epoch_on_one_worker_is_said_in_the_singular(
     Progress(ctx, 18, 1, 200, {}).start(Position(0, 0, 0))
     line = capsys.readouterr().out.splitlines()[0]
     assert line.startswith("[trainforge] training 18 steps over 1 epoch on 1 worker (cpu), ")
+    assert line.endswith("global batch 200")  # a workload with nothing to describe: no "; "
