@@ -81,7 +81,7 @@ class Listener:
 
 def listening(found: list[psutil.Process]) -> list[Listener]:
     """The TCP sockets ``found`` listen on, and their UDP sockets bound to an address."""
-    listeners = []
+    listeners: list[Listener] = []
     for process in found:
         with contextlib.suppress(psutil.Error):
             name = process.name()
