@@ -1,9 +1,9 @@
 """The lasting local cluster for real (``trainforge`` commands in subprocesses, each user's
-home its own), and what those commands show on the console: started, reused, stale replaced,
-stopped, two homes apart, stopped when idle; only trainforge's lines unless -v; a live bar in a
-terminal. Its warm workers (``driver/warm_pool.py``): started by the first run, serving the
-next, restarted after a failure, stopped with an interrupted or killed command; and Ray Train's
-worker group on the same cluster when they are switched off.
+home its own), and what those commands show on the console: started, reused, listening on
+127.0.0.1 only, stale replaced, stopped, two homes apart, stopped when idle; only trainforge's
+lines unless -v; a live bar in a terminal. Its warm workers (``driver/warm_pool.py``): started
+by the first run, serving the next, restarted after a failure, stopped with an interrupted or
+killed command; and Ray Train's worker group on the same cluster when they are switched off.
 
 One test runs the steps in order in one home (steps of one test cannot land on two xdist
 workers). Other tests may start a Ray beside it: the lasting cluster picks free ports, its
@@ -40,6 +40,7 @@ OWN_LINE = re.compile(r"^(\[trainforge\]|trainforge: )")
 @pytest.mark.timeout(1800)
 def test_the_lasting_cluster_from_start_to_stop(home: Path, tmp_path: Path) -> None:
     steps = [step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines,
+             step_it_listens_on_loopback_only_and_status_shows_its_memory,
              step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar,
              step_warm_workers_stop_with_their_command_and_end_unused,
              step_new_workers_start_before_the_simulations_are_made,
@@ -116,6 +117,11 @@ def step_the_first_command_replaces_a_stale_cluster_and_shows_only_its_own_lines
     assert f"(its supervisor (pid {dead.pid}) is gone); replacing it" in console
     state = state_of(home)
     assert f"ray: started a local cluster at {state['gcs_address']}" in console
+    assert (  # what it costs, said the first time in this home
+        "ray: the local cluster holds about 0.75 GB of memory, and 0.35 GB per warm worker until "
+        "30 min unused or `trainforge cluster stop`; with TRAINFORGE_WORKERS=own nothing outlives "
+        "a command (said once; `trainforge cluster status` shows what it holds)"
+    ) in console
     assert alive(state["supervisor_pid"])
     lines = [line for line in console.splitlines() if line.strip()]
     strangers = [line for line in lines if not OWN_LINE.match(line)]
@@ -181,6 +187,30 @@ def step_the_next_command_reuses_it_and_a_terminal_gets_a_live_bar(
     assert re.search(r"val/accuracy\s+0\.\d{4}", again.stdout)
     assert "workers:" not in again.stdout and "ray:" not in again.stdout
     assert sorted(p.name for p in run_dir.iterdir()) == files
+
+
+def step_it_listens_on_loopback_only_and_status_shows_its_memory(
+    home: Path, tmp_path: Path
+) -> None:
+    """Every socket the cluster's processes listen on — Ray's GCS, raylet, dashboard, agents,
+    client server, the warm workers' and tracker's own (the first step's) — is bound to
+    127.0.0.1; `cluster status` says how much memory they hold."""
+    from trainforge.driver import cluster_footprint
+
+    state = state_of(home)
+    status = run(home, "cluster", "status", cwd=tmp_path)
+    assert status.returncode == 0, status.stdout + status.stderr
+    memory = re.search(r"\[trainforge\] memory: (\d+\.\d\d) GB \(PSS, summed over its (\d+) "
+                       r"processes\)", status.stdout)  # fmt: skip
+    assert memory and 0.5 < float(memory[1]) < 8 and int(memory[2]) >= 10, status.stdout
+    found = cluster_footprint.processes(state["supervisor_pid"])
+    listeners = cluster_footprint.listening(found)
+    names = {listener.name for listener in listeners}
+    assert {"gcs_server", "raylet", "ray::WarmWorker", "ray::WarmTracker"} <= names, names
+    gcs_port = int(state["gcs_address"].rsplit(":", 1)[1])
+    assert any(listener.port == gcs_port for listener in listeners)
+    outside = [listener for listener in listeners if not listener.loopback]
+    assert outside == [], outside
 
 
 def step_warm_workers_stop_with_their_command_and_end_unused(home: Path, tmp_path: Path) -> None:
@@ -396,6 +426,7 @@ def step_with_no_cluster_a_command_trains_on_its_own_processes_then_starts_one(
     assert re.search(r"val/accuracy\s+0\.\d{4}", console)  # the closing table
     assert_worker_lines_come_before_the_table(lines, "own")
     assert "ray: connected" not in console and "ray: started" not in console  # no Ray waited for
+    assert "ray: the local cluster holds" not in console  # said once in this home: the first step
     run_dir = tmp_path / "runs" / "own"
     assert list(run_dir.glob("checkpoint_*"))
     assert "(TrainforgeWorker rank=0 " in (run_dir / "worker-output.log").read_text()
