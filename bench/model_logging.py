@@ -1,7 +1,7 @@
 """What logging the final model costs a run's end in a new process (as a cold command's rank 0
-is): MLflow's pytorch flavour for the CNN recipes' ResNet-18, with MLflow's scan of every
-installed package (as MLflow does it) against without it (``tracking/model_logging.py``,
-``no_package_scan``: our requirements are named, so the scan finds nothing the check needs).
+is): ``model_logging.log`` of the CNN recipes' ResNet-18 (MLflow's pytorch flavour), with
+MLflow's scan of every installed package (as MLflow does it) against without it
+(``no_package_scan``: our requirements are named, so the scan finds nothing the check needs).
 
 Each measurement is a new Python process that imports torch, MLflow and the loop's modules and
 creates the run, untimed, then times, in CPU and wall seconds, the model's logging: MLflow's
@@ -34,9 +34,11 @@ known = client.get_experiment_by_name("bench")
 run = client.create_run(known.experiment_id if known else client.create_experiment("bench"))
 handle = RunHandle(uri, "bench", "bench", run.info.run_id, False, sys.argv[3])
 model, example = build_model("resnet18_cifar", 3, 10, 32), torch.randn(2, 3, 32, 32)
+if scan:  # as MLflow does it: the scan left in
+    model_logging.no_package_scan = contextlib.nullcontext
 cpu, wall = time.process_time(), time.perf_counter()
-with contextlib.nullcontext() if scan else model_logging.no_package_scan():
-    model_logging._log_pytorch_model(handle, *model_logging.for_mlflow(model, example))
+record = model_logging.ModelRecord("resnet18_cifar")
+assert model_logging.log(handle, *model_logging.for_mlflow(model, example), record=record)
 print(time.process_time() - cpu, time.perf_counter() - wall)
 """
 

@@ -5,9 +5,9 @@ and linked to the run's evaluation metrics (MLflow 3's ``model_id``). Logged by 
 the command where it sends rank 0's records (``tracking/relay.py``): rank 0 then hands it the
 module.
 
-Hand-written beside MLflow's documented arguments: ``no_package_scan``, because every one of
-them (``pip_requirements``, ``conda_env``) has MLflow scan every installed package first, 0.4-0.6 s
-of each cold run's end on this project's CPU (``bench/model_logging.py``)."""
+Hand-written beside MLflow's documented arguments (``pip_requirements``, ``code_paths``, which it
+uses): ``no_package_scan``, because with every one of them MLflow scans every installed package
+first, 1.9 → 0.8 CPU-s of a cold run's end on this project's CPU (``bench/model_logging.py``)."""
 
 from __future__ import annotations
 
