@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from trainforge import __version__, log
@@ -119,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
     ui = add("ui", help="open the MLflow UI on the runs of a tracking store")
     ui.add_argument("--tracking-uri", help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument(
+        "--experiment", default="trainforge", help="whose runs to show (default: trainforge)"
+    )
     return root
 
 
@@ -134,6 +138,8 @@ def _at_least_one(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is not None:  # called in a process that began earlier: the command begins now
+        log.STARTED_AT = time.time()
     args = parser().parse_args(argv)
     set_loudness(args.verbose - args.quiet)
     if args.command in ("train", "simulate"):  # the MLflow run's description quotes it
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tracking-sync":
             return _tracking_sync(args.run_dir, args.tracking_uri)
         if args.command == "ui":
-            return _ui(args.tracking_uri, args.port)
+            return _ui(args.tracking_uri, args.port, args.experiment)
         if args.command == "recipes":
             return _list_recipes()
         if args.command == "ensemble":
@@ -444,11 +450,11 @@ def _cluster_view(state: Any) -> tuple[int, int, list[str]]:
         ray.shutdown()
 
 
-def _ui(tracking_uri: str | None, port: int) -> int:
+def _ui(tracking_uri: str | None, port: int, experiment: str) -> int:
     import socket
     import subprocess
 
-    from trainforge.tracking.client import reachable, redact, resolve_uri, uri_problem
+    from trainforge.tracking.client import reachable, redact, resolve_uri, runs_view, uri_problem
 
     uri = resolve_uri(tracking_uri)
     problem = uri_problem(uri)
@@ -460,12 +466,14 @@ def _ui(tracking_uri: str | None, port: int) -> int:
                 f"--tracking-uri: no MLflow server answers at {redact(uri)} (5 s); check that "
                 "it is running and the host, port and http/https"
             )
-        log.say(f"that store is served already: open {redact(uri)}")
+        served = redact(uri).rstrip("/")
+        log.say(f"that store is served already: open {runs_view(uri, experiment, served)}")
         return 0
     with socket.socket() as probe:  # `mlflow ui` on a taken port fails after a page of logs
         if probe.connect_ex(("127.0.0.1", port)) == 0:
             raise RecipeError(f"--port: {port} is taken on 127.0.0.1; pass another --port")
-    log.say(f"MLflow UI for {redact(uri)} at http://127.0.0.1:{port}")
+    shown = runs_view(uri, experiment, f"http://127.0.0.1:{port}")  # the runs, not GenAI's
+    log.say(f"MLflow UI for {redact(uri)} at {shown}")
     # One server process, not MLflow's default of four: one person's UI on a local store
     # answers as fast, and it starts in half the time on a busy 2-core machine (/health after
     # 22-24 s against 42-44 s with two other processes running).

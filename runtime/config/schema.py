@@ -248,8 +248,9 @@ class TrackingSection(Section):
     """MLflow experiment name."""
     system_metrics: bool = True
     """CPU, memory, disk, network and GPU metrics from every node (system/node_N/…)."""
-    system_metrics_interval_s: float = 10.0
-    """Seconds between system metric samples."""
+    system_metrics_interval_s: float = 2.0
+    """Seconds between system metric samples (MLflow's ``sampling_interval``; its default, 10 s,
+    left a run that trains a few seconds with none)."""
     log_model: bool = True
     """Log the final model with mlflow.pytorch.log_model (the state dict is always logged)."""
     profile_steps: int = 0

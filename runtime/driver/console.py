@@ -127,7 +127,7 @@ def summary(
 ) -> None:
     """The run's outcome as a short table: shown even under -q. ``heading`` replaces the
     first line ("run … finished in … s")."""
-    from trainforge.tracking.client import redact
+    from trainforge.tracking.client import redact, run_url
 
     shown = [k for k in SUMMARY_KEYS if k in metrics]
     shown += sorted(
@@ -144,7 +144,8 @@ def summary(
         rows.append(("checkpoint", checkpoint))
     if mlflow_run is not None:
         run_id, uri = mlflow_run
-        rows.append(("mlflow run", f"{run_id} at {redact(uri)}"))
+        url = run_url(uri, run_id)  # a server's run page; a local store's UI is started first
+        rows.append(("mlflow run", url or f"{run_id} at {redact(uri)}"))
         if not uri.startswith(("http://", "https://")):
             rows.append(("open the UI", f"trainforge ui --tracking-uri {redact(uri)}"))
     width = max((len(key) for key, _ in rows), default=0)
