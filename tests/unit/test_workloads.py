@@ -45,8 +45,10 @@ def test_unknown_kind_suggests_a_known_one() -> None:
 
 
 def test_only_sbi_has_a_data_stage() -> None:
-    assert spec_for("cnn").prepare_data is None
-    assert spec_for("sbi").prepare_data is not None
+    """SBI simulates; a CNN recipe with a built-in model leaves resolving unchanged (one whose
+    model is the user's own gets the folder its module came from)."""
+    assert spec_for("cnn").start_data is None and spec_for("python").start_data is None
+    assert spec_for("sbi").start_data is not None and spec_for("sbi").prepare_data is not None
     cnn = config.load(DIGITS).workload
     assert resolve_workload(cnn, seed=0, storage_root="/nowhere") is cnn
 

@@ -35,9 +35,14 @@ VISION_EXTRA_HINT = "pip install 'trainforge[vision]'"
 # --------------------------------------------------------------------------- models
 
 
+def is_users_model(name: str) -> bool:
+    """``workload.model`` names the user's own model by import path (``my_pkg.nets:MyNet``)."""
+    return ":" in name and not name.startswith(TORCHVISION_PREFIX)
+
+
 def check_model_name(name: str) -> None:
     """Validate ``workload.model`` without building anything or importing torchvision."""
-    if name in KNOWN_MODELS:
+    if name in KNOWN_MODELS or is_users_model(name):
         return
     if name.startswith(TORCHVISION_PREFIX):
         if not name[len(TORCHVISION_PREFIX) :].strip():
@@ -46,7 +51,7 @@ def check_model_name(name: str) -> None:
                 f"write it as '{TORCHVISION_PREFIX}<name>', e.g. '{TORCHVISION_PREFIX}resnet50'"
             )
         return
-    choices = ", ".join([*KNOWN_MODELS, f"{TORCHVISION_PREFIX}<name>"])
+    choices = ", ".join([*KNOWN_MODELS, f"{TORCHVISION_PREFIX}<name>", "my_pkg.module:MyNet"])
     message = f"workload.model={name!r} is not a known model; choose one of: {choices}"
     raise RecipeError(message + did_you_mean(name, KNOWN_MODELS))
 
@@ -129,6 +134,12 @@ def train_samples(cfg: CNNWorkloadConfig) -> int | None:
     if cfg.dataset == "cifar10":
         return CIFAR10_TRAIN_IMAGES
     return None
+
+
+def image_channels(dataset: str) -> int:
+    """The channels a data set's images have as the workload feeds them: scikit-learn's digits
+    are grey; CIFAR-10, synthetic images and image folders (converted) are RGB."""
+    return 1 if dataset == "digits" else 3
 
 
 def check_dataset_name(name: str) -> None:
@@ -254,6 +265,11 @@ def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
     """Names checked against the family's registries (the section checks its own values)."""
     check_model_name(cfg.model)
     check_torchvision_model(cfg.model)
+    if cfg.model_kwargs and not is_users_model(cfg.model):
+        raise RecipeError(
+            f"workload.model_kwargs: arguments for your own model (workload.model by import "
+            f"path, my_pkg.module:MyNet); {cfg.model} takes none"
+        )
     check_dataset_name(cfg.dataset)
     if cfg.model.startswith("torchvision:") and cfg.dataset == "digits":
         raise RecipeError(  # the worker would find out only when it builds the model

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from trainforge.config.schema import Switch, WorkloadSection
 from trainforge.errors import RecipeError
@@ -10,10 +11,17 @@ from trainforge.errors import RecipeError
 
 @dataclass
 class CNNWorkloadConfig(WorkloadSection):
+    FREE_FORM: ClassVar[tuple[str, ...]] = ("model_kwargs",)
+
     kind: str = "cnn"
     """Workload family tag; selects this schema."""
     model: str = "simple_cnn"
-    """simple_cnn | resnet18_cifar | torchvision:<name> (any torchvision classification model)."""
+    """simple_cnn | resnet18_cifar | torchvision:<name> (any torchvision classification model)
+    | my_pkg.module:MyNet (your own ``nn.Module`` class, or a function returning one, by import
+    path; given ``model_kwargs`` and whichever of ``in_channels``, ``num_classes`` and
+    ``image_size`` it takes)."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Your own model's arguments (``workload.model`` by import path), as nested as it likes."""
     dataset: str = "digits"
     """digits (scikit-learn's bundled 8x8 digits) | synthetic | cifar10 | imagefolder."""
     data_root: str | None = None
@@ -42,6 +50,9 @@ class CNNWorkloadConfig(WorkloadSection):
     """imagefolder: pinned host memory for faster host-to-GPU copies."""
     label_smoothing: float = 0.0
     """Cross-entropy label smoothing."""
+    code_dir: str | None = None
+    """Where the driver found your own model's module (filled in by the driver): the folder
+    Ray's workers elsewhere import it from."""
 
     def check(self) -> None:
         # Model and data set names are checked by the spec (their registries live with the

@@ -14,7 +14,8 @@ from trainforge.config.schema import PrecisionSection
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
-from trainforge.workloads.cnn.checks import TORCHVISION_PREFIX
+from trainforge.workloads.cnn import users_model
+from trainforge.workloads.cnn.checks import TORCHVISION_PREFIX, image_channels, is_users_model
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
     TensorSplit,
@@ -32,13 +33,18 @@ class CNNWorkload(Workload):
         self.seed = seed
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.info: dict[str, Any] = {}
+        # the images' shape as the recipe says it (``datasets`` sets it from the data): what
+        # builds the model of a finished run without loading its data (``trainforge.load``)
+        self.in_channels, self.num_classes = image_channels(cfg.dataset), cfg.num_classes
+        self.image_size = cfg.image_size
         # Used only when the training split is a Dataset (imagefolder) streamed by a DataLoader.
         self.loader_workers = cfg.loader_workers
         self.pin_memory = cfg.pin_memory
         # only CIFAR-10 is fetched into a folder; digits, synthetic and ImageFolder only read
         self.fills_cache = cfg.dataset == "cifar10"
         # the logged model's name: the recipe's model (a torchvision model's own name)
-        self.model_name = cfg.model.removeprefix(TORCHVISION_PREFIX).strip()
+        self.model_name = (users_model.name(cfg.model) if is_users_model(cfg.model)
+                           else cfg.model.removeprefix(TORCHVISION_PREFIX).strip())  # fmt: skip
 
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         on_device = self.cfg.data_on_device != "false"
@@ -86,7 +92,11 @@ class CNNWorkload(Workload):
         return data
 
     def build_model(self) -> nn.Module:
-        model = build_model(self.cfg.model, self.in_channels, self.num_classes, self.image_size)
+        shape = (self.in_channels, self.num_classes, self.image_size)
+        if is_users_model(self.cfg.model):
+            model = users_model.build(self.cfg, *shape)
+        else:
+            model = build_model(self.cfg.model, *shape)
         self.info["parameters"] = sum(p.numel() for p in model.parameters())
         return model
 
