@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import io
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
@@ -30,6 +32,7 @@ from omegaconf import OmegaConf
 from tests.git_repo import commit_all
 from tests.integration.mlflow_server import MlflowServer, free_port
 from trainforge.cli import main as cli_main
+from trainforge.tracking.client import runs_view
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -57,28 +60,47 @@ def served_run(ray_cluster, server: MlflowServer, tmp_path_factory: pytest.TempP
     commit = commit_all(workdir)
     previous = Path.cwd()
     os.chdir(workdir)
-    try:
-        code = cli_main(
-            ["train", DIGITS.name, "run.name=served", "train.epochs=4",
-             f"tracking.tracking_uri={server.url}", "tracking.system_metrics_interval_s=1",
-             "tracking.profile_steps=2"]
-        )  # fmt: skip
+    began = time.time()
+    try:  # the system metrics at their default interval: a run this short has some
+        with contextlib.redirect_stdout(io.StringIO()) as shown:
+            code = cli_main(
+                ["train", DIGITS.name, "run.name=served", "train.epochs=4",
+                 f"tracking.tracking_uri={server.url}", "tracking.profile_steps=2"]
+            )  # fmt: skip
     finally:
         os.chdir(previous)
+    sys.stdout.write(shown.getvalue())
     assert code == 0
     client = MlflowClient(tracking_uri=server.url)
     experiment = client.get_experiment_by_name("trainforge")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`trainforge.run_name` = 'served'")
-    return client, run, commit
+    return client, run, commit, began, shown.getvalue()
+
+
+# a logged model, loaded where trainforge is not installed (its editable install's finder taken
+# out, no PYTHONPATH): its class's module comes from the code shipped with it
+LOAD_ALONE = """
+import importlib.util, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in f.__module__]
+assert importlib.util.find_spec("trainforge") is None, "trainforge is importable here"
+import mlflow.pytorch, torch
+model = mlflow.pytorch.load_model(sys.argv[1])
+print(type(model).__name__, tuple(model(torch.randn(3, 1, 32, 32)).shape))
+"""
 
 
 @pytest.mark.xdist_group("served-run")  # one worker makes the served run once
 def test_run_is_complete_in_the_mlflow_server(
-    served_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    served_run, server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, run, commit = served_run
+    client, run, commit, began, console = served_run
     run_id = run.info.run_id
     assert run.info.status == "FINISHED"
+    # MLflow's duration is the command's: the run starts when the command did, not once made
+    assert int(began * 1000) <= run.info.start_time < began * 1000 + 500
+    # the closing table links the run's page on the server
+    url = f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    assert re.search(rf"mlflow run +{re.escape(url)}$", console, re.MULTILINE), console
     params, tags = run.data.params, run.data.tags
     assert params["train.epochs"] == "4" and params["workload.model"] == "simple_cnn"
     assert params["scaling.num_workers"] == "2"
@@ -122,7 +144,31 @@ def test_run_is_complete_in_the_mlflow_server(
         output_format="list",
     )
     assert len(models) == 1
-    loaded = mlflow.pytorch.load_model(f"models:/{models[0].model_id}")
+    (model,) = models
+    # named after the recipe's model, linked to the evaluation's metrics (not the system's),
+    # and from the recipe, as the run is
+    assert model.name == "simple_cnn"
+    linked = {m.key: m.value for m in model.metrics}
+    assert {"val/loss", "val/accuracy"} <= linked.keys(), linked
+    assert linked["val/accuracy"] == run.data.metrics["val/accuracy"]
+    assert not [k for k in linked if k.startswith(("system/", "train/", "perf/"))], linked
+    assert model.tags["mlflow.source.name"] == DIGITS.name
+    assert model.params["train.epochs"] == "4"
+    # only the code its classes need ships with it, and it loads with that alone: in a new
+    # process that cannot import the trainforge of this checkout
+    code = Path(mlflow.artifacts.download_artifacts(f"{model.artifact_location}/code"))
+    shipped = sorted(str(f.relative_to(code)) for f in code.rglob("*.py"))
+    assert "trainforge/workloads/cnn/models.py" in shipped and len(shipped) <= 6, shipped
+    assert sum(f.stat().st_size for f in code.rglob("*.py")) < 30_000
+    elsewhere = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    loads = subprocess.run(
+        [sys.executable, "-c", LOAD_ALONE, f"models:/{model.model_id}"], cwd=tmp_path,
+        env=elsewhere | {"MLFLOW_TRACKING_URI": client.tracking_uri}, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert loads.returncode == 0, loads.stderr[-3000:]
+    assert loads.stdout.strip() == "SimpleCNN (3, 10)"
+    loaded = mlflow.pytorch.load_model(f"models:/{model.model_id}")
     # pickled, not MLflow's default torch.export program: the recipe's own module comes back
     assert type(loaded).__name__ == "SimpleCNN"
     loaded_state = loaded.state_dict()
@@ -139,10 +185,12 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_pa
     SVG figures drawn as images in its artifact view."""
     from playwright.sync_api import sync_playwright
 
-    _, run, commit = served_run
+    client, run, commit, _, _ = served_run
     tags = run.data.tags
     (dataset,) = run.inputs.dataset_inputs
-    url = f"{server.url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    experiment_id = run.info.experiment_id
+    url = f"{server.url}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+    (model,) = client.search_logged_models(experiment_ids=[experiment_id])
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         try:
@@ -164,8 +212,20 @@ def test_mlflow_ui_shows_the_run_in_headless_chromium(served_run, server, tmp_pa
             page.get_by_text(commit).first.wait_for(timeout=10_000)  # the popover: all of it
             figures = {name: _shown_image_width(browser, f"{url}/artifacts/plots/{name}")
                        for name in ("learning_curve.svg", "confusion_matrix.svg")}  # fmt: skip
+            shown = _run_params_and_model(page, model.model_id)
+            model_page = _model_metrics(browser, f"{server.url}/#/experiments/{experiment_id}"
+                                        f"/models/{model.model_id}", tmp_path)  # fmt: skip
+            runs = _experiment_opened(browser, runs_view(server.url, "trainforge", server.url))
         finally:
             browser.close()
+    # the run page: its params and metrics, and its logged model by name
+    assert shown == {"train.epochs": True, "val/accuracy": True, "simple_cnn": True}
+    # the model's page: the evaluation's metrics linked to it, with their values
+    assert model_page["val/accuracy"] == f"{run.data.metrics['val/accuracy']}"[:6]
+    assert "val/loss" in model_page and not [k for k in model_page if k.startswith("system/")]
+    # the experiment as `trainforge ui` names it: its runs, not MLflow 3's GenAI overview
+    where = runs["url"].partition("?")[0]  # the view's own filters follow
+    assert where.endswith(f"/#/experiments/{experiment_id}/runs") and runs["served"], runs
     assert (tmp_path / "mlflow_run.png").stat().st_size > 10_000
     assert [line.strip() for line in rows["Source"] if line.strip()] == [
         "Source",
@@ -311,9 +371,11 @@ def _session_commands(session: int) -> list[str]:
 def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
     from mlflow.tracking import MlflowClient as Client
 
-    Client(tracking_uri=f"sqlite:///{in_tmp / 'mlflow.db'}").create_experiment("seen-in-ui")
+    store = Client(tracking_uri=f"sqlite:///{in_tmp / 'mlflow.db'}")
+    experiment_id = store.create_experiment("seen-in-ui")
     port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "trainforge", "ui", "--port", str(port)],
+    ui = subprocess.Popen([sys.executable, "-m", "trainforge", "ui", "--port", str(port),
+                           "--experiment", "seen-in-ui"],
                           cwd=in_tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           start_new_session=True)  # fmt: skip
     try:
@@ -337,7 +399,54 @@ def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
+        said = ui.communicate(timeout=30)[0].decode(errors="replace")
+    # it names the experiment's runs view, and marks the experiment so the UI stays there
+    assert f"at http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs\n" in said, said
+    kind = store.get_experiment(experiment_id).tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development"
+
+
+def _run_params_and_model(page, model_id: str) -> dict[str, bool]:
+    """Whether the run page (open in ``page``) shows a param, a metric and its logged model."""
+    found = {}
+    for text in ("train.epochs", "val/accuracy", "simple_cnn"):
+        try:
+            page.get_by_text(text, exact=True).first.wait_for(timeout=30_000)
+            found[text] = True
+        except Exception:
+            found[text] = False
+    return found
+
+
+def _model_metrics(browser, url: str, folder: Path) -> dict[str, str]:
+    """The metrics table of a logged model's page: each metric's shown value (its start)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        page.get_by_text("val/accuracy").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(folder / "mlflow_model.png"), full_page=True)
+        rows = page.locator("[role=row]").all_inner_texts()
+    finally:
+        page.close()
+    shown = {}
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("\n") if cell.strip()]
+        for key in [c for c in cells if "/" in c and " " not in c]:
+            values = [c for c in cells if re.fullmatch(r"-?[0-9.]+(e-?[0-9]+)?", c)]
+            shown[key] = values[0][:6] if values else ""
+    return shown
+
+
+def _experiment_opened(browser, url: str) -> dict[str, Any]:
+    """Where the UI stays when the experiment's link is opened, and whether it lists the run."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(url)
+        page.get_by_text("served").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(2_000)  # where the UI goes by itself, it has gone by now
+        return {"url": page.url, "served": page.get_by_text("served").first.is_visible()}
+    finally:
+        page.close()
 
 
 def _shown_image_width(browser, url: str) -> int:
