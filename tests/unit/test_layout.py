@@ -32,7 +32,8 @@ CORE = ("config", "data", "worker", "tracking", "checkpoint", "precision", "dist
         "early_stopping", "optim", "profiling", "progress", "progress_events", "log", "atomic",
         "errors", "ray_compat", "resources", "plots", "settings", "storage",
         "gradient_averaging")  # fmt: skip
-SHARED_TRACKING = ("client", "spool", "datasets", "new_store", "system_metrics", "model_logging")
+SHARED_TRACKING = ("client", "spool", "datasets", "new_store", "system_metrics", "model_logging",
+                   "model_code")  # fmt: skip
 LAUNCHING = ("ray", "subprocess", "multiprocessing")
 LAUNCHING_ALLOWED = {
     # a one-off `pip download` of sbibm's wheel, the data's source: no worker, no pool
