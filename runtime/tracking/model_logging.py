@@ -38,7 +38,7 @@ def for_mlflow(model: Any, example: Any) -> tuple[Any, Any]:
 
 
 MetricRow = tuple[str, float, int, int]  # key, value, timestamp ms, step: as the run logged it
-NOT_EVALUATION = ("train/", "perf/", "system/", "sys/")
+NOT_EVALUATION = ("train/", "perf/", "system/", "sys/", "run/", "worker/")
 SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.source.git.commit",
                "mlflow.user")  # fmt: skip
 
@@ -55,7 +55,7 @@ class ModelRecord:
     def of(cls, name: str, latest: dict[str, MetricRow]) -> ModelRecord:
         """The record of a model named ``name``, from the run's latest row of each metric:
         its evaluation's (``val/…``, ``final/…``, a workload's own such as ``c2st/…``), not
-        training, performance or the system's."""
+        training's, performance's, the system's or the run's own (``run/restarts``)."""
         kept = (
             row for key, row in latest.items() if "/" in key and not key.startswith(NOT_EVALUATION)
         )

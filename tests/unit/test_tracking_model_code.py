@@ -59,3 +59,15 @@ def test_a_cnn_workloads_model_is_named_after_the_recipes_model() -> None:
     }
     assert named == {"simple_cnn": "simple_cnn", "resnet18_cifar": "resnet18_cifar",
                      "torchvision:resnet50": "resnet50"}  # fmt: skip
+
+
+def test_a_model_is_linked_to_the_evaluations_metrics_only() -> None:
+    from trainforge.tracking.model_logging import ModelRecord
+
+    latest = {key: (key, 1.0, 1000, 40) for key in (
+        "val/loss", "val/accuracy", "final/val/loss", "c2st/mean", "sbc/ks_pvalue_min",
+        "train/loss", "perf/samples_per_s", "sys/gpu_mem_gb", "run/restarts", "epoch")}  # fmt: skip
+    record = ModelRecord.of("posterior", latest)
+    assert [row[0] for row in record.metrics] == [
+        "c2st/mean", "final/val/loss", "sbc/ks_pvalue_min", "val/accuracy", "val/loss"]  # fmt: skip
+    assert (record.name, record.step, ModelRecord().step) == ("posterior", 40, 0)
