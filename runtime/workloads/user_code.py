@@ -13,6 +13,11 @@ from typing import Any
 from trainforge.errors import UserCodeError
 
 
+def is_import_path(name: str) -> bool:
+    """A recipe value naming the user's code (``my_pkg.module:name``), not a built-in's name."""
+    return ":" in name
+
+
 def import_object(
     path: str, key: str, code_dir: str | None = None, error: type[UserCodeError] = UserCodeError
 ) -> Any:

@@ -44,6 +44,17 @@ def simulate(theta):
     x = torch.stack([theta.sum(1), theta.prod(1)], dim=1) + 0.05 * torch.randn(len(theta), 2)
     x[theta[:, 0] > 1.5] = float("nan")
     return x
+
+class Features(torch.nn.Module):
+    """The user's own embedding net: x to ``width`` features."""
+
+    def __init__(self, dim_x, width):
+        super().__init__()
+        self.width = width
+        self.layers = torch.nn.Sequential(torch.nn.Linear(dim_x, width), torch.nn.Tanh())
+
+    def forward(self, x):
+        return self.layers(x)
 '''
 
 
@@ -193,7 +204,7 @@ def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: 
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == metrics["epoch"]
 
 
-def test_a_user_simulator_by_import_path_trains_end_to_end(
+def test_a_user_simulator_and_embedding_net_by_import_path_train_end_to_end(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recipe = _write_user_files(in_tmp, "user_sim_e2e")
@@ -205,6 +216,8 @@ def test_a_user_simulator_by_import_path_trains_end_to_end(
                 "workload.simulation.drop_invalid=true",
                 "train.epochs=5",
                 "tracking.enabled=false",
+                "workload.estimator.embedding=user_sim_e2e:Features",
+                "workload.estimator.embedding_kwargs.width=6",
             ],
         )
     )
@@ -220,6 +233,10 @@ def test_a_user_simulator_by_import_path_trains_end_to_end(
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(in_tmp))])
     posterior = trainforge.load(in_tmp / "runs" / "user-sim")
     assert type(posterior).__name__ == "DirectPosterior"
+    # with the user's embedding net, rebuilt from the run's record (its folder, its width)
+    modules = posterior.posterior_estimator.embedding_net.modules()
+    [embedding] = [m for m in modules if type(m).__name__ == "Features"]
+    assert embedding.width == 6
     samples = posterior.sample((50,), x=torch.tensor([0.5, 0.1]), show_progress_bars=False)
     assert samples.shape == (50, 2) and bool(samples.abs().le(2).all())
     sys.modules.pop("user_sim_e2e", None)

@@ -5,8 +5,10 @@ embedding nets with their input-shape checks."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +120,83 @@ def test_an_nsf_posterior_samples_without_torchs_deprecation_warning() -> None:
 
     assert "triangular_solve is deprecated" in stderr("")  # what the filter is for
     assert "triangular_solve" not in stderr(", trainforge.workloads.sbi.estimator")
+
+
+USERS_NETS = """
+import torch
+from torch import nn
+
+
+class Features(nn.Module):
+    def __init__(self, dim_x, width=4):
+        super().__init__()
+        self.width = width
+        self.layer = nn.Linear(dim_x, width)
+
+    def forward(self, x):
+        return torch.tanh(self.layer(x))
+
+
+def flat():
+    return nn.Linear(3, 4)
+
+
+def one_dimensional():
+    return nn.Flatten(0)
+
+
+def not_a_net():
+    return 4
+"""
+
+
+@pytest.fixture
+def users_nets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"user_nets_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(USERS_NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_a_users_embedding_net_is_built_with_its_arguments_and_rebuilt(users_nets: str) -> None:
+    section = EstimatorSection(embedding=f"{users_nets}:Features", embedding_kwargs={"width": 5})
+    record = estimators.BuildRecord.from_config(section, 2, 2)
+    estimators.probe_embedding(record)
+    theta, x = _data()
+    built = estimators.build(record, theta, x)
+    [net] = [m for m in built.embedding_net.modules() if type(m).__name__ == "Features"]
+    assert net.width == 5  # after sbi's z-scoring of x, inside the estimator
+    again = estimators.rebuild(estimators.BuildRecord(**record.to_dict()), built.state_dict())
+    torch.testing.assert_close(estimators.NPELoss(built.eval())(theta[:8], x[:8]),
+                               estimators.NPELoss(again.eval())(theta[:8], x[:8]))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("net", "kwargs", "message"),
+    [
+        ("flat", {}, ":flat on x of shape (2, 2) raised RuntimeError: "),
+        (
+            "one_dimensional",
+            {},
+            ":one_dimensional returned (4,) for x of shape (2, 2): expected (2, features)",
+        ),
+        ("Features", {"depth": 2}, ":Features(depth=2, dim_x=2) raised TypeError: "),
+        ("not_a_net", {}, ":not_a_net returned int, not an nn.Module"),
+        ("Missing", {}, "has no 'Missing'"),
+    ],
+)
+def test_a_broken_users_embedding_net_is_one_line_naming_it(
+    users_nets: str, net: str, kwargs: dict[str, object], message: str
+) -> None:
+    section = EstimatorSection(embedding=f"{users_nets}:{net}", embedding_kwargs=kwargs)
+    with pytest.raises(estimators.EmbeddingError, match=re.escape(message)) as caught:
+        estimators.probe_embedding(estimators.BuildRecord.from_config(section, 2, 2))
+    assert str(caught.value).startswith("workload.estimator.embedding: ")
+
+
+def test_embedding_kwargs_are_only_for_a_users_net() -> None:
+    with pytest.raises(RecipeError, match=r"embedding_kwargs: arguments for your own embedding"):
+        EstimatorSection(embedding="fully_connected", embedding_kwargs={"width": 3})
+    with pytest.raises(RecipeError, match=r"or your own net by import path"):
+        EstimatorSection(embedding="fully-connected")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.user_code import is_import_path
 
 ESTIMATORS = (
     "maf",
@@ -44,13 +45,19 @@ class BuildRecord:
     embedding_features: int
     embedding_hidden: int
     embedding_input_shape: list[int] = field(default_factory=list)
+    embedding_kwargs: dict[str, Any] = field(default_factory=dict)
+    code_dir: str | None = None
+    """Where the user's embedding net's module was found (an embedding by import path)."""
 
     @classmethod
-    def from_config(cls, estimator_cfg: Any, dim_theta: int, dim_x: int) -> BuildRecord:
-        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x"}
+    def from_config(
+        cls, estimator_cfg: Any, dim_theta: int, dim_x: int, code_dir: str | None = None
+    ) -> BuildRecord:
+        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x", "code_dir"}
         values = {name: getattr(estimator_cfg, name) for name in names}
         values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
-        return cls(dim_theta=dim_theta, dim_x=dim_x, **values)
+        values["embedding_kwargs"] = dict(values["embedding_kwargs"])
+        return cls(dim_theta=dim_theta, dim_x=dim_x, code_dir=code_dir, **values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,10 +70,16 @@ def check(estimator_cfg: Any) -> None:
             f"{did_you_mean(estimator_cfg.model, ESTIMATORS)}; choose one of: "
             + ", ".join(ESTIMATORS)
         )
-    if estimator_cfg.embedding not in EMBEDDINGS:
+    if estimator_cfg.embedding not in EMBEDDINGS and not is_import_path(estimator_cfg.embedding):
         raise RecipeError(
             f"workload.estimator.embedding: {estimator_cfg.embedding!r} is not one of "
             + ", ".join(EMBEDDINGS)
+            + " or your own net by import path (my_pkg.module:MyNet)"
+        )
+    if estimator_cfg.embedding_kwargs and not is_import_path(estimator_cfg.embedding):
+        raise RecipeError(
+            "workload.estimator.embedding_kwargs: arguments for your own embedding net "
+            f"(embedding by import path); {estimator_cfg.embedding} takes none"
         )
     for key in ("z_score_theta", "z_score_x"):
         if getattr(estimator_cfg, key) not in Z_SCORES:

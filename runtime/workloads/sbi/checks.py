@@ -70,7 +70,10 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
     if record.embedding != "none":  # built once here: sbi's own checks of its shape
         from trainforge.workloads.sbi import estimator
 
-        estimator.embedding_net(record)
+        if user_code.is_import_path(record.embedding):
+            estimator.probe_embedding(record)  # the user's: run on two rows of x too
+        else:
+            estimator.embedding_net(record)
 
 
 def train_samples(cfg: SBIWorkloadConfig) -> int:
@@ -112,6 +115,9 @@ def prepare_data(
 
         sources.resolve(cfg)  # imports the user's modules, so their folder is known
         cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.simulator))
+    embedding = cfg.estimator.embedding
+    if cfg.code_dir is None and user_code.is_import_path(embedding):  # imported by check_data
+        cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(embedding))
     path = cfg.simulation.path
     if path is None:
         assert runner is not None, "simulations to make need the driver's stage runner"

@@ -8,7 +8,7 @@ import path), how many simulations, which density estimator to train as the neur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from trainforge.config.rules import Section
 from trainforge.config.schema import Switch, WorkloadSection
@@ -18,7 +18,6 @@ SimulationDevice = Literal["auto", "cpu", "cuda"]
 SimulationPlace = Literal["auto", "here", "cluster"]
 ZScore = Literal["independent", "structured", "none"]
 ObservationsFrom = Literal["sbibm", "own"]
-Embedding = Literal["none", "fully_connected", "cnn", "permutation_invariant"]
 
 
 @dataclass
@@ -66,6 +65,7 @@ class SimulationSection(Section):
 @dataclass
 class EstimatorSection(Section):
     KEY = "workload.estimator"
+    FREE_FORM: ClassVar[tuple[str, ...]] = ("embedding_kwargs",)
 
     model: str = "maf"
     """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
@@ -83,8 +83,13 @@ class EstimatorSection(Section):
     training set, identical on every rank)."""
     z_score_x: ZScore = "independent"
     """independent | structured | none: z-score x inside the network."""
-    embedding: Embedding = "none"
-    """Embedding net for x: none | fully_connected | cnn | permutation_invariant."""
+    embedding: str = "none"
+    """Embedding net for x: none | fully_connected | cnn | permutation_invariant |
+    my_pkg.module:MyNet (your own ``nn.Module`` class, or a function returning one, by import
+    path: given ``embedding_kwargs``, and ``dim_x`` where it takes it; it maps a batch of x,
+    shape (batch, dim_x), to features, shape (batch, k))."""
+    embedding_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Your own embedding net's arguments, as nested as it likes."""
     embedding_features: int = 20
     """Output features of the embedding net."""
     embedding_hidden: int = 64

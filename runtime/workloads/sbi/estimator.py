@@ -13,13 +13,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
 from typing import Protocol, cast
 
 import torch
 from torch import Tensor, nn
 
-from trainforge.errors import RecipeError
+from trainforge.errors import RecipeError, UserCodeError
+from trainforge.log import first_line
+from trainforge.workloads import user_code
 from trainforge.workloads.sbi.architecture import (  # noqa: F401 - re-exported: BuildRecord, …
     EMBEDDINGS,
     ESTIMATORS,
@@ -37,11 +41,59 @@ warnings.filterwarnings(
 )
 
 
+class EmbeddingError(UserCodeError):
+    """The user's embedding net cannot be imported, raises, or does not map x to features."""
+
+
+def users_embedding_net(record: BuildRecord) -> nn.Module:
+    """The user's own embedding net (``embedding: my_pkg.nets:MyNet``): called with
+    ``embedding_kwargs``, and ``dim_x`` where it takes it."""
+    path, key = record.embedding, "workload.estimator.embedding"
+    entry = user_code.import_object(path, key, record.code_dir, EmbeddingError)
+    arguments = dict(record.embedding_kwargs)
+    with contextlib.suppress(TypeError, ValueError):  # no signature to read: kwargs only
+        if "dim_x" in inspect.signature(entry).parameters:
+            arguments["dim_x"] = record.dim_x
+    try:
+        net = entry(**arguments)
+    except Exception as exc:  # the user's constructor: theirs to see, in one line
+        given = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        raise EmbeddingError(
+            f"{key}: {path}({given}) raised {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
+    if not isinstance(net, nn.Module):
+        raise EmbeddingError(f"{key}: {path} returned {type(net).__name__}, not an nn.Module")
+    return net
+
+
+def probe_embedding(record: BuildRecord) -> None:
+    """The driver's check of the user's embedding net: two rows of x in, a row of features
+    each out."""
+    net, path = users_embedding_net(record), record.embedding
+    x = torch.zeros(2, record.dim_x)
+    try:
+        with torch.no_grad():
+            features = net(x)
+    except Exception as exc:
+        raise EmbeddingError(
+            f"workload.estimator.embedding: {path} on x of shape (2, {record.dim_x}) raised "
+            f"{type(exc).__name__}: {first_line(exc)}"
+        ) from exc
+    if not torch.is_tensor(features) or features.dim() != 2 or len(features) != 2:
+        shape = tuple(features.shape) if torch.is_tensor(features) else type(features).__name__
+        raise EmbeddingError(
+            f"workload.estimator.embedding: {path} returned {shape} for x of shape "
+            f"(2, {record.dim_x}): expected (2, features)"
+        )
+
+
 def embedding_net(record: BuildRecord) -> nn.Module:
     shape = list(record.embedding_input_shape)
     check_shape(shape, record.dim_x)
     if record.embedding == "none":
         return nn.Identity()
+    if user_code.is_import_path(record.embedding):
+        return users_embedding_net(record)
     # Only now: the driver checks recipes with this before any worker starts, and importing
     # sbi costs it ~1.4 s on this project's CPU; without an embedding net it needs no sbi.
     from sbi.neural_nets.embedding_nets import (

@@ -148,7 +148,9 @@ class SBIWorkload(Workload):
         return keep_on_device(self.cfg.data_on_device, theta.nbytes + x.nbytes, device)
 
     def record(self) -> estimators.BuildRecord:
-        return estimators.BuildRecord.from_config(self.cfg.estimator, self.dim_theta, self.dim_x)
+        return estimators.BuildRecord.from_config(
+            self.cfg.estimator, self.dim_theta, self.dim_x, self.cfg.code_dir
+        )
 
     def build_model(self) -> nn.Module:
         # z-scoring from the whole training split: the same numbers on every rank
