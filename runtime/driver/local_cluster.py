@@ -91,6 +91,9 @@ class ClusterState:
     python: str
     ray_version: str
     started_at: float
+    single_node: bool = False
+    """Started in Ray's single-node mode (``SINGLE_NODE``): a cluster an earlier trainforge
+    started without it is stale, as a client in that mode cannot join it."""
 
     @property
     def token_path(self) -> str:
@@ -110,6 +113,8 @@ def why_stale(state: ClusterState) -> str | None:
         return f"its supervisor (pid {state.supervisor_pid}) is gone"
     if state.python != _python() or state.ray_version != _ray_version():
         return f"it runs {state.python} with Ray {state.ray_version}"
+    if not state.single_node:
+        return "an earlier trainforge started it listening beyond 127.0.0.1"
     host, port = state.gcs_address.rsplit(":", 1)
     if not _port_open(host, int(port)):
         return f"its GCS at {state.gcs_address} does not answer"
@@ -325,6 +330,7 @@ def supervise(idle_stop_s: float, num_cpus: int | None) -> int:
         python=_python(),
         ray_version=_ray_version(),
         started_at=time.time(),
+        single_node=True,
     )
     published = False
     lock_path = home / "in-use.lock"

@@ -37,6 +37,7 @@ def state(pid: int, port: int = 1, python: str | None = None) -> ClusterState:
         python=python or local_cluster._python(),
         ray_version=local_cluster._ray_version(),
         started_at=1.0,
+        single_node=True,
     )
 
 
@@ -128,6 +129,12 @@ def test_a_silent_gcs_is_stale_and_an_answering_one_is_not() -> None:
         gcs.listen()
         cluster = state(os.getpid(), gcs.getsockname()[1])
         assert local_cluster.why_stale(cluster) is None
+        # one an earlier trainforge started listens beyond 127.0.0.1: replaced, not joined
+        earlier = json.loads(json.dumps(asdict(cluster)))
+        del earlier["single_node"]
+        assert local_cluster.why_stale(ClusterState(**earlier)) == (
+            "an earlier trainforge started it listening beyond 127.0.0.1"
+        )
 
 
 SETTINGS = {

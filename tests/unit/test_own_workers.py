@@ -93,7 +93,7 @@ def test_while_a_background_start_readies_the_cluster_a_command_trains_on_its_ow
         cluster = local_cluster.ClusterState(
             gcs_address=f"127.0.0.1:{gcs.getsockname()[1]}", dashboard_url="",
             supervisor_pid=os.getpid(), temp_dir="", python=local_cluster._python(),
-            ray_version=local_cluster._ray_version(), started_at=0.0,
+            ray_version=local_cluster._ray_version(), started_at=0.0, single_node=True,
         )  # fmt: skip
         local_cluster.folder().mkdir(parents=True)
         (local_cluster.folder() / "state.json").write_text(json.dumps(asdict(cluster)))
