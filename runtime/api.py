@@ -7,6 +7,7 @@ returns what the command prints at its end; ``trainforge.load`` gives a finished
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ def train(recipe: RecipeSource, overrides: Overrides = ()) -> Result:
     from trainforge.cli import check_optional_modules, set_loudness
     from trainforge.driver import launch
 
+    log.STARTED_AT = time.time()  # the run's start (its MLflow start time, "finished in")
     set_loudness(log.verbosity())  # the command's console: trainforge's lines, not MLflow's INFO
     cfg = _recipe(recipe, _as_list(overrides))
     check_optional_modules(cfg.workload.kind)

@@ -47,9 +47,15 @@ said["same_model"] = all(
 )
 
 # a second run in the same process, with command-line style overrides
+import time
+from mlflow.tracking import MlflowClient
+called = time.time()
 second = trainforge.train(recipe, ["run.name=second", "train.epochs=1",
                                    "tracking.system_metrics=false"])
 said["second_epoch"] = second.metrics["epoch"]
+# its MLflow run starts when this call did, not when the process imported trainforge
+started = MlflowClient(second.tracking_uri).get_run(second.run_id).info.start_time / 1000
+said["second_start_lag_s"] = started - called
 
 try:
     trainforge.train(recipe, {"train.batch_size": 0})
@@ -88,6 +94,7 @@ def test_a_script_trains_loads_and_meets_errors_as_exceptions(tmp_path: Path) ->
     assert said["model_type"] == "Sequential" and said["same_model"]
     assert said["reloaded_val_loss"] == pytest.approx(metrics["val/loss"], rel=1e-4)
     assert said["second_epoch"] == 1
+    assert -0.1 < said["second_start_lag_s"] < 5, said["second_start_lag_s"]
     assert said["refused"] == "train.batch_size: must be >= 1, got 0"
     message, code = said["failed"]
     assert code == 1 and "run 'failing' did not finish (exit status 1" in message
