@@ -40,9 +40,7 @@ def test_lines_from_rank_0(capsys: pytest.CaptureFixture[str]) -> None:
     written = capsys.readouterr().out.splitlines()
     # the step, the epoch and the finish are events, not text for the driver to parse
     events = [progress_events.read(line) for line in written]
-    assert [event and event["kind"] for event in events] == [
-        None, "step", "epoch", None, "finish"
-    ]
+    assert [event and event["kind"] for event in events] == [None, "step", "epoch", None, "finish"]
     assert events[1] is not None and (events[1]["step"], events[1]["total"]) == (35, 100)
     # each stands for the plain line a log shows
     out = [progress_events.as_text(line) for line in written]
