@@ -1,7 +1,8 @@
 """Real clusters on this machine: `ray start --head` + `trainforge submit` (→ `ray job submit`),
 which keeps the run in a real MLflow server and the checkpoints on the storage given, and
 refuses the shipped defaults (a run folder and store in the job's temporary working_dir)
-without submitting; and a cluster whose head trains nothing, with two worker nodes: its
+without submitting, and ships a user's project of its own (its workload's module) with the job;
+and a cluster whose head trains nothing, with two worker nodes: its
 2-worker run puts one worker on each.
 
 Both submit from the checkout: the current directory is the project that ships as the
@@ -10,6 +11,7 @@ shipped recipe by name from an installed wheel and a project elsewhere)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +105,19 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
                                "scaling.num_workers=1", runtime_env=env_file)  # fmt: skip
                 assert done.returncode == 0, done.stdout + done.stderr
                 assert _status(nodes, "submitted") == "SUCCEEDED"
+                # a user's project of its own, outside the repository: its module travels
+                # with the job (the working_dir) and the job imports it there
+                project = tmp_path / "wave-project"
+                shutil.copytree(PROJECT / "examples" / "wave", project)
+                wave = subprocess.run(
+                    [sys.executable, "-m", "trainforge", "submit", "recipe.yaml", "run.name=wave",
+                     "train.epochs=1", "scaling.num_workers=1",
+                     f"run.storage_path={tmp_path / 'runs'}", "--runtime-env", str(env_file),
+                     "--address", nodes.dashboard],
+                    cwd=project, env=nodes.env, capture_output=True, text=True, timeout=600,
+                )  # fmt: skip
+                assert wave.returncode == 0, wave.stdout + wave.stderr
+                assert _status(nodes, "wave") == "SUCCEEDED"
             finally:
                 head.exception()  # a head that is still starting has registered its process
                 nodes.stop()
@@ -115,6 +130,10 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
         assert run.data.tags["ray.submission_id"] == "submitted"  # one identity: job = run name
         assert run.data.tags["git.commit"] == commit  # the project's: the checkout, submitted from
         assert [m.value for m in client.get_metric_history(run.info.run_id, "epoch")] == [1, 2]
+        wave_run = _run(client, "wave")
+        assert wave_run.info.status == "FINISHED"
+        assert wave_run.data.params["workload.entry"] == "wave_task:WaveRegression"
+        assert "val/rmse" in wave_run.data.metrics
     finally:
         server.stop()
 
