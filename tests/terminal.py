@@ -23,10 +23,13 @@ class Terminal:
     written there is read from the other side as it comes (a full buffer would block the
     writer), and ``screen()`` is what a terminal shows of it."""
 
-    def __init__(self, columns: int) -> None:
+    def __init__(self, columns: int, sized: bool = True) -> None:
+        """``sized`` False: the terminal tells no size (0×0, as a new pseudo-terminal whose
+        size nobody set); its screen is still rendered ``columns`` wide."""
         self.columns = columns
         self._controller, self.fd = os.openpty()
-        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, columns, 0, 0))
+        if sized:
+            fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, columns, 0, 0))
         self.file: IO[str] = open(self.fd, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         self._written: list[bytes] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

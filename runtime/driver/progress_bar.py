@@ -84,8 +84,12 @@ class Bar:
     def _open(self, event: Event, postfix: str = "") -> Any:
         """A bar at ``event``'s step, drawn at once."""
         total = event.get("total")
+        # a terminal that says its size: followed as it is resized; one that says none (a
+        # new pseudo-terminal: 0×0), 80×24, since tqdm draws nothing on a screen of no size
+        sized = _size(self.out) is not None
         self._tqdm = _tqdm()(
-            total=total, initial=event["step"], file=self.out, dynamic_ncols=True, leave=True,
+            total=total, initial=event["step"], file=self.out, leave=True, dynamic_ncols=sized,
+            ncols=None if sized else 80, nrows=None if sized else 24,
             position=0,  # one bar: never below a bar another run left open
             mininterval=0,  # every event drawn: they come at the logging cadence, not per step
             desc=_epoch(event), postfix=postfix,
@@ -125,7 +129,16 @@ def _epoch(event: Event) -> str:
 
 
 def _columns(out: IO[Any]) -> int:
+    """The terminal's width; 80 where it tells none."""
+    size = _size(out)
+    return size.columns if size is not None else 80
+
+
+def _size(out: IO[Any]) -> os.terminal_size | None:
+    """The terminal's size; None for a stream that is no terminal, or a terminal whose size
+    nobody set (0×0)."""
     try:
-        return os.get_terminal_size(out.fileno()).columns
-    except (OSError, ValueError, AttributeError):  # not a real terminal (a test's stream)
-        return 80
+        size = os.get_terminal_size(out.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if size.columns > 0 and size.lines > 0 else None

@@ -97,11 +97,12 @@ def check_frames(written: bytes, columns: int) -> None:
     assert b"trainforge:progress" not in written and b'"kind"' not in written
 
 
-@pytest.mark.parametrize("columns", [60, 80, 120])
+@pytest.mark.parametrize(("columns", "sized"), [(60, True), (80, True), (120, True), (80, False)])
 def test_the_bar_holds_on_a_terminal_of_any_width(
-    columns: int, monkeypatch: pytest.MonkeyPatch
+    columns: int, sized: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    terminal = Terminal(columns)
+    """Also on a terminal that tells no size (0×0): drawn 80 columns wide, not left out."""
+    terminal = Terminal(columns, sized)
     with on(terminal, monkeypatch) as shown:
         lines = rank_0_output()
         for index, line in enumerate(lines):
