@@ -342,20 +342,26 @@ def test_the_cost_of_the_cluster_is_said_once_per_home(
     )
 
 
-def test_the_supervisor_starts_ray_in_its_single_node_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ray's single-node mode binds every port to 127.0.0.1 (checked on a real cluster:
-    tests/integration/test_local_cluster.py); a client in it resolves 127.0.0.1 to itself."""
-    import ray._private.ray_constants as constants
-    from ray._private import services
+SINGLE_NODE_CLIENT = """
+from ray._private import services
+from trainforge.driver import local_cluster
+before = services.canonicalize_bootstrap_address("127.0.0.1:6380")
+local_cluster.single_node_client()
+print(before, services.canonicalize_bootstrap_address("127.0.0.1:6380"))
+"""
 
+
+def test_the_supervisor_starts_ray_in_its_single_node_mode() -> None:
+    """Ray's single-node mode binds every port to 127.0.0.1 (checked on a real cluster:
+    tests/integration/test_local_cluster.py); a client in it resolves 127.0.0.1 to itself.
+    The client in a process of its own: one that joined another Ray takes that node's address."""
     assert local_cluster._supervisor_env()["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
-    # both restored after the test: the session's other Ray clusters are not single-node
-    monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", True)
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "1")
-    assert services.canonicalize_bootstrap_address("127.0.0.1:6380") != "127.0.0.1:6380"
-    local_cluster.single_node_client()
-    assert services.canonicalize_bootstrap_address("127.0.0.1:6380") == "127.0.0.1:6380"
-    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}  # Ray imported as a cluster
+    done = subprocess.run([sys.executable, "-c", SINGLE_NODE_CLIENT], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = done.stdout.split()
+    assert before != "127.0.0.1:6380" and after == "127.0.0.1:6380", done.stdout
 
 
 HOLD_TRAINING_LOCK = """
