@@ -5,13 +5,14 @@ spool; what a killed command left is sent by the next from where it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +302,8 @@ def test_an_sbi_posterior_is_handed_over_and_logged_by_the_command(
         output_format="list",
     )
     assert logged.name == "posterior"
-    loaded = mlflow.pyfunc.load_model(logged.model_uri)
+    with _python_path_kept():
+        loaded = mlflow.pyfunc.load_model(logged.model_uri)
     x = np.zeros((1, 2), dtype=np.float32)
     assert loaded.predict(x, params={"num_samples": 5}).shape == (5, 3)
     # its files went with the relay's
@@ -389,4 +391,16 @@ def the_logged_model(tracking_uri: str, run: Any, monkeypatch: pytest.MonkeyPatc
         filter_string=f"source_run_id = '{run.info.run_id}'",
         output_format="list",
     )
-    return mlflow.pytorch.load_model(logged.model_uri)
+    with _python_path_kept():
+        return mlflow.pytorch.load_model(logged.model_uri)
+
+
+@contextlib.contextmanager
+def _python_path_kept() -> Iterator[None]:
+    """MLflow puts a loaded model's shipped code (a cut-down trainforge) first on sys.path: a
+    later test's spawned processes, which take this one's path, would import that trainforge."""
+    kept = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = kept
