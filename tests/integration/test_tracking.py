@@ -168,7 +168,9 @@ def test_run_is_complete_in_the_mlflow_server(
     )  # fmt: skip
     assert loads.returncode == 0, loads.stderr[-3000:]
     assert loads.stdout.strip() == "SimpleCNN (3, 10)"
-    loaded = mlflow.pytorch.load_model(f"models:/{model.model_id}")
+    kept = list(sys.path)  # MLflow puts the model's cut-down trainforge first on it: undone,
+    loaded = mlflow.pytorch.load_model(f"models:/{model.model_id}")  # for later spawns' sake
+    sys.path[:] = kept
     # pickled, not MLflow's default torch.export program: the recipe's own module comes back
     assert type(loaded).__name__ == "SimpleCNN"
     loaded_state = loaded.state_dict()
