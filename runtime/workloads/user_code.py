@@ -4,13 +4,16 @@ workers run on the same machine or a shared file system."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainforge.errors import UserCodeError
+
+S = TypeVar("S")
 
 
 def is_import_path(name: str) -> bool:
@@ -62,3 +65,12 @@ def code_dir_of(path: str) -> str | None:
         return None
     depth = path.partition(":")[0].count(".")
     return str(Path(file).resolve().parents[depth])
+
+
+def with_code_dir(section: S, path: str | None) -> S:
+    """``section`` (a dataclass with ``code_dir``) with the folder ``path``'s module was found
+    in, once the driver's check imported it, so that workers Ray starts in other folders import
+    it from there; unchanged where it already says one or names no user code (``path`` None)."""
+    if path is None or getattr(section, "code_dir", None) is not None:
+        return section
+    return dataclasses.replace(section, code_dir=code_dir_of(path))  # type: ignore[type-var]

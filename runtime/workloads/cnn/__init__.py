@@ -4,7 +4,6 @@ workload itself is built in the workers (``workload.py``)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from trainforge.config.schema import PrecisionSection
@@ -39,9 +38,7 @@ def locate_code(
 ) -> CNNWorkloadConfig:
     """The section with ``code_dir`` where ``workload.model`` is the user's own (its module,
     imported by the driver's check, was found there); unchanged otherwise."""
-    if cfg.code_dir is not None or not is_users_model(cfg.model):
-        return cfg
-    return dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.model))
+    return user_code.with_code_dir(cfg, cfg.model if is_users_model(cfg.model) else None)
 
 
 SPEC = WorkloadSpec(

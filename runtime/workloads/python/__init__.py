@@ -3,7 +3,6 @@ user's project, named by import path, given the loop that the built-in families 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from trainforge.config.schema import PrecisionSection
@@ -31,11 +30,8 @@ def check_data(cfg: PythonWorkloadConfig) -> None:
 def locate_code(
     cfg: PythonWorkloadConfig, seed: int, storage_root: str, runner: StageRunner | None
 ) -> PythonWorkloadConfig:
-    """The section with ``code_dir``: where the entry's module was found here (``check_data``
-    imported it), so that workers Ray starts in other folders import it from there."""
-    if cfg.code_dir is not None:
-        return cfg
-    return dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.entry))
+    """The section with ``code_dir``: where the entry's module was found."""
+    return user_code.with_code_dir(cfg, cfg.entry)
 
 
 SPEC = WorkloadSpec(

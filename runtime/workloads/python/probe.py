@@ -78,8 +78,7 @@ def _check_loss(
 ) -> None:
     if batch is None:
         return
-    prepared = _call(entry, "prepare_batch(batch, train=True)",
-                     lambda: workload.prepare_batch(batch, train=True))  # fmt: skip
+    prepared = _prepared(entry, workload, batch, train=True)
     loss = _call(entry, "loss(model, batch)", lambda: workload.loss(model, prepared))
     if not torch.is_tensor(loss) or loss.numel() != 1 or not loss.is_floating_point():
         shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
@@ -99,8 +98,7 @@ def _check_metrics(
 ) -> None:
     if batch is None:
         return
-    prepared = _call(entry, "prepare_batch(batch, train=False)",
-                     lambda: workload.prepare_batch(batch, train=False))  # fmt: skip
+    prepared = _prepared(entry, workload, batch, train=False)
     with torch.no_grad():
         sums = _call(entry, "eval_sums(model, batch)", lambda: workload.eval_sums(model, prepared))
     if not isinstance(sums, dict) or not all(torch.is_tensor(v) for v in sums.values()):
@@ -116,6 +114,11 @@ def _check_metrics(
             f"workload.entry: {entry}.summarize(sums) returned {metrics!r:.80}: expected a dict "
             "of metric names to numbers"
         )
+
+
+def _prepared(entry: str, workload: Workload, batch: Batch, train: bool) -> Batch:
+    return _call(entry, f"prepare_batch(batch, train={train})",
+                 lambda: workload.prepare_batch(batch, train=train))  # fmt: skip
 
 
 def _call(entry: str, what: str, function: Callable[[], T]) -> T:
