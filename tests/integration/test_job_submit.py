@@ -171,4 +171,4 @@ def test_two_worker_nodes_take_one_worker_each_and_rank_0_tracks_from_its_node(
     sampled = {key.split("/")[1] for key in run.data.metrics if key.startswith("system/")}
     assert sampled == {"node_0"}, sorted(run.data.metrics)
     assert [m.name for m in client.search_logged_models(
-        [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")] == ["model"]  # fmt: skip
+        [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")] == ["simple_cnn"]  # fmt: skip
