@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -74,3 +75,13 @@ def with_code_dir(section: S, path: str | None) -> S:
     if path is None or getattr(section, "code_dir", None) is not None:
         return section
     return dataclasses.replace(section, code_dir=code_dir_of(path))  # type: ignore[type-var]
+
+
+def takes(entry: Any, argument: str) -> bool:
+    """Whether the callable ``entry`` has a parameter named ``argument`` (False where it has no
+    signature to read, as some builtins)."""
+    try:
+        parameters = inspect.signature(entry).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in parameters

@@ -170,5 +170,6 @@ def test_two_worker_nodes_take_one_worker_each_and_rank_0_tracks_from_its_node(
     # both nodes' first workers sampled, as node_0: raylets of one host share its node rank
     sampled = {key.split("/")[1] for key in run.data.metrics if key.startswith("system/")}
     assert sampled == {"node_0"}, sorted(run.data.metrics)
-    assert [m.name for m in client.search_logged_models(
-        [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")] == ["simple_cnn"]  # fmt: skip
+    logged = client.search_logged_models(
+        [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")  # fmt: skip
+    assert [m.name for m in logged] == ["simple_cnn"]

@@ -40,6 +40,11 @@ def is_users_model(name: str) -> bool:
     return ":" in name and not name.startswith(TORCHVISION_PREFIX)
 
 
+def is_users_dataset(name: str) -> bool:
+    """``workload.dataset`` names the user's own data set by import path (``my_pkg.data:make``)."""
+    return ":" in name
+
+
 def check_model_name(name: str) -> None:
     """Validate ``workload.model`` without building anything or importing torchvision."""
     if name in KNOWN_MODELS or is_users_model(name):
@@ -103,7 +108,8 @@ def import_torchvision() -> Any:
 
 
 def check_data(cfg: CNNWorkloadConfig) -> None:
-    """Cheap driver-side checks (names and paths, no image decoding) before any worker starts."""
+    """Cheap driver-side checks (names and paths, no image decoding) before any worker starts;
+    a user's own data set is made and checked by ``users_data.probe``."""
     check_dataset_name(cfg.dataset)
     if cfg.dataset == "cifar10":
         root = require_data_root(cfg)
@@ -136,17 +142,21 @@ def train_samples(cfg: CNNWorkloadConfig) -> int | None:
     return None
 
 
-def image_channels(dataset: str) -> int:
+def image_channels(cfg: CNNWorkloadConfig) -> int:
     """The channels a data set's images have as the workload feeds them: scikit-learn's digits
-    are grey; CIFAR-10, synthetic images and image folders (converted) are RGB."""
-    return 1 if dataset == "digits" else 3
+    are grey; CIFAR-10, synthetic images and image folders (converted) are RGB; a user's own
+    data set's, as the driver found them (RGB until then)."""
+    if cfg.in_channels is not None:
+        return cfg.in_channels
+    return 1 if cfg.dataset == "digits" else 3
 
 
 def check_dataset_name(name: str) -> None:
-    if name not in KNOWN_DATASETS:
+    if name not in KNOWN_DATASETS and not is_users_dataset(name):
         raise RecipeError(
             f"workload.dataset: {name!r} is not a known data set"
-            f"{did_you_mean(name, KNOWN_DATASETS)}; choose one of: {', '.join(KNOWN_DATASETS)}"
+            f"{did_you_mean(name, KNOWN_DATASETS)}; choose one of: {', '.join(KNOWN_DATASETS)}, "
+            "or your own by import path (my_pkg.data:make)"
         )
 
 
@@ -271,6 +281,11 @@ def check(cfg: CNNWorkloadConfig, recipe: Recipe) -> None:
             f"path, my_pkg.module:MyNet); {cfg.model} takes none"
         )
     check_dataset_name(cfg.dataset)
+    if cfg.dataset_kwargs and not is_users_dataset(cfg.dataset):
+        raise RecipeError(
+            f"workload.dataset_kwargs: arguments for your own data set (workload.dataset by "
+            f"import path, my_pkg.data:make); {cfg.dataset} takes none"
+        )
     if cfg.model.startswith("torchvision:") and cfg.dataset == "digits":
         raise RecipeError(  # the worker would find out only when it builds the model
             f"workload.model: {cfg.model} expects 3-channel (RGB) images, and the digits data "

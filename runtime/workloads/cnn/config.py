@@ -11,7 +11,7 @@ from trainforge.errors import RecipeError
 
 @dataclass
 class CNNWorkloadConfig(WorkloadSection):
-    FREE_FORM: ClassVar[tuple[str, ...]] = ("model_kwargs",)
+    FREE_FORM: ClassVar[tuple[str, ...]] = ("model_kwargs", "dataset_kwargs")
 
     kind: str = "cnn"
     """Workload family tag; selects this schema."""
@@ -23,7 +23,12 @@ class CNNWorkloadConfig(WorkloadSection):
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     """Your own model's arguments (``workload.model`` by import path), as nested as it likes."""
     dataset: str = "digits"
-    """digits (scikit-learn's bundled 8x8 digits) | synthetic | cifar10 | imagefolder."""
+    """digits (scikit-learn's bundled 8x8 digits) | synthetic | cifar10 | imagefolder
+    | my_pkg.data:make (your own function by import path, returning (train, val): each a tuple
+    of tensors (images N×C×H×W, labels N) or a map-style Dataset of (image, label); given
+    ``dataset_kwargs`` and whichever of ``seed``, ``image_size`` and ``num_classes`` it takes)."""
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Your own data set's arguments (``workload.dataset`` by import path)."""
     data_root: str | None = None
     """Folder of the data set: CIFAR-10 root (holding cifar-10-batches-py) or an ImageFolder root
     (with train/ and val/ sub-folders)."""
@@ -50,9 +55,12 @@ class CNNWorkloadConfig(WorkloadSection):
     """imagefolder: pinned host memory for faster host-to-GPU copies."""
     label_smoothing: float = 0.0
     """Cross-entropy label smoothing."""
+    in_channels: int | None = None
+    """Your own data set's image channels (filled in by the driver from its first image): what
+    builds the model without the data, e.g. in ``trainforge.load``."""
     code_dir: str | None = None
-    """Where the driver found your own model's module (filled in by the driver): the folder
-    Ray's workers elsewhere import it from."""
+    """Where the driver found your own model's or data set's module (filled in by the driver):
+    the folder Ray's workers elsewhere import it from."""
 
     def check(self) -> None:
         # Model and data set names are checked by the spec (their registries live with the

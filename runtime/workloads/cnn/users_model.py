@@ -4,9 +4,7 @@ whichever of ``in_channels``, ``num_classes`` and ``image_size`` it takes."""
 
 from __future__ import annotations
 
-import inspect
 import re
-from typing import Any
 
 import torch
 from torch import nn
@@ -14,7 +12,6 @@ from torch import nn
 from trainforge.errors import UserCodeError
 from trainforge.log import first_line
 from trainforge.workloads import user_code
-from trainforge.workloads.cnn.checks import image_channels
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 
 SHAPE_ARGUMENTS = ("in_channels", "num_classes", "image_size")
@@ -30,7 +27,10 @@ def build(cfg: CNNWorkloadConfig, in_channels: int, num_classes: int, image_size
         raise ModelCodeError(f"workload.model: {cfg.model} is {type(entry).__name__}, not an "
                              "nn.Module class or a function returning a model")  # fmt: skip
     shape = {"in_channels": in_channels, "num_classes": num_classes, "image_size": image_size}
-    arguments = {**{k: v for k, v in shape.items() if _takes(entry, k)}, **cfg.model_kwargs}
+    arguments = {
+        **{k: v for k, v in shape.items() if user_code.takes(entry, k)},
+        **cfg.model_kwargs,
+    }
     try:
         model = entry(**arguments)
     except Exception as exc:  # the user's constructor: theirs to see, in one line
@@ -43,10 +43,9 @@ def build(cfg: CNNWorkloadConfig, in_channels: int, num_classes: int, image_size
     return model
 
 
-def probe(cfg: CNNWorkloadConfig) -> None:
+def probe(cfg: CNNWorkloadConfig, channels: int) -> None:
     """The driver's check before any worker starts: the model built on this CPU classifies a
     batch of two blank images of the data set's shape into ``num_classes`` scores each."""
-    channels = image_channels(cfg.dataset)
     model = build(cfg, channels, cfg.num_classes, cfg.image_size)
     images = torch.zeros(2, channels, cfg.image_size, cfg.image_size)
     try:
@@ -69,11 +68,3 @@ def name(path: str) -> str:
     """The logged model's name: the attribute's, ``MyNet`` → ``my_net``."""
     attribute = path.rpartition(":")[2].rpartition(".")[2]
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", attribute).lower()
-
-
-def _takes(entry: Any, argument: str) -> bool:
-    try:
-        parameters = inspect.signature(entry).parameters
-    except (TypeError, ValueError):
-        return False
-    return argument in parameters

@@ -14,8 +14,13 @@ from trainforge.config.schema import PrecisionSection
 from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
-from trainforge.workloads.cnn import users_model
-from trainforge.workloads.cnn.checks import TORCHVISION_PREFIX, image_channels, is_users_model
+from trainforge.workloads.cnn import users_data, users_model
+from trainforge.workloads.cnn.checks import (
+    TORCHVISION_PREFIX,
+    image_channels,
+    is_users_dataset,
+    is_users_model,
+)
 from trainforge.workloads.cnn.config import CNNWorkloadConfig
 from trainforge.workloads.cnn.datasets import (
     TensorSplit,
@@ -35,7 +40,7 @@ class CNNWorkload(Workload):
         self.info: dict[str, Any] = {}
         # the images' shape as the recipe says it (``datasets`` sets it from the data): what
         # builds the model of a finished run without loading its data (``trainforge.load``)
-        self.in_channels, self.num_classes = image_channels(cfg.dataset), cfg.num_classes
+        self.in_channels, self.num_classes = image_channels(cfg), cfg.num_classes
         self.image_size = cfg.image_size
         # Used only when the training split is a Dataset (imagefolder) streamed by a DataLoader.
         self.loader_workers = cfg.loader_workers
@@ -48,7 +53,10 @@ class CNNWorkload(Workload):
 
     def datasets(self, device: torch.device) -> tuple[Split, Split]:
         on_device = self.cfg.data_on_device != "false"
-        data = load_data(self.cfg, self.seed, device if on_device else None)
+        if is_users_dataset(self.cfg.dataset):
+            data = users_data.load(self.cfg, self.seed)
+        else:
+            data = load_data(self.cfg, self.seed, device if on_device else None)
         self.in_channels, self.num_classes = data.in_channels, data.num_classes
         self.image_size = data.image_size
         train = self._place(data.train, device)
@@ -70,6 +78,8 @@ class CNNWorkload(Workload):
         }  # fmt: skip
         if cfg.dataset in ("digits", "synthetic"):
             identity |= {"seed": self.seed, "val_fraction": cfg.val_fraction}
+        if is_users_dataset(cfg.dataset):  # the user's function may draw from the seed
+            identity |= {"seed": self.seed, "kwargs": cfg.dataset_kwargs}
         if cfg.dataset == "synthetic":
             identity["device"] = self.data_device
         on_disk = cfg.dataset in ("cifar10", "imagefolder") and cfg.data_root
