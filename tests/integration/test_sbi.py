@@ -55,6 +55,13 @@ class Features(torch.nn.Module):
 
     def forward(self, x):
         return self.layers(x)
+
+def spline_flow(theta, x, embedding_net, transforms):
+    """The user's own builder, as sbi takes one: sbi's NSF with settings of the user's."""
+    from sbi.neural_nets.net_builders import build_nsf
+
+    return build_nsf(theta, x, hidden_features=16, num_transforms=transforms,
+                     embedding_net=embedding_net)
 '''
 
 
@@ -204,7 +211,7 @@ def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: 
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == metrics["epoch"]
 
 
-def test_a_user_simulator_and_embedding_net_by_import_path_train_end_to_end(
+def test_a_user_simulator_estimator_builder_and_embedding_net_by_import_path_train_end_to_end(
     ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recipe = _write_user_files(in_tmp, "user_sim_e2e")
@@ -216,6 +223,8 @@ def test_a_user_simulator_and_embedding_net_by_import_path_train_end_to_end(
                 "workload.simulation.drop_invalid=true",
                 "train.epochs=5",
                 "tracking.enabled=false",
+                "workload.estimator.model=user_sim_e2e:spline_flow",
+                "workload.estimator.model_kwargs.transforms=3",
                 "workload.estimator.embedding=user_sim_e2e:Features",
                 "workload.estimator.embedding_kwargs.width=6",
             ],
@@ -233,7 +242,10 @@ def test_a_user_simulator_and_embedding_net_by_import_path_train_end_to_end(
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(in_tmp))])
     posterior = trainforge.load(in_tmp / "runs" / "user-sim")
     assert type(posterior).__name__ == "DirectPosterior"
-    # with the user's embedding net, rebuilt from the run's record (its folder, its width)
+    # the user's builder and embedding net, rebuilt from the run's record (folder, arguments)
+    splines = [m for m in posterior.posterior_estimator.modules()
+               if type(m).__name__ == "PiecewiseRationalQuadraticCouplingTransform"]  # fmt: skip
+    assert len(splines) == 3
     modules = posterior.posterior_estimator.embedding_net.modules()
     [embedding] = [m for m in modules if type(m).__name__ == "Features"]
     assert embedding.width == 6

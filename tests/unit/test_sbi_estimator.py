@@ -147,6 +147,46 @@ def one_dimensional():
 
 def not_a_net():
     return 4
+
+
+def small_nsf(theta, x, embedding_net, hidden=8):
+    from sbi.neural_nets.net_builders import build_nsf
+
+    return build_nsf(theta, x, hidden_features=hidden, num_transforms=2,
+                     embedding_net=embedding_net)
+
+
+def no_embedding(theta, x):
+    from sbi.neural_nets.net_builders import build_maf
+
+    return build_maf(theta, x, num_transforms=1)
+
+
+def four(theta, x):
+    return 4
+
+
+def a_linear(theta, x):
+    return nn.Linear(2, 2)
+
+
+class ScalarLoss(nn.Linear):
+    def loss(self, theta, condition):
+        return (self(condition) - theta).pow(2).mean()
+
+    def log_prob(self, theta, condition):
+        return -self.loss(theta, condition)
+
+    def sample(self, shape, condition):
+        return self(condition)
+
+
+def scalar_loss(theta, x):
+    return ScalarLoss(x.shape[1], theta.shape[1])
+
+
+def refuses(theta, x):
+    raise ValueError("theta has too few rows\\nmore")
 """
 
 
@@ -200,3 +240,73 @@ def test_embedding_kwargs_are_only_for_a_users_net() -> None:
         EstimatorSection(embedding="fully_connected", embedding_kwargs={"width": 3})
     with pytest.raises(RecipeError, match=r"or your own net by import path"):
         EstimatorSection(embedding="fully-connected")
+
+
+def test_a_users_builder_makes_the_estimator_with_the_recipes_embedding_and_is_rebuilt(
+    users_nets: str,
+) -> None:
+    section = EstimatorSection(model=f"{users_nets}:small_nsf", model_kwargs={"hidden": 6},
+                               embedding=f"{users_nets}:Features")  # fmt: skip
+    record = estimators.BuildRecord.from_config(section, 2, 2)
+    estimators.probe_estimator(record)
+    theta, x = _data()
+    built = estimators.build(record, theta, x)
+    assert type(built).__name__ == "NFlowsFlow"
+    assert any(type(m).__name__ == "Features" for m in built.modules())  # the recipe's net
+    assert {p.shape for p in built.parameters()} >= {torch.Size([6, 6])}  # hidden=6
+    again = estimators.rebuild(estimators.BuildRecord(**record.to_dict()), built.state_dict())
+    torch.testing.assert_close(estimators.NPELoss(built.eval())(theta[:8], x[:8]),
+                               estimators.NPELoss(again.eval())(theta[:8], x[:8]))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "message"),
+    [
+        ("no_embedding", {"embedding": "fully_connected"}, ":no_embedding takes no "
+         "embedding_net, and workload.estimator.embedding is fully_connected"),
+        ("a_linear", {}, ":a_linear returned Linear (no loss, log_prob, sample): expected a "
+         "density estimator"),
+        ("four", {}, ":four returned int: expected a density estimator"),
+        ("refuses", {}, ":refuses(θ, x) raised ValueError: theta has too few rows"),
+        ("small_nsf", {"model_kwargs": {"width": 2}}, ":small_nsf(θ, x, width=2) raised "
+         "TypeError: "),
+        ("scalar_loss", {}, ":scalar_loss's loss(θ, condition=x) returned () for two rows: "
+         "expected (2,), one loss per row"),
+    ],
+)  # fmt: skip
+def test_a_broken_users_builder_is_one_line_naming_it(
+    users_nets: str, model: str, options: dict[str, object], message: str
+) -> None:
+    section = EstimatorSection(model=f"{users_nets}:{model}", **options)  # type: ignore[arg-type]
+    with pytest.raises(estimators.BuilderError) as caught:
+        estimators.probe_estimator(estimators.BuildRecord.from_config(section, 2, 2))
+    said = str(caught.value)
+    assert said.startswith("workload.estimator.model: ") and message in said, said
+    assert "\n" not in said
+
+
+def test_sbis_builder_takes_the_arguments_it_names_and_refuses_others() -> None:
+    section = EstimatorSection(model="nsf", model_kwargs={"num_blocks": 1, "tail_bound": 4.0})
+    record = estimators.BuildRecord.from_config(section, 2, 2)
+    estimators.probe_estimator(record)
+    theta, x = _data()
+    blocks = [m for m in estimators.build(record, theta, x).modules()
+              if type(m).__name__ == "ResidualBlock"]  # fmt: skip
+    assert blocks  # nflows' residual blocks: one per transform with num_blocks=1
+    for kwargs, message in [
+        ({"num_block": 1}, "model_kwargs.num_block: sbi's nsf builder takes no 'num_block'; "
+         "it takes tail_bound, hidden_layers_spline_context, num_blocks"),
+        ({"hidden_features": 8}, "model_kwargs.hidden_features: set by the recipe's own "
+         "workload.estimator keys"),
+    ]:  # fmt: skip
+        section = EstimatorSection(model="nsf", model_kwargs=kwargs)
+        with pytest.raises(estimators.BuilderError, match=re.escape(message)):
+            estimators.probe_estimator(estimators.BuildRecord.from_config(section, 2, 2))
+    zuko = EstimatorSection(model="zuko_nsf", model_kwargs={"fooo": 1})
+    with pytest.raises(estimators.BuilderError, match=r"sbi's zuko_nsf builder given "):
+        estimators.probe_estimator(estimators.BuildRecord.from_config(zuko, 2, 2))
+
+
+def test_an_unknown_estimator_name_offers_a_builder_by_import_path() -> None:
+    with pytest.raises(RecipeError, match=r"or your own builder by import path"):
+        EstimatorSection(model="nsff")

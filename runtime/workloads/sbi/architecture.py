@@ -46,8 +46,9 @@ class BuildRecord:
     embedding_hidden: int
     embedding_input_shape: list[int] = field(default_factory=list)
     embedding_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
     code_dir: str | None = None
-    """Where the user's embedding net's module was found (an embedding by import path)."""
+    """Where the user's modules were found (a builder or an embedding by import path)."""
 
     @classmethod
     def from_config(
@@ -57,6 +58,7 @@ class BuildRecord:
         values = {name: getattr(estimator_cfg, name) for name in names}
         values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
         values["embedding_kwargs"] = dict(values["embedding_kwargs"])
+        values["model_kwargs"] = dict(values["model_kwargs"])
         return cls(dim_theta=dim_theta, dim_x=dim_x, code_dir=code_dir, **values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,11 +66,12 @@ class BuildRecord:
 
 
 def check(estimator_cfg: Any) -> None:
-    if estimator_cfg.model not in ESTIMATORS:
+    if estimator_cfg.model not in ESTIMATORS and not is_import_path(estimator_cfg.model):
         raise RecipeError(
             f"workload.estimator.model: {estimator_cfg.model!r} is not a known estimator"
             f"{did_you_mean(estimator_cfg.model, ESTIMATORS)}; choose one of: "
             + ", ".join(ESTIMATORS)
+            + ", or your own builder by import path (my_pkg.flows:build)"
         )
     if estimator_cfg.embedding not in EMBEDDINGS and not is_import_path(estimator_cfg.embedding):
         raise RecipeError(

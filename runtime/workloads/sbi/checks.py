@@ -74,6 +74,10 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
             estimator.probe_embedding(record)  # the user's: run on two rows of x too
         else:
             estimator.embedding_net(record)
+    if user_code.is_import_path(record.model) or record.model_kwargs:
+        from trainforge.workloads.sbi import estimator
+
+        estimator.probe_estimator(record)  # built, and its loss taken, on two rows
 
 
 def train_samples(cfg: SBIWorkloadConfig) -> int:
@@ -115,9 +119,10 @@ def prepare_data(
 
         sources.resolve(cfg)  # imports the user's modules, so their folder is known
         cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.simulator))
-    embedding = cfg.estimator.embedding
-    if cfg.code_dir is None and user_code.is_import_path(embedding):  # imported by check_data
-        cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(embedding))
+    users = [name for name in (cfg.estimator.model, cfg.estimator.embedding)
+             if user_code.is_import_path(name)]  # fmt: skip
+    if cfg.code_dir is None and users:  # imported by check_data
+        cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(users[0]))
     path = cfg.simulation.path
     if path is None:
         assert runner is not None, "simulations to make need the driver's stage runner"

@@ -65,11 +65,18 @@ class SimulationSection(Section):
 @dataclass
 class EstimatorSection(Section):
     KEY = "workload.estimator"
-    FREE_FORM: ClassVar[tuple[str, ...]] = ("embedding_kwargs",)
+    FREE_FORM: ClassVar[tuple[str, ...]] = ("model_kwargs", "embedding_kwargs")
 
     model: str = "maf"
     """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
-    zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf."""
+    zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf; or my_pkg.flows:build (your own
+    builder by import path, as sbi takes one: called with the training θ and x, for z-scoring,
+    ``model_kwargs``, and ``embedding_net`` where it takes it; it returns sbi's
+    ConditionalDensityEstimator, or any nn.Module with ``loss(θ, condition=x)``, ``log_prob``
+    and ``sample`` as sbi's has them)."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More arguments for the builder: sbi's (``posterior_nn``'s, e.g. ``num_blocks``,
+    ``dropout_probability``) for a builder name, or your own builder's."""
     hidden_features: int = 50
     """Hidden units of the estimator's networks (sbi's default 50)."""
     num_transforms: int = 5

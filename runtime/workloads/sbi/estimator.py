@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
 from typing import Protocol, cast
@@ -45,15 +44,19 @@ class EmbeddingError(UserCodeError):
     """The user's embedding net cannot be imported, raises, or does not map x to features."""
 
 
+class BuilderError(UserCodeError):
+    """The user's estimator builder (or sbi's, given ``model_kwargs``) cannot be imported,
+    raises, or makes no density estimator."""
+
+
 def users_embedding_net(record: BuildRecord) -> nn.Module:
     """The user's own embedding net (``embedding: my_pkg.nets:MyNet``): called with
     ``embedding_kwargs``, and ``dim_x`` where it takes it."""
     path, key = record.embedding, "workload.estimator.embedding"
     entry = user_code.import_object(path, key, record.code_dir, EmbeddingError)
     arguments = dict(record.embedding_kwargs)
-    with contextlib.suppress(TypeError, ValueError):  # no signature to read: kwargs only
-        if "dim_x" in inspect.signature(entry).parameters:
-            arguments["dim_x"] = record.dim_x
+    if user_code.takes(entry, "dim_x"):
+        arguments["dim_x"] = record.dim_x
     try:
         net = entry(**arguments)
     except Exception as exc:  # the user's constructor: theirs to see, in one line
@@ -131,7 +134,10 @@ def embedding_net(record: BuildRecord) -> nn.Module:
 
 
 def build(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
-    """sbi's estimator, its z-scoring computed from (θ, x) — pass the whole training set."""
+    """The estimator, its z-scoring computed from (θ, x) — pass the whole training set: sbi's
+    builder by name, or the user's by import path."""
+    if user_code.is_import_path(record.model):
+        return users_estimator(record, theta, x)
     from sbi.neural_nets import posterior_nn
 
     build_fn = posterior_nn(
@@ -143,19 +149,108 @@ def build(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
         num_bins=record.num_bins,
         num_components=record.num_components,
         embedding_net=embedding_net(record),
+        **record.model_kwargs,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sbi warns about moving the embedding net to the CPU
         return build_fn(theta.float().cpu(), x.float().cpu())
 
 
+ESTIMATOR_METHODS = ("loss", "log_prob", "sample")
+
+
+def users_estimator(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
+    """The user's own builder (``model: my_pkg.flows:build``), called as sbi calls a density
+    estimator builder: ``build(θ, x)``, with ``model_kwargs`` and, where it takes one, the
+    recipe's ``embedding_net``."""
+    path, key = record.model, "workload.estimator.model"
+    entry = user_code.import_object(path, key, record.code_dir, BuilderError)
+    arguments = dict(record.model_kwargs)
+    if user_code.takes(entry, "embedding_net"):
+        arguments["embedding_net"] = embedding_net(record)
+    elif record.embedding != "none":
+        raise BuilderError(f"{key}: {path} takes no embedding_net, and workload.estimator."
+                           f"embedding is {record.embedding}")  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as for sbi's builders
+            made = entry(theta.float().cpu(), x.float().cpu(), **arguments)
+    except Exception as exc:  # the user's builder: theirs to see, in one line
+        given = "".join(f", {k}={v!r}" for k, v in arguments.items() if k != "embedding_net")
+        raise BuilderError(f"{key}: {path}(θ, x{given}) raised {type(exc).__name__}: "
+                           f"{first_line(exc)}") from exc  # fmt: skip
+    missing = [m for m in ESTIMATOR_METHODS if not callable(getattr(made, m, None))]
+    if not isinstance(made, nn.Module) or missing:
+        lacks = f" (no {', '.join(missing)})" if missing and isinstance(made, nn.Module) else ""
+        raise BuilderError(
+            f"{key}: {path} returned {type(made).__name__}{lacks}: expected a density "
+            "estimator, an nn.Module with loss, log_prob and sample (sbi's "
+            "ConditionalDensityEstimator)"
+        )
+    return made
+
+
+def probe_estimator(record: BuildRecord) -> None:
+    """The driver's check of a builder by import path, or of sbi's given ``model_kwargs``:
+    built on two rows of θ and x, its loss is one value per row."""
+    theta, x = _two_rows(record.dim_theta), _two_rows(record.dim_x)
+    key = "workload.estimator.model" if user_code.is_import_path(record.model) else (
+        "workload.estimator.model_kwargs")  # fmt: skip
+    if not user_code.is_import_path(record.model):
+        _check_sbi_arguments(record)
+    try:
+        made = build(record, theta, x)
+    except UserCodeError:
+        raise
+    except Exception as exc:  # sbi's builder refusing an argument it was given
+        raise BuilderError(f"{key}: sbi's {record.model} builder given {record.model_kwargs} "
+                           f"raised {type(exc).__name__}: {first_line(exc)}") from exc  # fmt: skip
+    try:
+        loss = cast(DensityEstimator, made).loss(theta, condition=x)
+    except Exception as exc:
+        raise BuilderError(f"{key}: {record.model}'s loss(θ, condition=x) on two rows raised "
+                           f"{type(exc).__name__}: {first_line(exc)}") from exc  # fmt: skip
+    if not torch.is_tensor(loss) or tuple(loss.shape) != (2,):
+        shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
+        raise BuilderError(f"{key}: {record.model}'s loss(θ, condition=x) returned {shape} for "
+                           "two rows: expected (2,), one loss per row")  # fmt: skip
+
+
+# posterior_nn's own arguments, which the recipe's estimator keys set
+SET_BY_RECIPE = {"batch_x", "batch_y", "z_score_x", "z_score_y", "hidden_features",
+                 "num_transforms", "num_bins", "num_components", "embedding_net"}  # fmt: skip
+
+
+def _check_sbi_arguments(record: BuildRecord) -> None:
+    """``model_kwargs`` for sbi's builder by name: the arguments its builder names. sbi's
+    nflows builders (maf, nsf, mdn, made, maf_rqs) drop any other silently, so a misspelt one
+    would train a network other than the recipe's; its zuko builders pass the rest to zuko,
+    which refuses what it does not know (the probe's build finds it)."""
+    from sbi.neural_nets import net_builders
+
+    builder = getattr(net_builders, f"build_{record.model}")
+    named = [name for name, p in inspect.signature(builder).parameters.items()
+             if p.kind is not p.VAR_KEYWORD and name not in SET_BY_RECIPE]  # fmt: skip
+    for name in record.model_kwargs:
+        if name in SET_BY_RECIPE:
+            raise BuilderError(f"workload.estimator.model_kwargs.{name}: set by the recipe's "
+                               "own workload.estimator keys, not here")  # fmt: skip
+        if name not in named and not record.model.startswith("zuko_"):
+            takes = ", ".join(named)
+            raise BuilderError(f"workload.estimator.model_kwargs.{name}: sbi's {record.model} "
+                               f"builder takes no {name!r}; it takes {takes}")  # fmt: skip
+
+
+def _two_rows(dim: int) -> Tensor:
+    """Two distinct rows: a z-scoring builder's standard deviation stays finite."""
+    return torch.stack([torch.zeros(dim), torch.ones(dim)])
+
+
 def rebuild(record: BuildRecord, state_dict: dict[str, Tensor]) -> nn.Module:
     """The estimator described by ``record`` with ``state_dict`` loaded (z-score buffers too)."""
     # Any batch will do: the z-score statistics computed from it are overwritten by the state
-    # dict. Two distinct rows keep the standard deviation finite.
-    theta = torch.stack([torch.zeros(record.dim_theta), torch.ones(record.dim_theta)])
-    x = torch.stack([torch.zeros(record.dim_x), torch.ones(record.dim_x)])
-    estimator = build(record, theta, x)
+    # dict.
+    estimator = build(record, _two_rows(record.dim_theta), _two_rows(record.dim_x))
     estimator.load_state_dict(state_dict)
     return estimator
 
