@@ -29,6 +29,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from tests.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.git_repo import commit_all
 from tests.integration.mlflow_server import MlflowServer, free_port
 from trainforge.cli import main as cli_main
@@ -38,10 +39,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "recipes" / "cnn" / "digits_simple_cnn.yaml"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
