@@ -206,4 +206,3 @@ def test_a_data_set_outside_a_known_name_or_an_import_path_is_refused() -> None:
         _recipe("mnist")
     with pytest.raises(RecipeError, match=r"workload.dataset_kwargs: arguments for your own"):
         _recipe("digits", dataset_kwargs={"size": 3})
-
