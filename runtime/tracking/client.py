@@ -230,7 +230,7 @@ def find_or_create_run(
     nothing here can keep the record (``folder`` None: the run's storage is remote, s3://…), and
     for folders of an older trainforge (checkpoints, no record), as then. A new run starts at
     ``started_ms`` (the command's start: its MLflow duration is the run's)."""
-    experiment_id = _experiment_id(client, experiment)
+    experiment_id = _experiment_id(client, uri, experiment)
     key = f"{redact(uri)} {experiment}"
     recorded = _recorded_runs(folder) if folder is not None else {}
     known = recorded.get(key)
@@ -256,19 +256,41 @@ def find_or_create_run(
 EXPERIMENT_KIND = "mlflow.experimentKind"
 
 
-def _experiment_id(client: Any, name: str) -> str:
-    """The experiment ``name``, made if need be, and marked as one of trained models: MLflow
-    3's UI otherwise guesses its kind and opens an experiment without traces on its GenAI
-    overview, not on its runs."""
+def _experiment_id(client: Any, uri: str, name: str) -> str:
+    """The experiment ``name`` of the store ``uri``, made if need be, and marked as one of
+    trained models: MLflow 3's UI otherwise guesses its kind and opens an experiment without
+    traces on its GenAI overview, not on its runs."""
     found = client.get_experiment_by_name(name)
     if found is None:
-        return str(client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_DEVELOPMENT}))
+        return _create_experiment(client, uri, name)
     if EXPERIMENT_KIND not in found.tags:  # one made before, or by someone else: unguessed
         client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_DEVELOPMENT)
     return str(found.experiment_id)
 
 
 MODEL_DEVELOPMENT = "custom_model_development"  # MLflow 3's kind for a model-training project
+ARTIFACTS_FOLDER = "mlruns"
+"""Beside a SQLite store: its experiments' artifacts, ``mlruns/<experiment id>/``."""
+
+
+def _create_experiment(client: Any, uri: str, name: str) -> str:
+    """A new experiment; a SQLite store's keeps its artifacts (models, plots) in
+    ``mlruns/<experiment id>`` beside the database. MLflow's default root is ``./mlruns`` of
+    the working directory: a store named elsewhere got them wherever its first command ran,
+    where a command from another folder, or the UI, could not find them. For the embedded
+    ``./mlflow.db`` both are the same folder. A server's experiments keep its own root."""
+    tags = {EXPERIMENT_KIND: MODEL_DEVELOPMENT}
+    database = new_store.sqlite_file(uri)
+    if database is None:
+        return str(client.create_experiment(name, tags=tags))
+    from mlflow.entities import ExperimentTag
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    # MLflow's own store with that root makes the experiment, so that its folder is named by
+    # the id it is given, as MLflow's default is; the store shares the client's engine
+    store = SqlAlchemyStore(uri, str(database.resolve().parent / ARTIFACTS_FOLDER))
+    made = store.create_experiment(name, tags=[ExperimentTag(k, v) for k, v in tags.items()])
+    return str(made)
 
 
 def runs_view(uri: str, experiment: str, served_at: str) -> str:
@@ -281,7 +303,7 @@ def runs_view(uri: str, experiment: str, served_at: str) -> str:
         client = MlflowClient(tracking_uri=uri)
         if client.get_experiment_by_name(experiment) is None:
             return served_at
-        return f"{served_at}/#/experiments/{_experiment_id(client, experiment)}/runs"
+        return f"{served_at}/#/experiments/{_experiment_id(client, uri, experiment)}/runs"
     except Exception:  # a question for a link: the UI itself shows what is wrong
         return served_at
 

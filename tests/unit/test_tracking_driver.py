@@ -330,3 +330,36 @@ def test_a_new_run_starts_when_the_command_did_and_its_experiment_opens_on_its_r
     )
     assert runs_view(uri, "none-such", served) == served
     assert run_url(uri, str(handle.run_id)) is None  # a local store: no server to link to
+
+
+def test_a_sqlite_store_keeps_its_runs_artifacts_beside_it_whichever_folder_the_command_ran_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store named in another folder: the run's recipe and learning curve land in
+    ``mlruns/<experiment id>`` beside the database, nothing in the command's folder (MLflow's
+    default, ``./mlruns``, is the working directory's). The embedded ``./mlflow.db`` has them
+    in the same place as ever, its folder's ``mlruns``."""
+    store, here = tmp_path / "store", tmp_path / "here"
+    store.mkdir()
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{store}/mlflow.db"
+    cfg = _run_recipe(tmp_path / "runs", uri)
+    handle = _start(cfg, tmp_path / "runs" / cfg.run.name)
+    client = MlflowClient(tracking_uri=uri)
+    client.log_metric(str(handle.run_id), "train/loss", 0.5, step=1)
+    driver.finish_run(handle, "FINISHED", None)
+    run = client.get_run(str(handle.run_id))
+    experiment = run.info.experiment_id
+    assert client.get_experiment(experiment).artifact_location == str(store / "mlruns" / experiment)
+    artifacts = store / "mlruns" / experiment / run.info.run_id / "artifacts"
+    assert (artifacts / "recipe.yaml").is_file()
+    assert (artifacts / "plots" / "learning_curve.svg").is_file()
+    assert list(here.iterdir()) == []
+
+    monkeypatch.chdir(store)  # the embedded default: the same folder as before
+    embedded = _run_recipe(tmp_path / "runs", "sqlite:///mlflow.db", "tracking.experiment=own")
+    again = _start(embedded, tmp_path / "runs" / "own")
+    made = client.get_experiment(client.get_run(str(again.run_id)).info.experiment_id)
+    assert made.artifact_location == str(store / "mlruns" / made.experiment_id)
