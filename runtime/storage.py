@@ -8,8 +8,11 @@ storage check, or from the first checkpoint after minutes of training."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainforge.errors import RecipeError
@@ -54,6 +57,26 @@ def check_writable(location: str, run_name: str) -> None:
         except OSError as exc:
             reason = _reason(exc)
             raise RecipeError(f"run.storage_path: cannot write in {target}: {reason}") from None
+
+
+@contextlib.contextmanager
+def removed_if_left_empty(folder: Path | None) -> Iterator[None]:
+    """Run the block; then remove ``folder`` and those of its parents that did not exist
+    before it, where the block left them empty: a command that is refused, or stops before it
+    writes anything, leaves behind no folder it made. Only empty ones (``rmdir``): whatever
+    another command keeps in one (its run's lock, its run) keeps it. None: nothing."""
+    chain = () if folder is None else (folder, *folder.parents)
+    missing = list(itertools.takewhile(lambda path: not os.path.lexists(path), chain))
+    try:
+        yield
+    finally:
+        for made in missing:  # the deepest first
+            try:
+                made.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:  # not empty, or no longer ours to remove: nor are its parents
+                break
 
 
 def _probe(folder: Path) -> None:

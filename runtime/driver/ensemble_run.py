@@ -72,7 +72,7 @@ class Member:
 
 def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
     """The whole ensemble: simulations, members, the combined posterior; the exit status."""
-    from trainforge.driver.run_lock import held, lock_path
+    from trainforge.driver.run_lock import run_held
 
     root = storage_root(cfg.run)
     if storage.local_folder(root) is None:
@@ -80,8 +80,7 @@ def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
             "workload.ensemble: the members' posteriors are combined from files; "
             f"run.storage_path {root!r} is not a local or shared folder"
         )
-    storage.check_writable(root, cfg.run.name)  # the lock is the first file there
-    with held(lock_path(root, cfg.run.name), cfg.run.name):  # a second command refuses
+    with run_held(root, cfg.run.name):  # a second command refuses
         return _train(cfg, recipe, overrides, root)
 
 

@@ -8,7 +8,8 @@ one run folder and one MLflow run.
 
 The lock is ``.<run.name>.lock`` beside the run folder (``storage_path``), not inside it: a run
 that is refused or fails before training leaves no run folder behind, and ``checkpoint.resume``
-keeps meaning "this run has started before". Who holds it is the flock, not the file: a command
+keeps meaning "this run has started before"; nor the storage folder, where the command made it
+(``run_held``). Who holds it is the flock, not the file: a command
 killed with ``kill -9``, by the OOM killer, or never reaped (a zombie under a container's init)
 has let go of it, whatever its pid became since, and its file is simply taken. The holder writes
 its pid and host into the file for the refusal's message. On NFS a node that dies holding it lets
@@ -72,14 +73,29 @@ def held(path: Path | None, run_name: str) -> Iterator[None]:
         lock.release()
 
 
+@contextlib.contextmanager
+def run_held(storage_path: str, run_name: str) -> Iterator[None]:
+    """The block runs holding the lock of the run ``run_name`` under ``storage_path`` (absolute),
+    the folder checked writable first. The storage folder (and its missing parents) and the run
+    folder that the command made are removed again where it leaves them empty, refused or not:
+    a refusal leaves nothing behind. The run folder only while the lock is held (another
+    command's run may have made it, empty yet), the storage folder after: it is kept by any
+    other run's lock or folder in it."""
+    folder = storage.local_folder(storage_path)
+    with storage.removed_if_left_empty(folder):
+        storage.check_writable(storage_path, run_name)  # the lock is the first file there
+        run_folder = None if folder is None else folder / run_name
+        lock = lock_path(storage_path, run_name)
+        with held(lock, run_name), storage.removed_if_left_empty(run_folder):
+            yield
+
+
 def one_at_a_time(train: Callable[[Recipe], T]) -> Callable[[Recipe], T]:
     """Decorates ``launch.train``: the whole command runs holding the run's lock."""
 
     @functools.wraps(train)
     def locked(cfg: Recipe) -> T:
-        storage_path = storage.absolute(cfg.run.storage_path)
-        storage.check_writable(storage_path, cfg.run.name)  # the lock is the first file there
-        with held(lock_path(storage_path, cfg.run.name), cfg.run.name):
+        with run_held(storage.absolute(cfg.run.storage_path), cfg.run.name):
             return train(cfg)
 
     return locked

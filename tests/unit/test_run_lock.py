@@ -126,3 +126,37 @@ def test_the_lock_goes_when_the_command_fails(tmp_path: Path) -> None:
     assert run_lock.lock_path("s3://bucket/runs", "r") is None  # remote storage: no lock
     with run_lock.held(None, "r"):
         time.sleep(0)
+
+
+def _train(folder: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """A real ``trainforge train`` of the digits recipe, run in ``folder``."""
+    command = [sys.executable, "-m", "trainforge", "train", str(DIGITS), *overrides]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_a_refused_command_leaves_nothing_it_made(tmp_path: Path) -> None:
+    """Refused after the lock was taken (the data are checked under it): no storage folder, nor
+    the parents of one it made, in the folder the command ran in."""
+    missing_data = ("workload.dataset=imagefolder", f"workload.data_root={tmp_path}-no-data")
+    for storage in ((), ("run.storage_path=deeper/still/runs",)):
+        done = _train(tmp_path, *missing_data, *storage)
+        assert done.returncode == 2, done.stderr
+        err = done.stderr.strip().splitlines()
+        assert len(err) == 1 and "workload.data_root" in err[0], err
+        assert done.stdout == ""
+        assert list(tmp_path.iterdir()) == [], storage
+
+
+def test_a_command_refused_by_the_lock_leaves_the_holders_folders(tmp_path: Path) -> None:
+    """The runs folder, the run folder (just made, empty yet) and the lock of the command that
+    holds the run stay when a second command with the same run.name is refused."""
+    runs = tmp_path / "runs"
+    holder = _holder(run_lock.lock_path(str(runs), "busy") or runs)
+    (runs / "busy").mkdir()
+    try:
+        done = _train(tmp_path, "run.name=busy")
+        assert done.returncode == 2
+        assert "in use by another trainforge command" in done.stderr
+        assert sorted(p.name for p in runs.iterdir()) == [".busy.lock", "busy"]
+    finally:
+        holder.communicate("done\n", timeout=30)
