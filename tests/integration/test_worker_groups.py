@@ -20,8 +20,10 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
 - credentials in the tracking URI reach a server that requires basic auth, and they and secrets
   in the environment are in no file and no line;
 - a run MLflow never saw, synced later, holds what a run tracked live holds;
-- a user's own workload (``examples/wave``, copied to a folder outside the repository) trains,
-  is restarted after a worker raises, and ends bitwise as uninterrupted, its settings in MLflow;
+- a user's own project (``examples/wave``, a workload of its own; ``examples/oscillator``, an
+  SBI simulator with its own embedding net; each copied to a folder outside the repository)
+  trains, is restarted after a worker is SIGKILLed, and ends bitwise as uninterrupted, its
+  settings in MLflow;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
   (step lines, checkpoint, MLflow) says so.
@@ -60,9 +62,7 @@ from trainforge import checkpoint, config, optim
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("worker-groups")]
 
 DIGITS = RECIPES / "cnn" / "digits_simple_cnn.yaml"
-WAVE = Path(__file__).resolve().parents[2] / "examples" / "wave"
-WAVE_STEPS_PER_EPOCH = 32  # 4096 rows in batches of 64 over 2 workers
-WAVE_COMMON = ["train.epochs=3", "tracking.system_metrics=false"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s; augmentation on,
 # so that a resume must restore every rank's random streams to end bitwise the same
 STEPS_PER_EPOCH = 89
@@ -190,11 +190,11 @@ RANK_0_STEP = (
 STEP_OF_EPOCH_2, STEP_OF_EPOCH_3 = (re.compile(RANK_0_STEP.format(n), re.M) for n in (2, 3))
 
 
-def kill_rank_0_then_the_command(log: Path, command: subprocess.Popen[str],
-                                 killed: list[int]) -> None:  # fmt: skip
+def kill_rank_0_then_the_command(log: Path, command: subprocess.Popen[str], killed: list[int],
+                                 the_command_too: bool = True) -> None:  # fmt: skip
     """Once rank 0 says a step of epoch 2 (epoch 1's checkpoint is saved), SIGKILL its process:
     the one that prints, saves and logs; once the restarted rank 0 says a step of epoch 3,
-    SIGKILL the command itself (as ``kill -9`` or the OOM killer)."""
+    SIGKILL the command itself (as ``kill -9`` or the OOM killer), if ``the_command_too``."""
     while command.poll() is None:
         said = log.read_text() if log.exists() else ""
         step = (STEP_OF_EPOCH_3 if killed else STEP_OF_EPOCH_2).search(said)
@@ -205,6 +205,8 @@ def kill_rank_0_then_the_command(log: Path, command: subprocess.Popen[str],
                 return
             os.kill(int(step[1]), signal.SIGKILL)
             killed.append(int(step[1]))
+            if not the_command_too:
+                return
         time.sleep(0.05)
 
 
@@ -287,63 +289,106 @@ def _ended_as_uninterrupted_after_one_restart(
     return final, run, client
 
 
-def wave_project(parent: Path) -> Path:
-    """The example workload and its recipe, as a user's project of its own (outside the
-    repository, so only its folder makes its module importable)."""
-    project = parent / "wave-project"
-    project.mkdir()
-    for name in ("wave_task.py", "recipe.yaml"):
-        shutil.copy(WAVE / name, project / name)
-    return project
+@dataclass(frozen=True, eq=False)
+class Example:
+    """A project under examples/, trained as a user would from a copy of its folder."""
+
+    name: str
+    files: tuple[str, ...]
+    run_name: str
+    overrides: tuple[str, ...]
+    """Fewer steps than the example's own recipe (3 epochs, a step line every 2 steps)."""
+    steps_per_epoch: int
+    params: dict[str, str]
+    """Some of the settings MLflow must hold: the user's code by import path."""
+    metric: str
+    """A metric the example's evaluation logs."""
+
+    def project(self, parent: Path) -> Path:
+        """The example's files in a folder of their own outside the repository, so only that
+        folder makes its modules importable."""
+        project = parent / f"{self.name}-project"
+        project.mkdir()
+        for name in self.files:
+            shutil.copy(EXAMPLES / self.name / name, project / name)
+        return project
+
+    def command(self, *overrides: str) -> list[str]:
+        return [sys.executable, "-m", "trainforge", "train", "recipe.yaml", *self.overrides,
+                *overrides]  # fmt: skip
 
 
-def train_wave(
-    project: Path, env: dict[str, str], *overrides: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainforge", "train", "recipe.yaml", *WAVE_COMMON, *overrides],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+WAVE = Example(
+    "wave", ("wave_task.py", "recipe.yaml"), "wave-regression",
+    ("train.epochs=3", "tracking.system_metrics=false", "train.log_every_steps=2"),
+    steps_per_epoch=32,  # 4096 rows in batches of 64 over 2 workers
+    params={"workload.entry": "wave_task:WaveRegression", "workload.config.hidden": "64"},
+    metric="val/rmse",
+)  # fmt: skip
+OSCILLATOR = Example(
+    "oscillator", ("oscillator.py", "recipe.yaml"), "oscillator",
+    ("train.epochs=3", "train.log_every_steps=2", "workload.simulation.num_simulations=4000",
+     "workload.simulation.chunk_size=2000", "workload.evaluation.sbc_runs=20"),
+    steps_per_epoch=14,  # 3600 training rows in batches of 128 over 2 workers
+    params={"workload.simulator": "oscillator:simulate",
+            "workload.estimator.embedding": "oscillator:Features"},
+    metric="sbc/ks_pvalue_min",
+)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def wave_uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The example's final checkpoint without a fault, on the command's own processes."""
-    project = wave_project(tmp_path_factory.mktemp("wave-uninterrupted"))
+@pytest.fixture(scope="module", params=[WAVE, OSCILLATOR], ids=lambda e: e.name)
+def example(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Example, dict[str, Any]]:
+    """An example, and its final checkpoint without a fault, on the command's own processes."""
+    chosen: Example = request.param
+    project = chosen.project(tmp_path_factory.mktemp(f"{chosen.name}-uninterrupted"))
     env = {**os.environ, "TRAINFORGE_WORKERS": "own", "TRAINFORGE_HOME": str(project / "home")}
     env.pop("RAY_ADDRESS", None)
-    done = train_wave(project, env, "tracking.enabled=false")
+    done = subprocess.run(chosen.command("tracking.enabled=false"), cwd=project, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    found = checkpoint.newest_in(project / "runs" / "wave-regression")
+    found = checkpoint.newest_in(project / "runs" / chosen.run_name)
     assert found.state is not None
-    return found.state
+    return chosen, found.state
 
 
-def test_a_users_own_workload_is_restarted_and_ends_as_uninterrupted(
-    place: Place, wave_uninterrupted: dict[str, Any]
+def test_a_users_own_project_resumes_bitwise_after_a_worker_is_killed(
+    place: Place, example: tuple[Example, dict[str, Any]]
 ) -> None:
-    """The example workload of a user's project (its module importable only from its folder):
-    a worker raises in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint
-    and ends bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the
-    workload's own settings and validation metrics."""
-    project = wave_project(place.folder)
-    at = WAVE_STEPS_PER_EPOCH + 5
-    ran = train_wave(project, faults.env(place.env, **{faults.RAISE_AT_STEP: at}),
-                     "run.max_failures=1")  # fmt: skip
-    said = ran.stdout + ran.stderr
-    assert ran.returncode == 0, said[-3000:]
+    """An example project of a user's (its modules importable only from its folder): rank 0
+    SIGKILLed in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint and ends
+    bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the project's
+    own settings and evaluation."""
+    chosen, uninterrupted = example
+    project = chosen.project(place.folder)
+    log = project / "runs" / chosen.run_name / "worker-output.log"
+    killed: list[int] = []
+    command = subprocess.Popen(
+        chosen.command("run.max_failures=1"), cwd=project, env=place.env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    killer = threading.Thread(target=kill_rank_0_then_the_command,
+                              args=(log, command, killed, False))  # fmt: skip
+    killer.start()
+    try:
+        said, _ = command.communicate(timeout=600)
+    finally:
+        command.kill()
+        killer.join()
+    assert command.returncode == 0 and len(killed) == 1, said[-3000:]
     assert "workers restarted (1 so far, run.max_failures), resuming" in said, said[-3000:]
-    final = checkpoint.newest_in(project / "runs" / "wave-regression").state
-    assert final is not None and final["global_step"] == 3 * WAVE_STEPS_PER_EPOCH
-    for key, weights in wave_uninterrupted["model"].items():
+    final = checkpoint.newest_in(project / "runs" / chosen.run_name).state
+    assert final is not None and final["global_step"] == 3 * chosen.steps_per_epoch
+    for key, weights in uninterrupted["model"].items():
         assert torch.equal(final["model"][key], weights), key
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("trainforge").experiment_id])
     assert run.info.status == "FINISHED"
-    params = run.data.params
-    assert params["workload.entry"] == "wave_task:WaveRegression"
-    assert params["workload.config.hidden"] == "64"
-    assert run.data.metrics["val/rmse"] < 0.5  # learnt: the wave's values spread over ±1
+    assert chosen.params.items() <= run.data.params.items(), run.data.params
+    assert chosen.metric in run.data.metrics, sorted(run.data.metrics)
+    restarted = client.get_metric_history(run.info.run_id, "run/restarts")
+    assert [m.value for m in restarted] == [1.0]
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(
