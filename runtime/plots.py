@@ -24,6 +24,10 @@ ANNOTATED_CLASSES = 20
 """Up to this many classes the matrix shows each count and each class's number."""
 
 
+MATPLOTLIB = ("matplotlib.figure", "matplotlib.backends.backend_svg")
+"""What the figures are drawn and written with (pyplot is none of it)."""
+
+
 def preload() -> threading.Thread:
     """Import matplotlib's figure and SVG writer in a daemon thread: called where a process
     waits (the command while its workers train), so the figure at the run's end finds them."""
@@ -33,7 +37,7 @@ def preload() -> threading.Thread:
 
 
 def _import_matplotlib() -> None:
-    for module in ("matplotlib.figure", "matplotlib.backends.backend_svg"):
+    for module in MATPLOTLIB:
         importlib.import_module(module)
 
 

@@ -18,7 +18,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, log
+from trainforge import config, log, plots
 from trainforge.config import Recipe
 from trainforge.driver import console, mlflow_run
 from trainforge.driver.mlflow_run import CommandRun
@@ -26,9 +26,9 @@ from trainforge.tracking.client import RunHandle
 from trainforge.worker import environment
 from trainforge.worker.warm import WarmWorker, lines_to, release_run_memory
 
-IMPORTS = ("mlflow.pytorch", "trainforge.tracking.relay", "trainforge.plots",
-           "matplotlib.pyplot")  # fmt: skip
-"""What the run's making and end import: once, at the tracker's start."""
+IMPORTS = ("mlflow.pytorch", "trainforge.tracking.relay", *plots.MATPLOTLIB)
+"""What the run's making and end import (its learning curve: matplotlib's figure and SVG
+writer, not pyplot): once, at the tracker's start."""
 
 
 class WarmTracker(WarmWorker):

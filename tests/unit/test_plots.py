@@ -101,3 +101,28 @@ def test_matplotlib_is_imported_by_the_preload_or_the_figure_not_by_the_module(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["False", "True True False"]
+
+
+def test_the_warm_trackers_imports_hold_what_the_learning_curve_draws_with(
+    tmp_path: Path,
+) -> None:
+    """The warm tracker imports at its start what a run's end draws the learning curve with:
+    the curve imports no module of matplotlib's after it, and pyplot is never imported."""
+    code = (
+        "import importlib, sys\n"
+        "from pathlib import Path\n"
+        "from trainforge.driver import warm_tracker\n"
+        "from trainforge.plots import learning_curve\n"
+        "for module in warm_tracker.IMPORTS:\n"
+        "    importlib.import_module(module)\n"
+        "before = set(sys.modules)\n"
+        "history = {'train/loss': [(1, 0.5), (2, 0.4)], 'val/accuracy': [(2, 0.9)]}\n"
+        f"learning_curve(history, Path({str(tmp_path / 'curve.svg')!r}))\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('matplotlib')))\n"
+        "print('matplotlib.pyplot' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["[]", "False"]
+    assert (tmp_path / "curve.svg").is_file()
