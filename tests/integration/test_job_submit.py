@@ -105,19 +105,25 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
                                "scaling.num_workers=1", runtime_env=env_file)  # fmt: skip
                 assert done.returncode == 0, done.stdout + done.stderr
                 assert _status(nodes, "submitted") == "SUCCEEDED"
-                # a user's project of its own, outside the repository: its module travels
-                # with the job (the working_dir) and the job imports it there
-                project = tmp_path / "wave-project"
-                shutil.copytree(PROJECT / "examples" / "wave", project)
-                wave = subprocess.run(
-                    [sys.executable, "-m", "trainforge", "submit", "recipe.yaml", "run.name=wave",
-                     "train.epochs=1", "scaling.num_workers=1",
-                     f"run.storage_path={tmp_path / 'runs'}", "--runtime-env", str(env_file),
-                     "--address", nodes.dashboard],
-                    cwd=project, env=nodes.env, capture_output=True, text=True, timeout=600,
-                )  # fmt: skip
-                assert wave.returncode == 0, wave.stdout + wave.stderr
-                assert _status(nodes, "wave") == "SUCCEEDED"
+                # a user's project of its own, outside the repository: its modules travel
+                # with the job (the working_dir) and the job (its simulations' Ray tasks too)
+                # imports them there
+                for example, *short in [
+                    ("wave", "train.epochs=1"),
+                    ("oscillator", "train.epochs=1", "workload.simulation.num_simulations=2000",
+                     "workload.simulation.chunk_size=1000", "workload.evaluation.sbc_runs=10"),
+                ]:  # fmt: skip
+                    project = tmp_path / f"{example}-project"
+                    shutil.copytree(PROJECT / "examples" / example, project)
+                    submitted = subprocess.run(
+                        [sys.executable, "-m", "trainforge", "submit", "recipe.yaml",
+                         f"run.name={example}", *short, "scaling.num_workers=1",
+                         f"run.storage_path={tmp_path / 'runs'}", "--runtime-env", str(env_file),
+                         "--address", nodes.dashboard],
+                        cwd=project, env=nodes.env, capture_output=True, text=True, timeout=600,
+                    )  # fmt: skip
+                    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+                    assert _status(nodes, example) == "SUCCEEDED"
             finally:
                 head.exception()  # a head that is still starting has registered its process
                 nodes.stop()
@@ -134,6 +140,10 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
         assert wave_run.info.status == "FINISHED"
         assert wave_run.data.params["workload.entry"] == "wave_task:WaveRegression"
         assert "val/rmse" in wave_run.data.metrics
+        oscillator_run = _run(client, "oscillator")
+        assert oscillator_run.info.status == "FINISHED"
+        assert oscillator_run.data.params["workload.simulator"] == "oscillator:simulate"
+        assert "sbc/ks_pvalue_min" in oscillator_run.data.metrics
     finally:
         server.stop()
 
