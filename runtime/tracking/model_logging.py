@@ -1,9 +1,9 @@
 """The run's final model as an MLflow model: the pytorch flavour (loadable with
 ``mlflow.pytorch.load_model``, with its input example, explicit requirements and only the code
-its classes need) or the workload's own (e.g. SBI's posterior pyfunc), named after the workload
-and linked to the run's evaluation metrics (MLflow 3's ``model_id``). Logged by rank 0, or by
-the command where it sends rank 0's records (``tracking/relay.py``): rank 0 then hands it the
-module.
+its classes need, trainforge's and the user's) or the workload's own (e.g. SBI's posterior
+pyfunc), named after the workload and linked to the run's evaluation metrics (MLflow 3's
+``model_id``). Logged by rank 0, or by the command where it sends rank 0's records
+(``tracking/relay.py``): rank 0 then hands it the module.
 
 Hand-written beside MLflow's documented arguments (``pip_requirements``, ``code_paths``, which it
 uses): ``no_package_scan``, because with every one of them MLflow scans every installed package
@@ -233,14 +233,15 @@ def _log_pytorch_model(model_id: str, cpu_model: Any, example: Any) -> None:
 
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}"]
     with tempfile.TemporaryDirectory() as folder:
-        # the code its classes need, so that it loads where trainforge is not installed
-        package = model_code.ship(cpu_model, Path(folder))
+        # the code its classes need (trainforge's, the user's), so that it loads where
+        # neither trainforge nor the user's project is on the path
+        code = model_code.ship(cpu_model, Path(folder))
         pytorch_flavour().log_model(
             cpu_model,
             model_id=model_id,
             input_example=example,
             pip_requirements=requirements,
-            code_paths=[str(package)] if package is not None else None,
+            code_paths=[str(path) for path in code] or None,
             # MLflow 3.17's default, "pt2", runs torch.export at every run's end: importing
             # torch._dynamo and tracing took 8-18 s for ResNet-18 on this project's 2-core CPU
             # against 2 s pickled, and the user waits for it. The pickle loads anywhere the

@@ -146,12 +146,14 @@ def test_a_cnn_recipe_trains_the_users_own_model_on_the_users_own_data(tmp_path:
     function of the user's project (beside the command, outside the repository), the model's
     ``model_kwargs`` overridden: its training split a Dataset streamed through a DataLoader
     whose worker process imports the user's module, trained on two workers to a useful
-    accuracy; ``trainforge.load`` gives back that class, shaped by the data's channels."""
+    accuracy; ``trainforge.load`` gives back that class, shaped by the data's channels, and so
+    does MLflow's ``load_model`` of the run's model in another folder, where neither the user's
+    module nor trainforge can be imported but from the model's own code."""
     (tmp_path / "my_code.py").write_text(USERS_CODE)
     done = train(tmp_path, "workload.model=my_code:FlatNet", "workload.model_kwargs.hidden=48",
                  "workload.dataset=my_code:bars", "workload.num_classes=2",
                  "workload.image_size=8", "workload.loader_workers=1", "train.epochs=3",
-                 "tracking.enabled=false", "run.name=own-net")  # fmt: skip
+                 "run.name=own-net", "tracking.system_metrics=false")  # fmt: skip
     said = done.stdout + done.stderr
     assert done.returncode == 0, said[-3000:]
     accuracy = float(re.findall(r"val/accuracy\s+([\d.]+)", said)[-1])
@@ -163,3 +165,30 @@ def test_a_cnn_recipe_trains_the_users_own_model_on_the_users_own_data(tmp_path:
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert loaded.stdout.split() == ["FlatNet", str(2 * 8 * 8), "48"], loaded.stdout + loaded.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {key: os.environ[key] for key in ("PATH", "HOME", "OMP_NUM_THREADS") if key in os.environ}
+    from_mlflow = subprocess.run(
+        [sys.executable, "-c", LOAD_FROM_MLFLOW, f"sqlite:///{tmp_path / 'mlflow.db'}",
+         str(tmp_path / "my_code.py")],
+        cwd=elsewhere, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    said = from_mlflow.stdout + from_mlflow.stderr
+    assert from_mlflow.stdout.split() == ["flat_net", "FlatNet", "2x2", "False"], said[-3000:]
+
+
+# The run's one logged model loaded by MLflow in a process that imports neither the user's
+# module nor trainforge but from the model's code (the editable install's finder taken out, no
+# PYTHONPATH): its name, class, output shape, and whether my_code came from the user's folder
+LOAD_FROM_MLFLOW = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in f.__module__]
+import mlflow, mlflow.pytorch, torch
+mlflow.set_tracking_uri(sys.argv[1])
+experiments = [e.experiment_id for e in mlflow.search_experiments()]
+[logged] = mlflow.search_logged_models(experiment_ids=experiments, output_format="list")
+model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+output = model(torch.ones(2, 2, 8, 8))
+users = sys.modules["my_code"].__file__ == sys.argv[2]
+print(logged.name, type(model).__name__, "x".join(map(str, output.shape)), users)
+"""
