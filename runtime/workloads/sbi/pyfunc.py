@@ -6,28 +6,23 @@ row) and returns posterior samples θ ~ q(θ | x).
     samples = model.predict(x_obs, params={"num_samples": 1000, "seed": 0})
     # DataFrame: observation (row of x_obs), theta_0 … theta_{d-1}; num_samples rows per x
 
-The model holds ``posterior.pt`` (``export.py``) as its artifact and this package (plus a
-custom task's prior module) as code, so it loads where trainforge is not installed.
+The model holds ``posterior.pt`` (``export.py``) as its artifact and, as code, the part of
+trainforge that loads and samples it and the user's modules it needs (a custom task's prior, an
+embedding net or a builder by import path), so it loads where trainforge is not installed
+(``posterior_model.log_pyfunc`` logs it). This module is what loads: the model's class and
+its schema.
 """
 
 from __future__ import annotations
 
-import shutil
-import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
 from mlflow.models import ModelSignature
 from mlflow.pyfunc import PythonModel
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
-
-if TYPE_CHECKING:
-    from trainforge.workloads.sbi.posterior_model import PosteriorExport
-
 
 DEFAULT_SAMPLES = 1000
 
@@ -77,44 +72,3 @@ def signature(dim_theta: int, dim_x: int) -> ModelSignature:
             [ParamSpec("num_samples", "long", DEFAULT_SAMPLES), ParamSpec("seed", "long", 0)]
         ),
     )
-
-
-def log(export: PosteriorExport, name: str = "posterior", model_id: str | None = None) -> Any:
-    """Log the model into the active MLflow run, or as the logged model ``model_id`` (made
-    beforehand, ``mlflow.initialize_logged_model``); returns MLflow's ModelInfo."""
-    import sbi
-
-    import trainforge
-
-    requirements = [
-        f"torch=={torch.__version__.split('+')[0]}", f"sbi=={sbi.__version__}",
-        f"numpy=={np.__version__}", f"pandas=={pd.__version__}",
-    ]  # fmt: skip
-    folder = export.posterior_file.parent / "pyfunc-code"
-    # MLflow names a code copy after its folder, and a checkout's folder is runtime/
-    package = folder / "trainforge"
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(
-        Path(trainforge.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
-    )
-    code = [str(package), *(_module_path(m) for m in export.user_modules)]
-    return mlflow.pyfunc.log_model(
-        name=name,
-        python_model=PosteriorModel(),
-        artifacts={"posterior": str(export.posterior_file)},
-        code_paths=[c for c in code if c],
-        signature=signature(export.dim_theta, export.example_x.shape[1]),
-        input_example=export.example_x.astype(np.float32),
-        pip_requirements=requirements,
-        model_id=model_id,
-    )
-
-
-def _module_path(module_name: str) -> str:
-    """The file or package folder of an imported user module's top-level package."""
-    top = sys.modules.get(module_name.split(".")[0])
-    file = getattr(top, "__file__", None)
-    if file is None:
-        return ""
-    path = Path(file)
-    return str(path.parent if path.name == "__init__.py" else path)

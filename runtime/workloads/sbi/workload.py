@@ -202,16 +202,20 @@ class SBIWorkload(Workload):
         import copy
         import functools
 
+        from trainforge.workloads import user_code
         from trainforge.workloads.sbi import export, posterior_model
 
         assert isinstance(model, estimators.NPELoss)
         estimator = copy.deepcopy(model.estimator).cpu().eval()
-        path = folder / "posterior.pt"
-        export.save_posterior(path, estimator, self.record(), export.prior_spec(self.cfg))
-        prior_module = [self.cfg.prior.partition(":")[0]] if self.cfg.prior else []
+        path, record = folder / "posterior.pt", self.record()
+        prior = export.prior_spec(self.cfg)
+        export.save_posterior(path, estimator, record, prior)
+        # the user's code that loading the posterior imports, shipped with it
+        users = [prior.get("import"), record.embedding, record.model]
         spec = posterior_model.PosteriorExport(
-            path, self.train_x[:2].cpu().numpy(), self.dim_theta, prior_module
-        )
+            path, self.train_x[:2].cpu().numpy(), self.dim_theta,
+            [p for p in users if p and user_code.is_import_path(p)], self.cfg.code_dir,
+        )  # fmt: skip
         # picklable: rank 0 hands it to the command
         return functools.partial(posterior_model.log_pyfunc, spec)
 
