@@ -8,6 +8,7 @@ worker makes it once."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,22 @@ def warnings_unsaid(monkeypatch: pytest.MonkeyPatch) -> None:
     from trainforge import log
 
     monkeypatch.setattr(log, "_warned", set())
+
+
+WRITTEN_BY_A_RUN = ("mlruns", "mlartifacts", "mlflow.db", "runs")
+"""What MLflow and a run write into the folder a process runs in; pytest runs in the
+repository, where MLflow's default artifact root (``./mlruns``) is the repository's."""
+
+
+@pytest.fixture(autouse=True)
+def repository_left_clean() -> Iterator[None]:
+    """No test writes a run's or MLflow's files into the repository: a test that made one of
+    them there, where there was none, fails (with ``-n 2``, it or one running beside it). A
+    checkout that has them already, from commands run in it, is not checked."""
+    absent = [name for name in WRITTEN_BY_A_RUN if not os.path.lexists(ROOT / name)]
+    yield
+    made = [name for name in absent if os.path.lexists(ROOT / name)]
+    assert not made, f"the test wrote {', '.join(made)} into the repository ({ROOT})"
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ def test_the_registered_posterior_loads_and_samples(
     path = tmp_path / "model" / "posterior.pt"
     export.save_posterior(path, estimator, record, {"task": "two_moons"})
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)  # the store's Default experiment keeps its artifacts in ./mlruns
     with mlflow.start_run():
         info = posterior_model.log_pyfunc(posterior_model.PosteriorExport(path, x[:2].numpy(), 2))
     version = mlflow.register_model(info.model_uri, "two_moons_posterior").version
@@ -71,6 +72,7 @@ def test_the_sbi_workload_logs_its_posterior_not_its_two_input_loss_module(
     with pytest.raises(TypeError):
         model(theta[:2])  # what mlflow.pytorch.log_model's signature inference would do
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)  # the store's Default experiment keeps its artifacts in ./mlruns
     with mlflow.start_run():
         info = log()
     loaded = mlflow.pyfunc.load_model(info.model_uri)

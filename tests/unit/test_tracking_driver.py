@@ -318,8 +318,9 @@ def test_a_new_run_starts_when_the_command_did_and_its_experiment_opens_on_its_r
     assert again.resumed and client.get_run(str(again.run_id)).info.start_time == 1_700_000_000_250
     experiment = client.get_experiment_by_name(cfg.tracking.experiment)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    # one made elsewhere without a kind is marked too, once a run is made in it
-    client.create_experiment("elsewhere")
+    # one made elsewhere without a kind is marked too, once a run is made in it (its artifacts
+    # in a folder of the test's: MLflow's default is ./mlruns, the repository's)
+    client.create_experiment("elsewhere", artifact_location=str(tmp_path / "elsewhere"))
     other = _run_recipe(tmp_path / "other", uri, "tracking.experiment=elsewhere")
     _start(other, tmp_path / "other" / other.run.name)
     kind = client.get_experiment_by_name("elsewhere").tags["mlflow.experimentKind"]
