@@ -5,7 +5,9 @@ schema migrations (alembic), ~2.6 s of one core on this project's 2-core CPU: th
 command in every new folder paid it, on a cold command's critical path. The result is the same
 for every store of one MLflow version, so it is made once, in ``$TRAINFORGE_HOME/mlflow-schema/``
 (default ``~/.cache/trainforge/``), without its rows: MLflow finds the schema current and
-creates its Default experiment itself, with the artifact location of the new store's folder.
+creates its Default experiment itself, with the artifact location MLflow gives it (``./mlruns``
+of the folder the store is first opened from; trainforge's own experiments keep theirs beside
+the store, ``client._create_experiment``).
 Anything that goes wrong here leaves the store to MLflow to make: a run never depends on it.
 """
 
@@ -22,8 +24,9 @@ from trainforge import settings
 
 ROWS_MADE_WITH_THE_SCHEMA = ("experiments",)
 """What MLflow writes into a new store besides its schema: the Default experiment, whose
-artifact location is the store's own folder (it would be the template's). MLflow makes it again
-where a store has no experiment at all. The workspace row and the schema version stay."""
+artifact location is MLflow's default for the new store (it would be the template's temporary
+folder). MLflow makes it again where a store has no experiment at all. The workspace row and the
+schema version stay."""
 
 
 def seed(uri: str) -> None:
