@@ -44,7 +44,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,31 +336,41 @@ OSCILLATOR = Example(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=[WAVE, OSCILLATOR], ids=lambda e: e.name)
-def example(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Example, dict[str, Any]]:
-    """An example, and its final checkpoint without a fault, on the command's own processes."""
-    chosen: Example = request.param
-    project = chosen.project(tmp_path_factory.mktemp(f"{chosen.name}-uninterrupted"))
-    env = {**os.environ, "TRAINFORGE_WORKERS": "own", "TRAINFORGE_HOME": str(project / "home")}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(chosen.command("tracking.enabled=false"), cwd=project, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    found = checkpoint.newest_in(project / "runs" / chosen.run_name)
-    assert found.state is not None
-    return chosen, found.state
+@pytest.fixture(scope="module")
+def uninterrupted_example(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[Example], dict[str, Any]]:
+    """An example's final checkpoint without a fault, on the command's own processes, made at
+    its first use. Not a parametrised fixture: a second one of module scope beside ``place``
+    would reorder the module's tests, and some follow the run another left (``killed``)."""
+    made: dict[str, dict[str, Any]] = {}
+
+    def final_state(chosen: Example) -> dict[str, Any]:
+        if chosen.name not in made:
+            project = chosen.project(tmp_path_factory.mktemp(f"{chosen.name}-uninterrupted"))
+            env = {**os.environ, "TRAINFORGE_WORKERS": "own",
+                   "TRAINFORGE_HOME": str(project / "home")}  # fmt: skip
+            env.pop("RAY_ADDRESS", None)
+            done = subprocess.run(chosen.command("tracking.enabled=false"), cwd=project, env=env,
+                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            found = checkpoint.newest_in(project / "runs" / chosen.run_name)
+            assert found.state is not None
+            made[chosen.name] = found.state
+        return made[chosen.name]
+
+    return final_state
 
 
+@pytest.mark.parametrize("chosen", [WAVE, OSCILLATOR], ids=lambda e: e.name)
 def test_a_users_own_project_resumes_bitwise_after_a_worker_is_killed(
-    place: Place, example: tuple[Example, dict[str, Any]]
+    place: Place, chosen: Example, uninterrupted_example: Callable[[Example], dict[str, Any]]
 ) -> None:
     """An example project of a user's (its modules importable only from its folder): rank 0
     SIGKILLed in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint and ends
     bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the project's
     own settings and evaluation."""
-    chosen, uninterrupted = example
+    uninterrupted = uninterrupted_example(chosen)
     project = chosen.project(place.folder)
     log = project / "runs" / chosen.run_name / "worker-output.log"
     killed: list[int] = []
