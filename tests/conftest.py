@@ -8,7 +8,8 @@ worker makes it once."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,27 @@ def repository_left_clean() -> Iterator[None]:
     yield
     made = [name for name in absent if os.path.lexists(ROOT / name)]
     assert not made, f"the test wrote {', '.join(made)} into the repository ({ROOT})"
+
+
+@pytest.fixture
+def importable_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[str, str], str]]:
+    """``write(prefix, source)``: a module of a user's written into the test's folder and
+    importable by the name it returns for the test's length. The name is the test's own, so a
+    module an earlier test imported is never the one found."""
+    made: list[str] = []
+
+    def write(prefix: str, source: str) -> str:
+        name = f"{prefix}_{tmp_path.name.replace('-', '_')}"
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        made.append(name)
+        return name
+
+    yield write
+    for name in made:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture

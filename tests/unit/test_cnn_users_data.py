@@ -6,6 +6,7 @@ broken contract one line before any worker starts."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,12 +100,8 @@ NOT_CALLABLE = 42
 
 
 @pytest.fixture
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"user_data_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def user_module(importable_module: Callable[[str, str], str]) -> str:
+    return importable_module("user_data", USER_MODULE)
 
 
 def _recipe(dataset: str, **workload: object) -> config.Recipe:

@@ -5,8 +5,7 @@ named after its class in MLflow, and checked on the command's CPU before any wor
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -45,12 +44,8 @@ def not_a_model(num_classes):
 
 
 @pytest.fixture
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"user_nets_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def user_module(importable_module: Callable[[str, str], str]) -> str:
+    return importable_module("user_nets", USER_MODULE)
 
 
 def _recipe(model: str, **workload: object) -> config.Recipe:

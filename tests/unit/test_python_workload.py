@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,12 +136,8 @@ class ListMetrics(Good):
 
 
 @pytest.fixture
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"user_workload_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def user_module(importable_module: Callable[[str, str], str]) -> str:
+    return importable_module("user_workload", USER_MODULE)
 
 
 def _recipe(entry: str, **settings: object) -> config.Recipe:

@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -191,12 +191,8 @@ def refuses(theta, x):
 
 
 @pytest.fixture
-def users_nets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"user_nets_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(USERS_NETS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def users_nets(importable_module: Callable[[str, str], str]) -> str:
+    return importable_module("user_nets", USERS_NETS)
 
 
 def test_a_users_embedding_net_is_built_with_its_arguments_and_rebuilt(users_nets: str) -> None:

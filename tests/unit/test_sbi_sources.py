@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +54,8 @@ NOT_CALLABLE = 3
 
 
 @pytest.fixture
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"user_sim_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def user_module(importable_module: Callable[[str, str], str]) -> str:
+    return importable_module("user_sim", USER_MODULE)
 
 
 def _custom(module: str, simulator: str, prior: str = "prior") -> SBIWorkloadConfig:
