@@ -210,6 +210,22 @@ def kill_rank_0_then_the_command(log: Path, command: subprocess.Popen[str], kill
         time.sleep(0.05)
 
 
+def said_while_killing(command: subprocess.Popen[str], log: Path,
+                       the_command_too: bool) -> tuple[str, list[int]]:  # fmt: skip
+    """What ``command`` said to its end while ``kill_rank_0_then_the_command`` watched its
+    workers' ``log``, and the pids killed."""
+    killed: list[int] = []  # rank 0's pid, then the command's, once killed
+    killer = threading.Thread(target=kill_rank_0_then_the_command,
+                              args=(log, command, killed, the_command_too))  # fmt: skip
+    killer.start()
+    try:
+        said, _ = command.communicate(timeout=600)
+    finally:
+        command.kill()
+        killer.join()
+    return said, killed
+
+
 def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     place: Place, uninterrupted: dict[str, Any]
 ) -> None:
@@ -218,17 +234,10 @@ def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     command again resumes from epoch 2's checkpoint. The run ends bitwise where an
     uninterrupted one ends, as one MLflow run with one value per step of every metric."""
     log = place.folder / "runs" / "killed" / "worker-output.log"
-    killed: list[int] = []  # rank 0's pid, then the command's, once killed
     # epoch 3's steps slowed (0.05 s each; the same computation): the command's kill lands in it
     slow = faults.env(place.env, **{faults.SLOW_FROM_STEP: 2 * STEPS_PER_EPOCH + 1})
     first = place.start("run.name=killed", "run.max_failures=1", env=slow)
-    killer = threading.Thread(target=kill_rank_0_then_the_command, args=(log, first, killed))
-    killer.start()
-    try:
-        said, _ = first.communicate(timeout=600)
-    finally:
-        first.kill()
-        killer.join()
+    said, killed = said_while_killing(first, log, the_command_too=True)
     assert first.returncode == -signal.SIGKILL and len(killed) == 2, said[-3000:]
     restarts = [line for line in said.splitlines() if "restarting the workers" in line]
     assert len(restarts) == 1, said[-3000:]
@@ -373,19 +382,11 @@ def test_a_users_own_project_resumes_bitwise_after_a_worker_is_killed(
     uninterrupted = uninterrupted_example(chosen)
     project = chosen.project(place.folder)
     log = project / "runs" / chosen.run_name / "worker-output.log"
-    killed: list[int] = []
     command = subprocess.Popen(
         chosen.command("run.max_failures=1"), cwd=project, env=place.env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    killer = threading.Thread(target=kill_rank_0_then_the_command,
-                              args=(log, command, killed, False))  # fmt: skip
-    killer.start()
-    try:
-        said, _ = command.communicate(timeout=600)
-    finally:
-        command.kill()
-        killer.join()
+    said, killed = said_while_killing(command, log, the_command_too=False)
     assert command.returncode == 0 and len(killed) == 1, said[-3000:]
     assert "workers restarted (1 so far, run.max_failures), resuming" in said, said[-3000:]
     final = checkpoint.newest_in(project / "runs" / chosen.run_name).state
