@@ -216,15 +216,16 @@ def _merge(base: DictConfig, user: Any, prefix: str = "") -> DictConfig:
 
 
 def _check_shapes(base: DictConfig, user: Any, prefix: str) -> None:
-    """A mapping where the schema has a mapping, a list where it has a list, and plain values
-    inside the free-form ones (``resources_per_worker``, ``observations``). OmegaConf checks
-    none of this: a list merged onto a mapping is a TypeError with no key, and a list inside
-    ``observations`` reaches the section's checks as a value."""
+    """A mapping where the schema has a mapping (a FREE_FORM one too), a list where it has a
+    list, and plain values inside the other free-form ones (``resources_per_worker``,
+    ``observations``). OmegaConf checks none of this: a list merged onto a mapping is a
+    TypeError with no key, and a list inside ``observations`` reaches the section's checks as
+    a value."""
     if not isinstance(user, DictConfig):
         return
     free_form = getattr(OmegaConf.get_type(base), "FREE_FORM", ())
     for name in [str(k) for k in user]:
-        if name not in base or name in free_form or OmegaConf.is_interpolation(user, name):
+        if name not in base or OmegaConf.is_interpolation(user, name):
             continue
         key = _full_key(prefix, name)
         expected, given = base._get_node(name), user._get_node(name)
@@ -232,6 +233,8 @@ def _check_shapes(base: DictConfig, user: Any, prefix: str) -> None:
             raise RecipeError(f"{key}: must be a mapping of settings, got {_shown(given)}")
         if isinstance(expected, ListConfig) and not isinstance(given, ListConfig):
             raise RecipeError(f"{key}: must be a list, got {_shown(given)}")
+        if name in free_form:  # a mapping of the user's own arguments: any values inside
+            continue
         if isinstance(expected, DictConfig) and is_dataclass(OmegaConf.get_type(expected)):
             _check_shapes(expected, given, key)
         elif isinstance(given, DictConfig | ListConfig):

@@ -445,6 +445,8 @@ def _one_override(path: Path, key: str, value: str) -> None:
 @example((DIGITS, "run.name", ".."))  # loaded: the run folder would be the storage's parent
 @example((DIGITS, "run.name", '"a\\0b"'))  # loaded; `train` failed on a NUL in a path
 @example((DIGITS, "run.name", "x" * 250))  # loaded; `train` failed: lock name too long
+@example((SBI_DEBUG, "workload.estimator.model_kwargs", "[]"))  # TypeError from the merge
+@example((DIGITS, "workload.dataset_kwargs", "1"))  # the same
 @_fuzz(250)
 @given(_setting_and_value())
 def test_a_setting_with_any_value_loads_or_is_refused_naming_it(
