@@ -53,6 +53,20 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument(
             "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. train.lr=0.01"
         )
+    sweep = add(
+        "sweep",
+        help="search a recipe's settings (sweep.space) on Ray Tune: every trial a whole run",
+        description="Trials of the recipe with settings drawn from its sweep.space (Optuna's "
+        "TPE or random), stopped early by ASHA on sweep.metric; each trial is the run "
+        "`trainforge train` makes, named <run.name>-t<index>, its MLflow run nested under "
+        "the sweep's. The same command again resumes the sweep.",
+    )
+    sweep.add_argument("recipe", help=RECIPE_HELP)
+    sweep.add_argument(
+        "overrides", nargs="*", metavar="key=value",
+        help="dotted overrides, e.g. sweep.space.train.lr='loguniform(1e-4, 1e-1)'",
+    )  # fmt: skip
+    sweep.add_argument("--trials", type=_at_least_one, help="how many trials (sweep.trials)")
     submit = add(
         "submit",
         help="submit a recipe to a Ray cluster with `ray job submit` (run name = submission id)",
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         log.STARTED_AT = time.time()
     args = parser().parse_args(argv)
     set_loudness(args.verbose - args.quiet)
-    if args.command in ("train", "simulate"):  # the MLflow run's description quotes it
+    if args.command in ("train", "simulate", "sweep"):  # the MLflow run's description quotes it
         from trainforge.tracking.driver import invoked_as
 
         invoked_as(["trainforge", *(sys.argv[1:] if argv is None else argv)])
@@ -176,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         from trainforge import config
 
+        if args.command == "sweep" and args.trials is not None:
+            args.overrides.append(f"sweep.trials={args.trials}")
         cfg = _load(args.recipe, args.overrides)
+        if args.command == "sweep":
+            return _sweep(cfg, args.recipe, args.overrides)
         if args.command == "validate":
             _warn_if_train_would_refuse(cfg)  # raises on the user's own code: print nothing
             print(config.to_yaml(cfg), end="")
@@ -201,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         stopped = "terminated" if isinstance(exc, Terminated) else "interrupted"
         log.error(f"{stopped}; nothing was lost: a run resumes from its last checkpoint")
         return 143 if isinstance(exc, Terminated) else 130
+
+
+def _sweep(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
+    """`trainforge sweep`: the space checked against the recipe before anything starts."""
+    from trainforge.driver import sweep
+
+    check_optional_modules(cfg.workload.kind)
+    path, _ = find_recipe(recipe)
+    dimensions = sweep.check(cfg, path, overrides)
+    return sweep.sweep(cfg, recipe, overrides, dimensions)
 
 
 def _one_line(text: str) -> str:

@@ -89,7 +89,8 @@ GIT_COMMIT = Setting(
 )  # fmt: skip
 PARENT_RUN = Setting(
     "TRAINFORGE_MLFLOW_PARENT_RUN_ID", "",
-    "An ensemble member's MLflow parent run: the member's run nests under the ensemble's.",
+    "An ensemble member's or a sweep trial's MLflow parent run: its run nests under the "
+    "ensemble's or the sweep's.",
     set_by_trainforge=True,
 )  # fmt: skip
 
@@ -99,9 +100,15 @@ PRELOAD = Setting(
     "what the run needs beyond torch and the loop, set by the command for its workers.",
     set_by_trainforge=True,
 )  # fmt: skip
+PROGRESS_EVENTS = Setting(
+    "TRAINFORGE_PROGRESS_EVENTS", "",
+    "Set (to 1) by a sweep for its trials' commands: rank 0's progress is printed as the marked "
+    "JSON lines it comes as, from which the sweep reads each epoch's metrics.",
+    set_by_trainforge=True,
+)  # fmt: skip
 
 SETTINGS = (HOME, WORKERS, WARM_IDLE_S, CLUSTER_IDLE_S, WORKER_PLUGINS, SBIBM, USER, GIT_COMMIT,
-            PARENT_RUN, PRELOAD)  # fmt: skip
+            PARENT_RUN, PRELOAD, PROGRESS_EVENTS)  # fmt: skip
 
 
 def home() -> Path:

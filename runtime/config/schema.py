@@ -11,7 +11,7 @@ the few rules that span sections.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from omegaconf import MISSING
 
@@ -33,6 +33,9 @@ Schedule = Literal["constant", "cosine", "linear", "plateau"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+Search = Literal["optuna", "random"]
+TrialScheduler = Literal["asha", "fifo"]
+Direction = Literal["auto", "min", "max"]
 
 
 @dataclass
@@ -282,6 +285,52 @@ class WorkloadSection(Section):
 
 
 @dataclass
+class SweepSection(Section):
+    """`trainforge sweep`: trials of this recipe with settings drawn from ``space``, searched
+    and stopped early on Ray Tune. `trainforge train` trains the recipe as written."""
+
+    KEY = "sweep"
+    FREE_FORM = ("space",)
+
+    space: dict[str, Any] = field(default_factory=dict)
+    """Recipe key → distribution: uniform(low, high), loguniform(low, high), randint(low, high)
+    (both ends included) or choice(a, b, …), e.g. ``train.lr: loguniform(1e-4, 1e-1)``."""
+    trials: int = 8
+    """How many trials the sweep runs (each a whole run, named <run.name>-t<index>)."""
+    search: Search = "optuna"
+    """How the next trial's settings are picked: optuna (Optuna's TPE, learning from the trials
+    so far) or random."""
+    scheduler: TrialScheduler = "asha"
+    """asha stops trials whose metric trails the others' at the same epoch (Ray Tune's ASHA);
+    fifo runs every trial to its end."""
+    metric: str = "val/loss"
+    """The metric the sweep compares: one each epoch for asha (val/loss, val/accuracy), or a
+    score measured at a run's end (c2st/mean) with fifo."""
+    mode: Direction = "auto"
+    """min or max of ``metric``; auto: max for accuracy, min for anything else."""
+    at_once: int = 0
+    """Trials run at the same time; 0: as many as the cluster's CPUs (or GPUs) hold."""
+    grace_epochs: int = 1
+    """Epochs every trial trains before asha may stop it."""
+
+    def check(self) -> None:
+        from trainforge.config import sweep_space
+
+        self.at_least("trials", 1)
+        self.at_least("at_once", 0)
+        self.at_least("grace_epochs", 1)
+        if not self.metric or not all(c.isalnum() or c in "_-.:/ " for c in self.metric):
+            raise RecipeError(f"sweep.metric: must be a metric's name such as val/loss, got "
+                              f"{self.metric!r}")  # fmt: skip
+        sweep_space.parse(self.space)
+
+    def direction(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "max" if "accuracy" in self.metric else "min"
+
+
+@dataclass
 class Recipe:
     """A whole recipe: validated when built, and (after ``config.resolve``) with every value
     the driver decides filled in."""
@@ -294,6 +343,7 @@ class Recipe:
     tracking: TrackingSection = field(default_factory=TrackingSection)
     workload: WorkloadSection = field(default_factory=WorkloadSection)
     """Tagged union selected by workload.kind: an instance of that workload's own schema."""
+    sweep: SweepSection = field(default_factory=SweepSection)
 
     def __post_init__(self) -> None:
         check_across_sections(self)

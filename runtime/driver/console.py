@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import log, progress_events, ray_compat
+from trainforge import log, progress_events, ray_compat, settings
 from trainforge.driver.progress_bar import Bar
 
 # Python's `warnings` format: "path/file.py:12: UserWarning: text"
@@ -36,6 +36,7 @@ class Console:
         self.log_file = log_file
         self._file: IO[str] | None = None
         self._bar = Bar(self.out) if self.tty else None
+        self._events = settings.PROGRESS_EVENTS.is_set()
         self.closed = False  # after the run: late lines (a stopped run's) are dropped
         self._lock = threading.Lock()  # Ray's log thread and the driver both write
 
@@ -77,6 +78,9 @@ class Console:
     def _progress(self, event: progress_events.Event) -> None:
         """In a terminal, steps move the bar and the run's end leaves it at its last step;
         elsewhere each event is its plain line."""
+        if self._events:  # a program reads them (a sweep's trial): as they came
+            self._print(progress_events.line(**event))
+            return
         if self._bar is not None and event["kind"] == "step":
             self._bar.step(event)
             return

@@ -22,7 +22,6 @@ their own checkpoints, and the ensemble is written again from all of them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -34,20 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import config, log, settings, storage
+from trainforge import config, log, storage
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
-from trainforge.config.resolve import worker_resources
 from trainforge.driver import mlflow_run
+from trainforge.driver.child_runs import check_recipe, child_env, loudness, runs_at_once
 from trainforge.driver.cluster import storage_root
-from trainforge.driver.local_cluster import on_lasting_cluster
 from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, redact_all
 
 MEMBERS_FOLDER = "members"
 ENSEMBLE_RECORD = "ensemble.json"
 EVALUATION_FOLDER = "evaluation"  # the ensemble's figures
-RECIPE_FILE = "recipe.yaml"  # the recipe its members are trained with
 # a member's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
 SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
 STOP_WAIT_S = 60.0  # how long stopped members may take to write their last lines
@@ -96,12 +93,13 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     count = ensembles.members(cfg.workload)
     run_dir = Path(root) / cfg.run.name
     launch.check_existing_run(cfg, root)
-    check_recipe(cfg, run_dir)  # members kept from an earlier command had the same recipe
+    # members kept from an earlier command had the same recipe
+    check_recipe(cfg, run_dir, free=("workload.ensemble",))
     workload = launch.prepare_data(cfg)  # made once here, for every member
     simulations = str(workload.simulation.path)  # type: ignore[attr-defined]
     members_root = run_dir / MEMBERS_FOLDER
     members = _members(cfg, count, members_root, run_dir / ENSEMBLE_RECORD, ensembles.output)
-    at_once = members_at_once(cfg, ray.cluster_resources(), count)
+    at_once = runs_at_once(cfg, ray.cluster_resources(), count)
     kept = sum(m.kept for m in members)
     log.say(
         f"ensemble: {count} members (run.seed {cfg.run.seed}-{cfg.run.seed + count - 1}) on the "
@@ -111,7 +109,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     handle = None
     if cfg.tracking.enabled:  # the ensemble's own MLflow run; the members' runs are its children
         handle = mlflow_run.start(cfg, root)
-    env = member_env(handle.run_id if handle else None, ray)
+    env = child_env(handle.run_id if handle else None, ray)
     command = member_command(recipe, overrides, simulations, members_root)
     status = "FAILED"
     try:
@@ -157,59 +155,17 @@ def _members(cfg: Recipe, count: int, root: Path, record: Path, output: str) -> 
     return members
 
 
-def check_recipe(cfg: Recipe, run_dir: Path) -> None:
-    """A re-run keeps the members that finished, so it must be the recipe they were trained
-    with (``recipe_change``'s rules; more members may be asked for). The recipe is saved
-    when the ensemble first starts."""
-    from omegaconf import OmegaConf
-
-    from trainforge.driver import recipe_change
-
-    saved_file = run_dir / RECIPE_FILE
-    if saved_file.is_file():
-        saved: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(saved_file))  # type: ignore[assignment]
-        recipe_change.compare(cfg, saved, free=("workload.ensemble",))
-        if not cfg.checkpoint.allow_changes:
-            return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with replacing(saved_file) as temporary:
-        temporary.write_text(redact_all(config.to_yaml(cfg)))
-
-
-def members_at_once(cfg: Recipe, cluster: dict[str, float], count: int) -> int:
-    """How many members the cluster holds at once: each needs its workers' resources."""
-    member = config.resolve_workers(cfg, cluster).scaling
-    use_gpu = member.use_gpu == "true"
-    need = {k: v * member.num_workers for k, v in worker_resources(member, use_gpu).items()}
-    fits = [int(cluster.get(k, 0) // v) for k, v in need.items() if v > 0]
-    return max(1, min([count, *fits]))
-
-
 def member_command(
     recipe: str, overrides: list[str], simulations: str, members_root: Path
 ) -> list[str]:
     """The member's command line, less its run.name and run.seed: the same recipe and
     overrides, on the ensemble's simulations, one member each."""
-    loudness = {-1: ["-q"], 0: [], 1: ["-v"]}[max(-1, min(1, log.verbosity()))]
     return [
-        sys.executable, "-m", "trainforge", "train", *loudness, recipe, *overrides,
+        sys.executable, "-m", "trainforge", "train", *loudness(), recipe, *overrides,
         "workload.ensemble=1",
         f"workload.simulation.path={simulations}",
         f"run.storage_path={members_root}",
     ]  # fmt: skip
-
-
-def member_env(parent_run_id: str | None, ray: Any) -> dict[str, str]:
-    """The members' environment: this command's, the MLflow parent run, and this command's
-    Ray cluster (a private one or RAY_ADDRESS's: the members join it rather than starting
-    their own; the lasting local cluster they join by themselves, with its warm workers)."""
-    env = dict(os.environ)
-    if parent_run_id:
-        env[settings.PARENT_RUN.name] = parent_run_id
-    if not on_lasting_cluster() and "RAY_ADDRESS" not in env:
-        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
-    env.setdefault("PYTHONUNBUFFERED", "1")  # their lines as they come
-    return env
 
 
 def run_members(

@@ -31,6 +31,7 @@ PASS_ANY_CHANGE = (
     "tracking.",  # where and what is recorded
     "run.max_failures",  # how often Ray Train restarts workers
     "scaling.timeout_s",  # how long a collective may hang before the run fails
+    "sweep.",  # what `trainforge sweep` searches; a trial trains the recipe as written
     # where this machine keeps sbibm's files (a checked copy of the same pinned wheel)
     "workload.evaluation.sbibm_path",
 )

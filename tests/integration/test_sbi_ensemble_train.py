@@ -5,7 +5,8 @@ keeps the finished ones; a member that fails leaves the ensemble as it was; a ch
 refused before anything starts. The commands run in a home of their own, on its lasting local
 cluster and its warm workers, as a user's do by default (half the time of a private Ray and
 Ray Train's worker groups for every member: 58 s against 106 s alone on 2 cores); the
-members' join of a named cluster is ``member_env``'s, tested in tests/unit/test_sbi_ensemble.py."""
+members' join of a named cluster is ``child_runs.child_env``'s, tested in
+tests/unit/test_sbi_ensemble.py."""
 
 from __future__ import annotations
 

@@ -131,10 +131,10 @@ def _recipe(*overrides: str) -> object:
 def test_as_many_members_train_at_once_as_the_cluster_holds(
     overrides: list[str], cluster: dict[str, float], members: int, at_once: int
 ) -> None:
-    from trainforge.driver import ensemble_run
+    from trainforge.driver import child_runs
 
     cfg = _recipe(*overrides)
-    assert ensemble_run.members_at_once(cfg, cluster, members) == at_once  # type: ignore[arg-type]
+    assert child_runs.runs_at_once(cfg, cluster, members) == at_once  # type: ignore[arg-type]
 
 
 def test_a_member_is_the_same_command_on_the_ensembles_simulations(tmp_path: Path) -> None:
