@@ -65,6 +65,7 @@ def from_mapping(data: Mapping[str, Any], overrides: list[str] | tuple[str, ...]
 
 def with_overrides(user: DictConfig, overrides: list[str] | tuple[str, ...]) -> Recipe:
     overriding = _parse_overrides(overrides)
+    _nest_sweep_space(user)
     try:
         merged = OmegaConf.merge(user, overriding)
     except TypeError:  # a list onto a mapping, or a mapping onto a list: OmegaConf names no key
@@ -192,6 +193,21 @@ def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
         except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
             raise RecipeError(f"override {item!r}: {first_line(exc)}") from None
     return parsed
+
+
+def _nest_sweep_space(user: DictConfig) -> None:
+    """sweep.space's dotted keys nested before the overrides merge: an override's key is
+    always nested (``sweep.space.train.lr=…``), and would otherwise stand beside the recipe's
+    ``train.lr`` rather than replace it."""
+    from trainforge.config import sweep_space
+
+    sweep = user._get_node("sweep") if "sweep" in user else None
+    space = sweep._get_node("space") if isinstance(sweep, DictConfig) and "space" in sweep else None
+    if not isinstance(space, DictConfig) or OmegaConf.is_interpolation(sweep, "space"):
+        return  # not a mapping: the section's own checks name it
+    written = OmegaConf.to_container(space, resolve=False)
+    assert isinstance(sweep, DictConfig) and isinstance(written, dict)
+    sweep.space = sweep_space.nested(written)
 
 
 def _workload_kind(workload_user: Any) -> str:

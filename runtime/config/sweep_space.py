@@ -74,16 +74,38 @@ def override_value(value: Any) -> str:
     return str(value)
 
 
+def nested(space: dict[str, Any]) -> dict[str, Any]:
+    """The space with its dotted keys nested, as an override writes them: an override of a key
+    the recipe writes dotted then replaces the recipe's distribution rather than standing
+    beside it (and one of the two silently searched)."""
+    tree: dict[str, Any] = {}
+    for key, written in _flat(space, "").items():
+        node, names = tree, key.split(".")
+        for depth, name in enumerate(names):
+            if depth == len(names) - 1 and name not in node:
+                node[name] = written
+                break
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict) or depth == len(names) - 1:
+                clash = ".".join(names[: depth + 1])
+                raise RecipeError(f"sweep.space.{clash}: written both as a distribution and "
+                                  "as a mapping of the keys under it")  # fmt: skip
+    return tree
+
+
 def _flat(space: dict[str, Any], prefix: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for name, value in space.items():
         key = f"{prefix}{name}"
-        if isinstance(value, dict):
-            if not value:
-                raise RecipeError(f"sweep.space.{key}: an empty mapping searches nothing")
-            flat |= _flat(value, key + ".")
-        else:
-            flat[key] = value
+        if isinstance(value, dict) and not value:
+            raise RecipeError(f"sweep.space.{key}: an empty mapping searches nothing")
+        inner = _flat(value, key + ".") if isinstance(value, dict) else {key: value}
+        # `train.lr` and `train: {lr}` in one space: one would silently replace the other
+        twice = sorted(inner.keys() & flat.keys())
+        if twice:
+            raise RecipeError(f"sweep.space.{twice[0]}: written twice (dotted and nested); "
+                              "keep one")  # fmt: skip
+        flat |= inner
     return flat
 
 
