@@ -140,6 +140,20 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line parsed, overrides also after an option (``trainforge sweep r.yaml
+    --trials 8 train.lr=…``), which argparse leaves unparsed once an option follows the
+    first of them."""
+    commands = parser()
+    args, extra = commands.parse_known_args(argv)
+    overrides = all("=" in e and not e.startswith("-") for e in extra)
+    if extra and overrides and isinstance(getattr(args, "overrides", None), list):
+        args.overrides += extra
+    elif extra:
+        commands.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _at_least_one(text: str) -> int:
     """A count of CPUs: a whole number, 1 or more (a cluster of 0 CPUs would run nothing)."""
     try:
@@ -154,7 +168,7 @@ def _at_least_one(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is not None:  # called in a process that began earlier: the command begins now
         log.STARTED_AT = time.time()
-    args = parser().parse_args(argv)
+    args = _arguments(argv)
     set_loudness(args.verbose - args.quiet)
     if args.command in ("train", "simulate", "sweep"):  # the MLflow run's description quotes it
         from trainforge.tracking.driver import invoked_as

@@ -207,7 +207,7 @@ def _nest_sweep_space(user: DictConfig) -> None:
         return  # not a mapping: the section's own checks name it
     written = OmegaConf.to_container(space, resolve=False)
     assert isinstance(sweep, DictConfig) and isinstance(written, dict)
-    sweep.space = sweep_space.nested(written)
+    sweep.space = sweep_space.nested({str(k): v for k, v in written.items()})
 
 
 def _workload_kind(workload_user: Any) -> str:

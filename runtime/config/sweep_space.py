@@ -60,7 +60,8 @@ def parse(space: dict[str, Any]) -> list[Dimension]:
                               "searched")  # fmt: skip
         if dimension.key in RESERVED:
             raise RecipeError(f"sweep.space.{dimension.key}: set by the sweep for each trial "
-                              "(trials are named after the sweep and their index)")  # fmt: skip
+                              "(its name, its folder under the sweep's, resumed when the sweep "
+                              "is run again)")  # fmt: skip
     return dimensions
 
 

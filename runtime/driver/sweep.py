@@ -122,8 +122,13 @@ def _run_tune(
     from ray import tune
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's boxes and tables: ours instead
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    # the sweep's state written every second (Tune's own: every 10 s or more), so a killed
+    # sweep's re-run knows the trials that ended before it was killed
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    # Tune's own lines (a restored trial without results yet, its state written) are for
+    # Tune's developers; a trial's failure is said by TrialLines
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
+    logging.getLogger("ray.train").setLevel(logging.ERROR)
     node = f"node:{_this_node_ip()}"
     # the trial's command runs beside this one (the recipe, the user's code, the working
     # directory are here); its workers go wherever Ray places them
@@ -147,8 +152,8 @@ def _run_tune(
                 search_alg=_searcher(cfg),
                 scheduler=_scheduler(cfg),
                 max_concurrent_trials=at_once,
-                trial_name_creator=lambda t: trial_name(cfg.run.name, _index(t)),
-                trial_dirname_creator=lambda t: trial_name(cfg.run.name, _index(t)),
+                trial_name_creator=lambda t: trial_name(cfg.run.name, _index(t, section.search)),
+                trial_dirname_creator=lambda t: trial_name(cfg.run.name, _index(t, section.search)),
             ),
             run_config=tune.RunConfig(
                 name=TUNE_FOLDER,
@@ -162,10 +167,12 @@ def _run_tune(
     return console.trials_from(results)
 
 
-def _index(trial: Any) -> str:
-    """The trial's index in the sweep: Tune's own count, the start of its experiment tag,
-    kept in the experiment's state across a restore."""
-    return str(trial.experiment_tag).split("_", 1)[0]
+def _index(trial: Any, search: str) -> str:
+    """The trial's index in the sweep, from 1: Tune's own count, the start of its experiment
+    tag, kept in the experiment's state across a restore (its random search counts from 0,
+    Optuna's from 1)."""
+    count = int(str(trial.experiment_tag).split("_", 1)[0])
+    return str(count + 1 if search == "random" else count)
 
 
 def _domain(dimension: Dimension) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from trainforge.config.schema import SweepSection
 from trainforge.config.sweep_space import Dimension, override_value
 from trainforge.driver.sweep_trial import FINISHED_RECORD
 
+# Tune's folder of a trial: its name, and a suffix where a restored trial's folder existed
+_TRIAL_FOLDER = re.compile(r"^(.*-t\d+)_\w+$")
 FINISHED, STOPPED, FAILED, UNFINISHED = "finished", "stopped early", "failed", "unfinished"
 
 
@@ -64,7 +67,7 @@ class SweepConsole:
 
     def _trial(self, result: Any) -> Trial:
         metrics = dict(result.metrics or {})
-        name = Path(result.path).name
+        name = _TRIAL_FOLDER.sub(r"\1", Path(result.path).name)
         finished = _finished_record(self.trials_dir / name)
         if result.error is not None:
             state, reason = FAILED, failure_reason(result.error)
@@ -102,7 +105,7 @@ class SweepConsole:
             label = trial.name.rsplit("-", 1)[1]
             row = [f"{label:<8}", value, f"{trial.epoch:>6}", f"{trial.state:<13}"]
             log.result(
-                "  " + "  ".join(row + [override_value(trial.settings.get(k, "")) for k in keys])
+                "  " + "  ".join(row + [shown_value(trial.settings.get(k, "")) for k in keys])
             )
         best = next((t for t in self.ranked(trials) if t.state == FINISHED), None)
         if best is not None:

@@ -77,6 +77,7 @@ def run_trial(config: dict[str, Any], job: TrialJob) -> None:
                     said.append(line.rstrip("\n"))
                 elif event["kind"] == "epoch":
                     kept.write(f"{log.PREFIX} {progress_events.text(event)}\n")
+                    kept.flush()
                     epoch = int(event["epoch"])
                     tune.report({**event["metrics"], "epoch": epoch})
         code = process.wait()

@@ -62,6 +62,20 @@ def test_validate_bad_override_is_one_error_line(
     assert "Traceback" not in err
 
 
+def test_overrides_after_an_option_are_overrides_and_an_unknown_option_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # argparse stops taking positionals at the first option: `-q train.lr=0.05` left the
+    # override unparsed, and `sweep r.yaml --trials 4 key=value` was refused
+    assert cli.main(["validate", str(DIGITS), "train.lr=0.05", "-q", "train.epochs=3"]) == 0
+    printed = OmegaConf.create(capsys.readouterr().out)
+    assert (printed.train.lr, printed.train.epochs) == (0.05, 3)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["validate", str(DIGITS), "train.lr=0.05", "--bogus"])
+    assert refused.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 def test_validate_missing_recipe_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     missing = tmp_path / "absent.yaml"
     assert cli.main(["validate", str(missing)]) == 2
