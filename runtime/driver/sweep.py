@@ -125,6 +125,9 @@ def _run_tune(
     # the sweep's state written every second (Tune's own: every 10 s or more), so a killed
     # sweep's re-run knows the trials that ended before it was killed
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    # Ctrl-C stops the command as it stops `trainforge train` (one line, exit 130, the MLflow
+    # run KILLED); Tune's own handler would end the experiment and return as if it had ended
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     # Tune's own lines (a restored trial without results yet, its state written) are for
     # Tune's developers; a trial's failure is said by TrialLines
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
