@@ -33,7 +33,7 @@ Schedule = Literal["constant", "cosine", "linear", "plateau"]
 LrScaling = Literal["none", "linear", "sqrt"]
 Dtype = Literal["fp32", "bf16", "fp16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
-Search = Literal["optuna", "random"]
+Search = Literal["optuna", "random", "grid"]
 TrialScheduler = Literal["asha", "fifo"]
 Direction = Literal["auto", "min", "max"]
 
@@ -296,10 +296,12 @@ class SweepSection(Section):
     """Recipe key → distribution: uniform(low, high), loguniform(low, high), randint(low, high)
     (both ends included) or choice(a, b, …), e.g. ``train.lr: loguniform(1e-4, 1e-1)``."""
     trials: int = 8
-    """How many trials the sweep runs (each a whole run, named <run.name>-t<index>)."""
+    """How many trials the sweep runs (each a whole run, named <run.name>-t<index>); a grid
+    search runs its combinations."""
     search: Search = "optuna"
     """How the next trial's settings are picked: optuna (Optuna's TPE, learning from the trials
-    so far) or random."""
+    so far), random, or grid: every combination of the space's choice() values once (then the
+    combinations, not ``trials``, are the trials)."""
     scheduler: TrialScheduler = "asha"
     """asha stops trials whose metric trails the others' at the same epoch (Ray Tune's ASHA);
     fifo runs every trial to its end."""

@@ -14,6 +14,7 @@ unfinished ones resume from their own checkpoints, the rest are started.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -52,6 +53,11 @@ def check(cfg: Recipe, recipe: Path, overrides: list[str]) -> list[Dimension]:
                 raise RecipeError(f"sweep.space.{dimension.key}: {dimension.written()} reaches "
                                   f"{override_value(value)}, which the recipe refuses "
                                   f"({log.first_line(exc)})") from None  # fmt: skip
+    if section.search == "grid":
+        drawn = [d for d in dimensions if d.kind != "choice"]
+        if drawn:
+            raise RecipeError(f"sweep.search: grid tries every combination of choice() values; "
+                              f"sweep.space.{drawn[0].key} is {drawn[0].written()}")  # fmt: skip
     if section.scheduler == "asha" and not section.metric.startswith(EPOCH_METRICS):
         raise RecipeError(f"sweep.metric: {section.metric} is measured once, at a run's end; "
                           "asha compares a metric every epoch (val/loss, val/accuracy): set "
@@ -87,7 +93,8 @@ def _sweep(
     trials_dir.mkdir(parents=True, exist_ok=True)
     connect()
     section = cfg.sweep
-    at_once = section.at_once or runs_at_once(cfg, ray.cluster_resources(), section.trials)
+    count = trial_count(section, dimensions)
+    at_once = section.at_once or runs_at_once(cfg, ray.cluster_resources(), count)
     handle = mlflow_run.start(cfg, str(run_dir.parent)) if cfg.tracking.enabled else None
     env = child_env(handle.run_id if handle else None, ray)
     env[settings.PROGRESS_EVENTS.name] = "1"
@@ -147,11 +154,11 @@ def _run_tune(
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={d.key: _domain(d) for d in dimensions},
+            param_space={d.key: _domain(d, section.search) for d in dimensions},
             tune_config=tune.TuneConfig(
                 metric=section.metric,
                 mode=section.direction(),
-                num_samples=section.trials,
+                num_samples=1 if section.search == "grid" else section.trials,
                 search_alg=_searcher(cfg),
                 scheduler=_scheduler(cfg),
                 max_concurrent_trials=at_once,
@@ -165,21 +172,31 @@ def _run_tune(
                 callbacks=[console.tune_callback()],
             ),
         )
-    console.begin(section, dimensions, at_once)
+    console.begin(section, dimensions, trial_count(section, dimensions), at_once)
     results = tuner.fit()
     return console.trials_from(results)
 
 
 def _index(trial: Any, search: str) -> str:
     """The trial's index in the sweep, from 1: Tune's own count, the start of its experiment
-    tag, kept in the experiment's state across a restore (its random search counts from 0,
-    Optuna's from 1)."""
+    tag, kept in the experiment's state across a restore (its random and grid searches count
+    from 0, Optuna's from 1)."""
     count = int(str(trial.experiment_tag).split("_", 1)[0])
-    return str(count + 1 if search == "random" else count)
+    return str(count if search == "optuna" else count + 1)
 
 
-def _domain(dimension: Dimension) -> Any:
+def trial_count(section: Any, dimensions: list[Dimension]) -> int:
+    """How many trials the sweep runs: ``sweep.trials``, or a grid's combinations."""
+    if section.search != "grid":
+        return int(section.trials)
+    return math.prod(len(d.values) for d in dimensions)
+
+
+def _domain(dimension: Dimension, search: str) -> Any:
     from ray import tune
+
+    if search == "grid":
+        return tune.grid_search(list(dimension.values))
 
     low_high = dimension.values
     if dimension.kind == "uniform":
@@ -192,6 +209,7 @@ def _domain(dimension: Dimension) -> Any:
 
 
 def _searcher(cfg: Recipe) -> Any:
+    """Optuna's TPE, or Tune's own generator of random draws and grid combinations."""
     if cfg.sweep.search == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch

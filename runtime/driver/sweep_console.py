@@ -53,11 +53,13 @@ class SweepConsole:
         log.say(f"sweep '{self.sweep}': resuming (finished trials are kept; unfinished ones "
                 "resume from their checkpoints)")  # fmt: skip
 
-    def begin(self, section: SweepSection, dimensions: list[Dimension], at_once: int) -> None:
+    def begin(
+        self, section: SweepSection, dimensions: list[Dimension], trials: int, at_once: int
+    ) -> None:
         space = ", ".join(f"{d.key} {d.written()}" for d in dimensions)
         stopper = "asha" if section.scheduler == "asha" else "no early stopping"
         log.say(
-            f"sweep '{self.sweep}': {section.trials} trials of {space}; {section.search} "
+            f"sweep '{self.sweep}': {trials} trials of {space}; {section.search} "
             f"search, {stopper} on {self.metric} ({self.mode}); {at_once} at a time"
         )
 

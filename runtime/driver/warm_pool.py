@@ -223,7 +223,7 @@ def members(
                     ray.kill(member, no_restart=True)
                 member = None
         if member is None:
-            member = _new_worker(ray, name, gpu)
+            member = _new_worker_once_free(ray, name, gpu)
             started.append((member, gpu))
         found.append(member)
     if replaced:
@@ -261,6 +261,20 @@ def _new_worker(ray: Any, name: str, gpu: str | None) -> Any:
     return _detached(ray, WarmWorker, name).remote(sys_path, pid, idle_s, gpu)
 
 
+def _new_worker_once_free(ray: Any, name: str, gpu: str | None) -> Any:
+    """A new warm worker in this command's slot, once the name is free: a worker killed just
+    now (replaced here, or by a stopped command) holds its name for a moment after
+    ``ray.kill`` returns, and creating one by that name then fails."""
+    deadline = time.monotonic() + NAME_RELEASE_S
+    while True:
+        try:
+            return _new_worker(ray, name, gpu)
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _detached(ray: Any, cls: type, name: str) -> Any:
     """``cls`` as a named actor of the pool: it outlives the command, holds no Ray resources
     (a simulation stage or Ray Train may use every core between runs) and is never restarted
@@ -270,6 +284,9 @@ def _detached(ray: Any, cls: type, name: str) -> Any:
         get_if_exists=False,
     )  # fmt: skip
 
+
+NAME_RELEASE_S = 15.0
+"""How long a killed warm worker's name may take to be free for a new one."""
 
 ANSWER_S = 30.0
 """How long a warm worker may take to say whether it serves a command: it answers at once unless
