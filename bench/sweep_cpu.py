@@ -51,8 +51,8 @@ def by_hand(home: Path, work: Path, epochs: int) -> dict[str, Any]:
     started = time.perf_counter()
     trained, results = 0.0, []
     for index, (lr, batch) in enumerate((lr, b) for lr in LRS for b in BATCHES):
-        _, done = command(home, work, "train", *BASE, f"run.name=hand{index}",
-                          f"train.lr={lr}", f"train.batch_size={batch}", f"train.epochs={epochs}")  # fmt: skip
+        settings = [f"train.lr={lr}", f"train.batch_size={batch}", f"train.epochs={epochs}"]
+        _, done = command(home, work, "train", *BASE, f"run.name=hand{index}", *settings)
         trained += float(FINISHED.findall(done.stdout)[-1])
         loss = re.findall(r"\[trainforge\]   val/loss\s+(\S+)", done.stdout)[-1]
         results.append({"train.lr": lr, "train.batch_size": batch, "val/loss": float(loss)})
@@ -79,7 +79,8 @@ def sweep(home: Path, work: Path, name: str, scheduler: str, epochs: int) -> dic
         "wall_s": round(wall, 1), "trained_s_of_finished_runs": round(trained, 1),
         "epochs": sum(int(r["epochs"]) for r in rows),
         "stopped_early": sum(r["state"] == "stopped early" for r in rows),
-        "trials": [{"train.lr": float(r["train.lr"]), "train.batch_size": int(r["train.batch_size"]),
+        "trials": [{"train.lr": float(r["train.lr"]),
+                    "train.batch_size": int(r["train.batch_size"]),
                     "val/loss": float(r["val/loss"]) if r["val/loss"] else None,
                     "epochs": int(r["epochs"]), "state": r["state"]} for r in rows],
         "console": done.stdout[-4000:],
@@ -115,7 +116,8 @@ def main() -> None:
         "by_hand": hand, "grid_fifo": fifo, "grid_asha": asha,
         "summary": {
             "sweep_over_by_hand_wall": round(fifo["wall_s"] / hand["wall_s"], 3),
-            "sweep_overhead_over_training": round(fifo["wall_s"] / fifo["trained_s_of_finished_runs"] - 1, 3),
+            "sweep_overhead_over_training":
+                round(fifo["wall_s"] / fifo["trained_s_of_finished_runs"] - 1, 3),
             "by_hand_overhead_over_training": round(hand["wall_s"] / hand["trained_s"] - 1, 3),
             "asha_epochs_share": round(asha["epochs"] / fifo["epochs"], 3),
             "asha_wall_share": round(asha["wall_s"] / fifo["wall_s"], 3),
