@@ -127,8 +127,8 @@ def main() -> None:
     }  # fmt: skip
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
-    subprocess.run([sys.executable, "-m", "trainforge", "cluster", "stop"],
-                   env={**os.environ, "TRAINFORGE_HOME": str(home)}, capture_output=True)  # fmt: skip
+    stop = [sys.executable, "-m", "trainforge", "cluster", "stop"]
+    subprocess.run(stop, env={**os.environ, "TRAINFORGE_HOME": str(home)}, capture_output=True)
 
 
 if __name__ == "__main__":
