@@ -25,7 +25,13 @@ from trainforge import config, log, settings, storage
 from trainforge.config import Recipe
 from trainforge.config.sweep_space import Dimension, override_value, parse
 from trainforge.driver import mlflow_run
-from trainforge.driver.child_runs import check_recipe, child_env, loudness, runs_at_once
+from trainforge.driver.child_runs import (
+    RECIPE_FILE,
+    check_recipe,
+    child_env,
+    loudness,
+    runs_at_once,
+)
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.sweep_console import SweepConsole, Trial
 from trainforge.driver.sweep_trial import TrialJob, run_trial, trial_name
@@ -88,7 +94,8 @@ def _sweep(
     if run_dir.exists() and not cfg.checkpoint.resume:
         raise RecipeError(f"run.name: a sweep named {cfg.run.name!r} exists at {run_dir} and "
                           "checkpoint.resume is false; pick another run.name")  # fmt: skip
-    check_recipe(cfg, run_dir, free=("sweep.trials", "sweep.at_once"))
+    _check_same_sweep(cfg, run_dir)
+    check_recipe(cfg, run_dir, free=())
     trials_dir = run_dir / TRIALS_FOLDER
     trials_dir.mkdir(parents=True, exist_ok=True)
     connect()
@@ -115,6 +122,29 @@ def _sweep(
         sweep_record.end(handle, status)
     console.summary(trials, time.time() - started, handle)
     return 0 if status == "FINISHED" else 1
+
+
+def _check_same_sweep(cfg: Recipe, run_dir: Path) -> None:
+    """A re-run resumes the sweep as it began (Tune restores its search, trial count and
+    concurrency): another ``sweep`` section is refused, naming what changed. The rest of the
+    recipe is compared as a resumed run's is (``child_runs.check_recipe``)."""
+    from omegaconf import OmegaConf
+
+    from trainforge.driver import recipe_change
+
+    saved_file = run_dir / RECIPE_FILE
+    if not saved_file.is_file():
+        return
+    saved = OmegaConf.to_container(OmegaConf.load(saved_file)).get("sweep", {})  # type: ignore[union-attr]
+    old = recipe_change.flatten(saved)
+    new = recipe_change.flatten(config.to_container(cfg)["sweep"])
+    keys = sorted(old.keys() | new.keys())
+    changed = [f"sweep.{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys
+               if old.get(k) != new.get(k)]  # fmt: skip
+    if changed:
+        raise RecipeError(f"run.name: sweep {cfg.run.name!r} began with another sweep section "
+                          f"({', '.join(changed)}); the same command resumes it, a new run.name "
+                          "starts another")  # fmt: skip
 
 
 def _run_tune(
@@ -159,7 +189,7 @@ def _run_tune(
                 metric=section.metric,
                 mode=section.direction(),
                 num_samples=1 if section.search == "grid" else section.trials,
-                search_alg=_searcher(cfg),
+                search_alg=_searcher(cfg, at_once),
                 scheduler=_scheduler(cfg),
                 max_concurrent_trials=at_once,
                 trial_name_creator=lambda t: trial_name(cfg.run.name, _index(t, section.search)),
@@ -208,8 +238,9 @@ def _domain(dimension: Dimension, search: str) -> Any:
     return tune.choice(list(dimension.values))
 
 
-def _searcher(cfg: Recipe) -> Any:
-    """Optuna's TPE, or Tune's own generator of random draws and grid combinations."""
+def _searcher(cfg: Recipe, at_once: int) -> Any:
+    """Optuna's TPE, or Tune's own generator of random draws and grid combinations (which
+    takes its own limit: Tune applies ``max_concurrent_trials`` to searchers only)."""
     if cfg.sweep.search == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -218,7 +249,7 @@ def _searcher(cfg: Recipe) -> Any:
         return OptunaSearch(seed=cfg.run.seed)
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=cfg.run.seed)
+    return BasicVariantGenerator(random_state=cfg.run.seed, max_concurrent=at_once)
 
 
 def _scheduler(cfg: Recipe) -> Any:

@@ -79,7 +79,8 @@ def run_trial(config: dict[str, Any], job: TrialJob) -> None:
                     kept.write(f"{log.PREFIX} {progress_events.text(event)}\n")
                     kept.flush()
                     epoch = int(event["epoch"])
-                    tune.report({**event["metrics"], "epoch": epoch})
+                    if epoch != event.get("epochs"):  # the last one: reported once finished,
+                        tune.report({**event["metrics"], "epoch": epoch})  # never stopped
         code = process.wait()
     finally:
         _end(process)

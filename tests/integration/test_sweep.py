@@ -129,6 +129,13 @@ def test_a_sweep_killed_mid_trial_resumes_keeping_its_finished_trials(
     trials = _trials(in_tmp)
     assert {name: row["state"] for name, row in trials.items()} == {
         "sw-t1": "finished", "sw-t2": "finished", "sw-t3": "finished"}  # fmt: skip
+    # another space is another sweep: refused before anything starts
+    other = _sweep(home, in_tmp, *arguments[:-1], "sweep.space.train.lr=loguniform(1e-4, 1e-2)")
+    assert other.returncode == 2
+    assert "sweep.space.train.lr 'loguniform(1e-3, 3e-2)' -> 'loguniform(1e-4, 1e-2)'" \
+        in other.stderr  # fmt: skip
+    assert "ray:" not in other.stdout
+
     runs = _runs(in_tmp)
     assert len(runs["sw"]) == 1  # one parent, reopened
     for name in trials:  # one run per trial, the interrupted one reopened
