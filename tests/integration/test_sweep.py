@@ -97,6 +97,10 @@ def test_a_sweep_runs_whole_trials_nested_under_its_mlflow_run_past_a_failing_on
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
     assert logged == {"sweep/trials.csv", "sweep/metric_by_trial.png",
                       "sweep/parallel_coordinates.png"}  # fmt: skip
+    # the MLflow UI lists the sweep, its trials' runs under it once it is expanded
+    shown = _runs_shown_in_the_ui(in_tmp, expand="sw")
+    assert "sw" in shown and not set(trained) & shown  # nested: folded under the sweep
+    assert set(trained) <= _runs_shown_in_the_ui(in_tmp, expand="sw", click=True)
 
 
 def test_a_sweep_killed_mid_trial_resumes_keeping_its_finished_trials(
@@ -142,6 +146,56 @@ def test_a_sweep_killed_mid_trial_resumes_keeping_its_finished_trials(
         (child,) = runs[name]
         assert child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == runs["sw"][0].info.run_id
+
+
+def _runs_shown_in_the_ui(folder: Path, expand: str, click: bool = False) -> set[str]:
+    """The run names the MLflow UI (`trainforge ui` on ``folder``'s store, in headless
+    Chromium) shows in the experiment's runs table, after clicking the expander of the run
+    ``expand`` where ``click``."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import CHROMIUM, CHROMIUM_FLAGS
+    from tests.integration.mlflow_server import free_port
+
+    port = free_port()
+    ui = subprocess.Popen([*trainforge(), "ui", "--port", str(port)], cwd=folder,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not _answers(f"http://127.0.0.1:{port}/health"):
+            assert ui.poll() is None and time.monotonic() < deadline, (
+                "`trainforge ui` never answered"
+            )
+            time.sleep(0.5)
+        from mlflow.tracking import MlflowClient
+
+        experiment = MlflowClient(f"http://127.0.0.1:{port}").get_experiment_by_name("trainforge")
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}/runs")
+            row = page.locator("[role=row]").filter(has=page.get_by_text(expand, exact=True))
+            row.first.wait_for(timeout=60_000)
+            if click:  # the run name cell's expander of nested runs
+                row.first.locator("button[data-component-id*=runnamecellrenderer]").click()
+                page.get_by_text(f"{expand}-t", exact=False).first.wait_for(timeout=30_000)
+            names = page.locator("[role=row] a").all_inner_texts()
+            browser.close()
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.communicate(timeout=30)
+    return {name.strip() for name in names if name.strip()}
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _no_trial_command_left(folder: Path) -> None:
