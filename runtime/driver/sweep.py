@@ -107,7 +107,7 @@ def _sweep(
     env[settings.PROGRESS_EVENTS.name] = "1"
     command = [sys.executable, "-m", "trainforge", "train", *loudness(), recipe, *overrides,
                "checkpoint.resume=true", f"run.storage_path={trials_dir}"]  # fmt: skip
-    job = TrialJob(command, env, str(trials_dir), os.getcwd())
+    job = TrialJob(command, env, str(trials_dir), section.metric, os.getcwd())
     console = SweepConsole(cfg.run.name, section.metric, section.direction(), trials_dir)
     try:
         trials = _run_tune(cfg, dimensions, job, console, run_dir, at_once)

@@ -39,6 +39,8 @@ class TrialJob:
     env: dict[str, str]
     trials_dir: str
     """Where the trials' run folders and console logs are."""
+    metric: str
+    """The sweep's metric: Tune takes only results that hold it."""
     cwd: str
     """The sweep command's working directory: the trial's command runs there, as the user's
     would (a relative recipe path, ./runs, sqlite:///mlflow.db mean the same)."""
@@ -79,14 +81,19 @@ def run_trial(config: dict[str, Any], job: TrialJob) -> None:
                     kept.write(f"{log.PREFIX} {progress_events.text(event)}\n")
                     kept.flush()
                     epoch = int(event["epoch"])
-                    if epoch != event.get("epochs"):  # the last one: reported once finished,
-                        tune.report({**event["metrics"], "epoch": epoch})  # never stopped
+                    # the last epoch is reported once the run finished (never a reason to
+                    # stop it); a score measured at a run's end only then
+                    if epoch != event.get("epochs") and job.metric in event["metrics"]:
+                        tune.report({**event["metrics"], "epoch": epoch})
         code = process.wait()
     finally:
         _end(process)
     if code != 0:
         raise TrialFailed(f"{name}: `trainforge train` exited {code}: {_reason(said)}")
     final = _final_metrics(folder / name)
+    if job.metric not in final:
+        raise TrialFailed(f"{name}: the run finished without the sweep's metric {job.metric} "
+                          f"(it recorded {', '.join(sorted(final)) or 'none'})")  # fmt: skip
     tune.report({**final, "epoch": max(epoch, int(final.get("epoch", 0))), "trial/finished": 1})
 
 

@@ -222,3 +222,20 @@ def _pids_in(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_an_sbi_sweep_compares_a_score_measured_at_each_runs_end(home: Path, in_tmp: Path) -> None:
+    # c2st/mean comes once, when a run has finished: the epochs' results without it are not
+    # given to Tune (which refuses a result without the sweep's metric)
+    done = subprocess.run(
+        [*trainforge(), "sweep", "two_moons_debug", "run.name=sbi", "--trials", "1",
+         "scaling.num_workers=1", "train.epochs=3", "workload.evaluation.sbc_runs=0",
+         "workload.evaluation.num_samples=500", "sweep.scheduler=fifo",
+         "sweep.metric=c2st/mean", "sweep.space.train.lr=loguniform(1e-4, 1e-2)"],
+        cwd=in_tmp, env=env_for(home), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(in_tmp / "runs" / "sbi" / "trials.csv") as stream:
+        (row,) = list(csv.DictReader(stream))
+    assert row["state"] == "finished" and 0.5 <= float(row["c2st/mean"]) <= 1.0
+    assert "sweep: t1 finished: c2st/mean " in done.stdout
