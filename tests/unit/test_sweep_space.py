@@ -244,7 +244,7 @@ def test_a_distribution_and_keys_under_it_in_one_space_are_refused(tmp_path: Pat
         ("sweep.metric=val/loss;rm", "sweep.metric: must be a metric's name"),
         ("sweep.metric=''", "sweep.metric: must be a metric's name"),
         ("sweep.scheduler=hyperband", "sweep.scheduler"),
-        ("sweep.search=grid", "sweep.search"),
+        ("sweep.search=bayes", "sweep.search"),
         ("sweep.space.train.lr=normal(0, 1)", "sweep.space.train.lr: 'normal(0, 1)' is not one"),
         ("sweep.space.train.lr=3", "sweep.space.train.lr: must be a distribution"),
         ("sweep.space.workload={}", "sweep.space.workload: an empty mapping searches nothing"),
@@ -327,6 +327,19 @@ def test_a_metric_measured_once_needs_fifo_not_asha() -> None:
     assert _check(LR, "sweep.metric=c2st/mean", "sweep.scheduler=fifo")[0].key == "train.lr"
     assert _check(LR, "sweep.metric=val/accuracy")[0].key == "train.lr"  # each epoch: asha
     assert _check(LR, "sweep.metric=train/loss")[0].key == "train.lr"
+
+
+def test_a_grid_runs_every_combination_of_choices_and_refuses_a_drawn_value() -> None:
+    grid = ["sweep.search=grid", "sweep.space.train.lr=choice(0.001, 0.01, 0.1)",
+            "sweep.space.train.batch_size=[16, 32]"]  # fmt: skip
+    dimensions = _check(*grid)
+    cfg = config.load(DIGITS, grid)
+    assert sweep.trial_count(cfg.sweep, dimensions) == 6  # not sweep.trials (8)
+    assert sweep.trial_count(config.load(DIGITS, grid[1:]).sweep, dimensions) == 8
+    with pytest.raises(RecipeError) as refused:
+        _check("sweep.search=grid", "sweep.space.train.lr=loguniform(1e-4, 1e-1)")
+    assert str(refused.value).startswith("sweep.search: grid tries every combination")
+    assert "sweep.space.train.lr is loguniform(0.0001, 0.1)" in str(refused.value)
 
 
 def test_an_empty_space_is_refused_saying_how_to_name_one() -> None:
