@@ -62,9 +62,9 @@ def run_trial(config: dict[str, Any], job: TrialJob) -> None:
     overrides = [f"{key}={override_value(value)}" for key, value in config.items()]
     folder = Path(job.trials_dir)
     process = subprocess.Popen(
-        [*job.command, *overrides, f"run.name={name}"], env=job.env, cwd=job.cwd, text=True,
-        bufsize=1,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_end_with_this_process,
+        [*job.command, *overrides, f"run.name={name}"], env=job.env, cwd=job.cwd,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        preexec_fn=_end_with_this_process,
     )  # fmt: skip
     said: deque[str] = deque(maxlen=40)
     epoch = 0
