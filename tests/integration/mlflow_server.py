@@ -22,6 +22,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers 200 now: one short request (a client's own retries back off for
+    minutes while a server starts)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 class MlflowServer:
     def __init__(self, root: Path, credentials: tuple[str, str] | None = None) -> None:
         self.root = root

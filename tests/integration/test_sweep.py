@@ -155,7 +155,7 @@ def _runs_shown_in_the_ui(folder: Path, expand: str, click: bool = False) -> set
     from playwright.sync_api import sync_playwright
 
     from tests.browser import CHROMIUM, CHROMIUM_FLAGS
-    from tests.integration.mlflow_server import free_port
+    from tests.integration.mlflow_server import answers, free_port
 
     port = free_port()
     ui = subprocess.Popen([*trainforge(), "ui", "--port", str(port)], cwd=folder,
@@ -163,7 +163,7 @@ def _runs_shown_in_the_ui(folder: Path, expand: str, click: bool = False) -> set
                           start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _answers(f"http://127.0.0.1:{port}/health"):
+        while not answers(f"http://127.0.0.1:{port}/health"):
             assert ui.poll() is None and time.monotonic() < deadline, (
                 "`trainforge ui` never answered"
             )
@@ -186,16 +186,6 @@ def _runs_shown_in_the_ui(folder: Path, expand: str, click: bool = False) -> set
         os.killpg(ui.pid, signal.SIGTERM)
         ui.communicate(timeout=30)
     return {name.strip() for name in names if name.strip()}
-
-
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _no_trial_command_left(folder: Path) -> None:

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from omegaconf import OmegaConf
 
 from tests.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.git_repo import commit_all
-from tests.integration.mlflow_server import MlflowServer, free_port
+from tests.integration.mlflow_server import MlflowServer, answers, free_port
 from trainforge.cli import main as cli_main
 from trainforge.tracking.client import runs_view
 
@@ -348,14 +347,6 @@ def test_ctrl_c_stops_the_run_as_killed(ray_cluster, tmp_path: Path) -> None:
     assert run.info.status == "KILLED"
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 def _session_commands(session: int) -> list[str]:
     """The command lines of the processes in a session (a process started in a new one)."""
     commands = []
@@ -381,7 +372,7 @@ def test_trainforge_ui_serves_the_embedded_store(in_tmp: Path) -> None:
         # its /health first, one short request at a time: the client's own retries back off
         # for minutes, past any deadline here, while the server starts
         deadline = time.monotonic() + 120
-        while not _answers(f"http://127.0.0.1:{port}/health"):
+        while not answers(f"http://127.0.0.1:{port}/health"):
             if time.monotonic() > deadline or ui.poll() is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(ui.pid, signal.SIGTERM)
