@@ -43,15 +43,16 @@ class RunSection(Section):
     KEY = "run"
 
     name: str = MISSING
-    """Run identity: names the Ray Train run directory and the MLflow run. Re-running the same
-    name resumes that run."""
+    """Run identity: names the run's folder under storage_path and the MLflow run. Re-running the
+    same name resumes that run."""
     seed: int = 0
     """Seed for model init, data order and augmentation (every rank derives its own from it)."""
     storage_path: str = "./runs"
-    """Where checkpoints and Ray Train run state live. Shared storage (NFS, S3) for multi-node."""
+    """Where run folders live (checkpoints, worker output, the run lock). Shared storage (NFS,
+    S3) for multi-node."""
     max_failures: int = 0
-    """Worker-group restarts Ray Train attempts after a failure (each resumes from the latest
-    checkpoint); -1 retries forever."""
+    """Restarts of the run's workers after a failure, on every worker group (each resumes from
+    the latest checkpoint); -1 restarts without limit."""
 
     def check(self) -> None:
         name = self.name
@@ -224,7 +225,7 @@ class CheckpointSection(Section):
     every_steps: int | None = None
     """Also save every N optimizer steps within an epoch (resume continues mid-epoch)."""
     keep_last: int = 2
-    """Checkpoints kept on storage (older ones are deleted by Ray Train)."""
+    """Checkpoints kept in the run's folder; the oldest is deleted as each new one arrives."""
     resume: bool = True
     """Resume from the run's latest checkpoint when run.name already exists; false refuses to
     touch an existing run."""
