@@ -6,8 +6,11 @@ page's folder; the anchor is MkDocs' to check), and each path under bench/ that 
 (the harnesses and the result files: pages name files outside docs/ as code spans, since the site
 is served without the repository). A path may be a glob (`*`) or name alternatives (`{1,4}`): at
 least one file must match. bench/results/README.md's file names are checked the same way,
-relative to that folder. In a git checkout the pages and the files are git's tracked ones (what
-a fresh clone, CI's, has); elsewhere, what is on disk."""
+relative to that folder. And the other way round: every file under bench/results is named by a
+page or by bench/results/README.md (directly, by a glob or alternatives, or by a folder above
+it; a host.txt or hosts.txt goes with the results beside or below it), so nothing uncited
+accumulates there. In a git checkout the pages and the files are git's
+tracked ones (what a fresh clone, CI's, has); elsewhere, what is on disk."""
 
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ BENCH_PATH = re.compile(r"(?<![\w/.:-])((?:\.\./)*bench/[\w.*?{},/-]*)")
 # a results file named in bench/results/README.md: a code span holding a dated name
 RESULT_NAME = re.compile(r"`([\w.*?{},/-]*20\d\d-\d\d-\d\d[\w.*?{},/-]*)`")
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+# the hardware a result came from, kept beside it (or at the top of its folder)
+HOST_FILES = ("host.txt", "hosts.txt")
 
 
 @dataclass(frozen=True)
@@ -114,10 +119,26 @@ def _outside(path: str) -> bool:
     return path == ".." or path.startswith("../")
 
 
+def named(page: str, text: str) -> Iterator[tuple[int, str, str]]:
+    """The bench/ paths `text` (the page `page`) names: line number, the path as written and
+    the path from the repository's root; in bench/results/README.md its bare results names
+    too."""
+    folder = posixpath.dirname(page)
+    for number, line in enumerate(text.splitlines(), 1):
+        for path in BENCH_PATH.findall(line):
+            path = path.rstrip(".,;:")
+            base = folder if path.startswith("../") else ""
+            yield number, path, posixpath.normpath(posixpath.join(base, path))
+        if page == f"{RESULTS}/README.md":
+            for name in RESULT_NAME.findall(line):
+                yield number, f"{name} (in {RESULTS}/)", f"{RESULTS}/{name}"
+
+
 def missing(page: str, text: str, tree: Tree) -> Iterator[str]:
     """What `text` (the page `page`, a path from the repository's root) names that `tree` lacks:
     one line each, with the line number."""
     folder = posixpath.dirname(page)
+    problems = []
     for number, line in enumerate(text.splitlines(), 1):
         for target in LINK.findall(line):
             if target.startswith("#") or SCHEME.match(target):
@@ -125,17 +146,49 @@ def missing(page: str, text: str, tree: Tree) -> Iterator[str]:
             path = target.split("#", 1)[0].split("?", 1)[0]
             resolved = posixpath.normpath(posixpath.join(folder, path))
             if target.startswith("/") or _outside(resolved) or not tree.has(resolved):
-                yield f"{page}:{number}: link to {target}"
-        for named in BENCH_PATH.findall(line):
-            named = named.rstrip(".,;:")
-            base = folder if named.startswith("../") else ""
-            resolved = posixpath.normpath(posixpath.join(base, named))
-            if _outside(resolved) or not tree.has(resolved):
-                yield f"{page}:{number}: {named}"
-        if page == f"{RESULTS}/README.md":
-            for named in RESULT_NAME.findall(line):
-                if not tree.has(f"{RESULTS}/{named}"):
-                    yield f"{page}:{number}: {named} (in {RESULTS}/)"
+                problems.append((number, f"link to {target}"))
+    for number, shown, resolved in named(page, text):
+        if _outside(resolved) or not tree.has(resolved):
+            problems.append((number, shown))
+    for number, problem in sorted(problems, key=lambda p: p[0]):
+        yield f"{page}:{number}: {problem}"
+
+
+def covers(pattern: str, path: str) -> bool:
+    """Whether `pattern` (a path, a glob or alternatives, as the pages name files) names the
+    file `path` or a folder above it."""
+    return any(
+        fnmatch.fnmatchcase(path, alternative) or path.startswith(alternative + "/")
+        for alternative in _alternatives(pattern.rstrip("/"))
+    )
+
+
+def uncited(pages_text: dict[str, str], tree: Tree) -> list[str]:
+    """The files under bench/results that no page of `pages_text` (page → its text) names."""
+    patterns = {
+        path
+        for page, text in pages_text.items()
+        for *_, path in named(page, text)
+        if path.startswith(f"{RESULTS}/")  # bench/ or bench/results as a whole cites nothing
+    }
+    results = [f for f in tree.files if f.startswith(f"{RESULTS}/") and f != f"{RESULTS}/README.md"]
+    cited = {f for f in results if any(covers(p, f) for p in patterns)}
+    # a host.txt / hosts.txt goes with the results beside it or below it (bench/results/README.md)
+    hosts = {
+        f
+        for f in results
+        if posixpath.basename(f) in HOST_FILES
+        and any(c.startswith(posixpath.dirname(f) + "/") for c in cited - {f})
+    }
+    return sorted(set(results) - cited - hosts)
+
+
+def _checked_pages() -> dict[str, str]:
+    return {
+        page: (ROOT / page).read_text(encoding="utf-8")
+        for page in [*pages(TREE), f"{RESULTS}/README.md"]
+        if (ROOT / page).is_file()
+    }
 
 
 def test_every_file_the_documentation_names_exists() -> None:
@@ -148,6 +201,16 @@ def test_every_file_the_documentation_names_exists() -> None:
         for problem in missing(page, (ROOT / page).read_text(encoding="utf-8"), TREE)
     ]
     assert not problems, "named but not in the repository:\n" + "\n".join(problems)
+
+
+def test_every_results_file_is_cited() -> None:
+    if GIT_FILES is None:
+        pytest.skip("not a git checkout: which files are tracked is unknown")
+    left = uncited(_checked_pages(), TREE)
+    assert not left, (
+        "in bench/results but named by no page nor bench/results/README.md: cite each where its "
+        "claim is made, or git rm it (git history keeps it):\n" + "\n".join(left)
+    )
 
 
 def test_bench_results_keeps_few_files() -> None:
@@ -197,4 +260,34 @@ def test_a_missing_file_is_found() -> None:
     )
     assert list(missing("bench/results/README.md", index, tree)) == [
         "bench/results/README.md:1: 2026-01-09_z.json (in bench/results/)"
+    ]
+
+
+def test_an_uncited_result_is_found() -> None:
+    """The check the other way round: a results file no page names, named directly, by a glob,
+    by alternatives or by its folder, and a host file beside a cited result or an uncited one."""
+    tree = Tree.of(
+        [
+            "bench/results/README.md",
+            "bench/results/2026-01-01_x_cpu2.json",
+            "bench/results/2026-01-02_s1/call1/run_1gpu.json",
+            "bench/results/2026-01-02_s1/call1/run_4gpu.json",
+            "bench/results/2026-01-02_s1/hosts.txt",
+            "bench/results/2026-01-03_s2/a.log",
+            "bench/results/2026-01-04_y_cpu2.json",
+            "bench/results/2026-01-05_s3/host.txt",
+            "bench/results/2026-01-05_s3/old.json",
+            "bench/results/2026-01-06_z_cpu2.json",
+        ]
+    )
+    texts = {
+        "docs/a.md": "`bench/results/2026-01-02_s1/call*/run_{1,4}gpu.json`, `bench/results/`\n"
+        "`bench/results/2026-01-03_s2/` and `bench/`",
+        "bench/results/README.md": "`2026-01-01_x_cpu2.json`",
+    }
+    assert uncited(texts, tree) == [
+        "bench/results/2026-01-04_y_cpu2.json",
+        "bench/results/2026-01-05_s3/host.txt",
+        "bench/results/2026-01-05_s3/old.json",
+        "bench/results/2026-01-06_z_cpu2.json",
     ]
