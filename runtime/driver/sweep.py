@@ -34,7 +34,7 @@ from trainforge.driver.child_runs import (
 )
 from trainforge.driver.cluster import connect, storage_root
 from trainforge.driver.sweep_console import SweepConsole, Trial
-from trainforge.driver.sweep_trial import TrialJob, run_trial, trial_name
+from trainforge.driver.sweep_trial import TrialJob, TrialRun, trial_name
 from trainforge.errors import RecipeError
 
 TRIALS_FOLDER = "trials"
@@ -158,22 +158,12 @@ def _run_tune(
     """Ray Tune's run of the trials (or its restore), the trials as they ended."""
     from ray import tune
 
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's boxes and tables: ours instead
-    # the sweep's state written every second (Tune's own: every 10 s or more), so a killed
-    # sweep's re-run knows the trials that ended before it was killed
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
-    # Ctrl-C stops the command as it stops `trainforge train` (one line, exit 130, the MLflow
-    # run KILLED); Tune's own handler would end the experiment and return as if it had ended
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
-    # Tune's own lines (a restored trial without results yet, its state written) are for
-    # Tune's developers; a trial's failure is said by TrialLines
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
-    logging.getLogger("ray.train").setLevel(logging.ERROR)
+    _tune_settings()
     node = f"node:{_this_node_ip()}"
     # the trial's command runs beside this one (the recipe, the user's code, the working
     # directory are here); its workers go wherever Ray places them
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, job=job), {"CPU": 0, node: 0.001}
+        tune.with_parameters(TrialRun, job=job), {"CPU": 0, node: 0.001}
     )
     tune_dir = run_dir / TUNE_FOLDER
     section = cfg.sweep
@@ -192,6 +182,9 @@ def _run_tune(
                 search_alg=_searcher(cfg, at_once),
                 scheduler=_scheduler(cfg),
                 max_concurrent_trials=at_once,
+                # the next trial's command starts in the actor of one that ended, once its
+                # run has ended: a new actor per trial costs seconds
+                reuse_actors=True,
                 trial_name_creator=lambda t: trial_name(cfg.run.name, _index(t, section.search)),
                 trial_dirname_creator=lambda t: trial_name(cfg.run.name, _index(t, section.search)),
             ),
@@ -200,11 +193,28 @@ def _run_tune(
                 storage_path=str(run_dir),
                 verbose=0,
                 callbacks=[console.tune_callback()],
+                # a trial's run keeps its own checkpoints: a restored trial's command resumes
+                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
             ),
         )
     console.begin(section, dimensions, trial_count(section, dimensions), at_once)
     results = tuner.fit()
     return console.trials_from(results)
+
+
+def _tune_settings() -> None:
+    """Ray Tune as this command needs it; read from the environment only."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's boxes and tables: ours instead
+    # the sweep's state written every second (Tune's own: every 10 s or more), so a killed
+    # sweep's re-run knows the trials that ended before it was killed
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    # Ctrl-C stops the command as it stops `trainforge train` (one line, exit 130, the MLflow
+    # run KILLED); Tune's own handler would end the experiment and return as if it had ended
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+    # Tune's own lines (a restored trial without results yet, its state written) are for
+    # Tune's developers; a trial's failure is said by TrialLines
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
+    logging.getLogger("ray.train").setLevel(logging.ERROR)
 
 
 def _index(trial: Any, search: str) -> str:

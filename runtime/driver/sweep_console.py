@@ -31,7 +31,7 @@ class Trial:
     settings: dict[str, Any]
     state: str
     value: float | None
-    """The sweep's metric: the run's final value where it finished, else its last reported."""
+    """The sweep's metric: the run's final value where it ended, else its last reported."""
     epoch: int
     seconds: float
     reason: str = ""
@@ -75,8 +75,9 @@ class SweepConsole:
             state, reason = FAILED, failure_reason(result.error)
         elif metrics.get("trial/finished"):
             state, reason = FINISHED, ""
-        elif metrics.get("epoch"):
+        elif metrics.get("epoch"):  # its run ended at the end of the epoch it was in
             state, reason = STOPPED, "asha"
+            metrics |= finished.get("metrics", {})
         else:
             state, reason = UNFINISHED, ""
         value = metrics.get(self.metric)
@@ -148,8 +149,9 @@ class TrialLines(tune.Callback):
         if result.get("trial/finished"):
             log.say(f"sweep: {_label(trial)} finished: {shown} after {result.get('epoch')} epochs")
         else:
-            log.say(f"sweep: {_label(trial)} stopped early by asha at epoch "
-                    f"{result.get('epoch')}: {shown}")  # fmt: skip
+            log.say(f"sweep: {_label(trial)} stopped early by asha after epoch "
+                    f"{result.get('epoch')} ({shown}); its run ends with the epoch it is "
+                    "in")  # fmt: skip
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         try:

@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from trainforge import config, distributed
+from trainforge import config, distributed, stop_request
 from trainforge.checkpoint import Reporter
 from trainforge.config.schema import PrecisionSection, Recipe, TrainSection
 from trainforge.data.sharding import TrainBatches, eval_batches, micro_batches_per_epoch, streams
@@ -76,7 +76,7 @@ def run(payload: WorkerPayload, ctx: WorkerContext, reporter: Reporter) -> None:
         and not state.stopper.stopped
     ):
         trainer.train_epoch(checkpointer)  # saves every checkpoint.every_steps steps
-        last = trainer.end_of_epoch()  # validation, early stopping, the epoch's metrics
+        last = trainer.end_of_epoch(payload.run_dir)  # validation, early stopping, metrics
         checkpointer.maybe_save(state, trainer.metrics, epoch_end=True, last=last)
 
     # Whatever finish changed (best weights, the workload's evaluation) is reported with a
@@ -242,19 +242,30 @@ class Trainer:
             self.loss_sum, self.state.model, self.ctx, self.state.position.global_step
         )
 
-    def end_of_epoch(self) -> bool:
-        """Validation when due, early stopping, the epoch's metrics and line; moves the position
-        to the next epoch. True when this epoch was the run's last."""
+    def end_of_epoch(self, run_dir: str) -> bool:
+        """Validation when due, early stopping, a stop request (``stop_request.py``), the
+        epoch's metrics and line; moves the position to the next epoch. True when this epoch
+        was the run's last."""
         position = self.state.position
         epoch = position.epoch
-        last = position.global_step >= self.plan.total_steps or epoch + 1 >= self.plan.epochs
+        asked = stop_request.read(run_dir) if self.ctx.is_main else None
+        train_loss, stop_asked = self.epoch_train_loss(asked is not None)
+        last = (
+            stop_asked
+            or position.global_step >= self.plan.total_steps
+            or epoch + 1 >= self.plan.epochs
+        )
         metrics: dict[str, float] = {"epoch": epoch + 1, "perf/elapsed_s": self.progress.elapsed()}
-        metrics |= self.epoch_train_loss()
+        metrics |= train_loss
         if last or (epoch + 1) % self.cfg.train.eval_every_epochs == 0:
             val_metrics = self.evaluate()
             metrics |= val_metrics
             self.lower_lr_on_plateau(val_metrics["val/loss"])
             last = self.early_stop(val_metrics["val/loss"], epoch + 1) or last  # a collective
+        if stop_asked:  # kept in the checkpoint: a resumed run has ended too
+            self.state.stopper.stopped = True
+            metrics["run/stopped_on_request"] = 1.0
+            self.progress.note(f"stopped after epoch {epoch + 1}: {asked}")  # rank 0's line
         if last:  # what this attempt cost, and how much of it was tracking on this thread
             metrics["perf/train_s"] = self.progress.elapsed()
             metrics["perf/tracking_s"] = self.tracker.busy_s
@@ -264,17 +275,21 @@ class Trainer:
         self.progress.log_epoch(epoch, self.metrics)
         return last
 
-    def epoch_train_loss(self) -> dict[str, float]:
-        """The mean training loss over this epoch's steps and ranks (one collective), so the
-        epoch's line does not repeat the last logging window's loss."""
+    def epoch_train_loss(self, asked_to_stop: bool) -> tuple[dict[str, float], bool]:
+        """The mean training loss over this epoch's steps and ranks, so the epoch's line does
+        not repeat the last logging window's loss, and whether any rank was asked to stop: one
+        collective for both."""
         steps = self.epoch_steps + self.steps_since_log
         total = self.epoch_loss_sum + self.loss_sum
-        summed = distributed.all_reduce_sums({"loss": total}, self.ctx.device)["loss"]
+        summed = distributed.all_reduce_sums(
+            {"loss": total, "stop": float(asked_to_stop)}, self.ctx.device
+        )
         self.epoch_loss_sum.zero_()
         self.epoch_steps = 0
+        stop = bool(summed["stop"].item() > 0)
         if steps == 0:
-            return {}
-        return {"train/epoch_loss": summed.item() / (steps * self.ctx.world_size)}
+            return {}, stop
+        return {"train/epoch_loss": summed["loss"].item() / (steps * self.ctx.world_size)}, stop
 
     def evaluate(self) -> dict[str, float]:
         state = self.state

@@ -90,6 +90,15 @@ def test_a_sweep_runs_whole_trials_nested_under_its_mlflow_run_past_a_failing_on
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.params["train.lr"] == trials[name]["train.lr"]
     assert runs[best][0].data.tags["trainforge.sweep.best"] == "true"
+    stopped = [n for n, row in trials.items() if row["state"] == "stopped early"]
+    assert stopped  # the seed's draws: asha stops one after its first epoch
+    for name in stopped:  # its run ended finished, at the end of the epoch it was in
+        (child,) = runs[name]
+        assert child.info.status == "FINISHED"
+        assert child.data.metrics["run/stopped_on_request"] == 1.0
+        said = (in_tmp / "runs" / "sw" / "trials" / f"{name}.log").read_text()
+        assert f"stopped after epoch {trials[name]['epochs']}: the sweep's scheduler " \
+               f"stopped {name}" in said  # fmt: skip
     assert parent.data.tags["sweep.best_run_id"] == runs[best][0].info.run_id
     from mlflow.tracking import MlflowClient
 

@@ -269,6 +269,24 @@ def test_epochs_null_trains_until_early_stopping_ends_the_run(
     assert "[trainforge] epoch 1 done: " in out  # no "/<epochs>" to a run without one
 
 
+def test_a_stop_request_ends_the_run_finished_at_its_epochs_end_and_on_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainforge import stop_request
+
+    stop_request.write(tmp_path, "asked by the test")
+    reporter = train(tmp_path, "checkpoint.every_steps=null")
+    out = as_text(capsys.readouterr().out)
+    assert "stopped after epoch 1: asked by the test" in out
+    assert [r["epoch"] for r in reporter.reports if "val/loss" in r] == [1]
+    assert reporter.reports[-1]["run/stopped_on_request"] == 1.0
+    (state,) = saved(tmp_path)  # the epoch's checkpoint, which the run ended with
+    assert state["epoch"] == 1 and state["early_stopping"]["stopped"] is True
+    (tmp_path / stop_request.FILE).unlink()
+    train(tmp_path, "checkpoint.every_steps=null")  # the same run again trains no further
+    assert {state["epoch"] for state in saved(tmp_path)} == {1}
+
+
 def as_text(out: str) -> str:
     """Rank 0's output with its progress events as the plain lines they stand for."""
     return "".join(f"{progress_events.as_text(line)}\n" for line in out.splitlines())
