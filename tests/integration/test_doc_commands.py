@@ -1,10 +1,13 @@
-"""Every `trainforge …` command that README.md and docs/getting-started.md show in a code block
-runs as shown, from a folder of its own holding the repository's `recipes/` and a copy of its
-`examples/` (a checkout, as the pages assume; a `cd examples/x && trainforge …` runs in the
-copy's folder), on the command's own worker processes so that nothing outlives it
-(TRAINFORGE_WORKERS=own). The test only appends what makes a run short (a few optimizer steps,
-an SBI evaluation without C2ST or SBC); `trainforge ui` is left running until it has said where
-the UI is, then stopped."""
+"""Every command line that README.md and docs/getting-started.md show in a shell code block
+(and every `$ ` prompt line of their other code blocks) is accounted for: each step of it either
+runs here or is in EXEMPT with the reason it cannot, and a step that is neither fails the test.
+
+The `trainforge …` steps run as shown, from a folder of their own holding the repository's
+`recipes/` and a copy of its `examples/` (a checkout, as the pages assume; a `cd examples/x &&
+trainforge …` runs in the copy's folder), on the command's own worker processes so that nothing
+outlives them (TRAINFORGE_WORKERS=own). The test only appends what makes a run short (a few
+optimizer steps, an SBI evaluation without C2ST or SBC); `trainforge ui` is left running until it
+has said where the UI is, then stopped."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("README.md", "docs/getting-started.md")
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+SHELL = ("bash", "sh", "shell", "console")  # code blocks whose every line is a command
 # What keeps each workload's run short; a page that shows another kind needs its own here.
 SHORT = {
     "cnn": ["train.max_steps=2"],
@@ -36,23 +41,91 @@ SHORT = {
     "sbi": ["train.max_steps=2", "workload.evaluation.c2st=false",
             "workload.evaluation.sbc_runs=0", "workload.evaluation.pair_plot=false"],
 }  # fmt: skip
+# The steps the pages show that this test does not run (a step starting with the key), and why.
+EXEMPT = {
+    "pip install ": "installs packages: the test runs where the suite's install put them",
+    "(command -v chromium ": "installs Chromium and shellcheck for the suite, as root",
+    "python -m pytest ": "runs the whole suite, of which this test is a part",
+    "trainforge submit ": "needs a Ray cluster, shared storage and an MLflow server: "
+    "tests/integration/test_job_submit.py submits to a local `ray start --head`",
+    "ray job submit ": "needs a Ray cluster: tests/integration/test_job_submit.py runs "
+    "`ray job submit` (through `trainforge submit`) against a local `ray start --head`",
+    "kubectl ": "needs a Kubernetes cluster with KubeRay: tests/deploy/test_k8s_manifests.py "
+    "checks the manifests against KubeRay's schemas",
+    "sbatch ": "needs SLURM: tests/deploy/test_slurm.py runs the script with stand-in `srun` "
+    "and `scontrol`",
+}
+
+
+def command_lines(text: str) -> list[str]:
+    """The command lines of the text's code blocks: every line of a shell block, its `\\`
+    continuations joined; in other blocks (a transcript) the lines after a `$ ` prompt, or
+    starting with `trainforge`. Comments dropped."""
+    found = []
+    for info, block in FENCE.findall(text):
+        shell = info.strip().split(" ")[0] in SHELL
+        for line in re.sub(r"\s*\\\n\s*", " ", block).splitlines():
+            line = re.sub(r"(^|\s)#.*$", "", line).strip()
+            if line.startswith("$ "):
+                line = line[2:].strip()
+            elif not (shell or re.match(r"trainforge(\s|$)", line)):
+                continue
+            if line:
+                found.append(line)
+    return found
+
+
+def steps(line: str) -> list[str]:
+    """The commands of a line: split at `&&`, `||` and `;` outside parentheses and quotes."""
+    parts, current, depth, quote, i = [], "", 0, "", 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif depth == 0 and (line.startswith(("&&", "||"), i) or c == ";"):
+            parts.append(current)
+            current, i = "", i + (1 if c == ";" else 2)
+            continue
+        current += c
+        i += 1
+    return [p.strip() for p in [*parts, current] if p.strip()]
+
+
+@dataclass
+class Shown:
+    """What a page's command lines hold: the `trainforge` steps to run (each with the folder a
+    `cd` before it in its line names, else ""), the exempt steps by EXEMPT key, and the steps
+    that are neither."""
+
+    run: list[tuple[str, list[str]]] = field(default_factory=list)
+    exempt: dict[str, list[str]] = field(default_factory=dict)
+    unaccounted: list[str] = field(default_factory=list)
+
+
+def shown(text: str) -> Shown:
+    found = Shown()
+    for line in command_lines(text):
+        folder = ""
+        for step in steps(line):
+            exempt = next((key for key in EXEMPT if step.startswith(key)), None)
+            if step.startswith("cd "):
+                folder = step.removeprefix("cd ").strip()
+            elif exempt is not None:
+                found.exempt.setdefault(exempt, []).append(step)
+            elif re.match(r"trainforge(\s|$)", step):
+                found.run.append((folder, shlex.split(step)))
+            else:
+                found.unaccounted.append(step)
+    return found
 
 
 def shown_commands(text: str) -> list[tuple[str, list[str]]]:
-    """The `trainforge` commands of the text's fenced code blocks: a line of its own, after a
-    `$ ` prompt, or one step of a `&&` chain; comments dropped. Each with the folder it runs in:
-    the one a `cd` before it in its chain names, else "" (where the page's reader is)."""
-    found = []
-    for block in FENCE.findall(text):
-        for line in block.splitlines():
-            folder = ""
-            for step in line.split("&&"):
-                step = step.strip().removeprefix("$ ")
-                if step.startswith("cd "):
-                    folder = step.removeprefix("cd ").strip()
-                if re.match(r"trainforge(\s|$)", step):
-                    found.append((folder, shlex.split(step, comments=True)))
-    return found
+    """The `trainforge` steps of the text's command lines that this test runs."""
+    return shown(text).run
 
 
 def _commands() -> list[tuple[str, list[str]]]:
@@ -67,18 +140,43 @@ def _commands() -> list[tuple[str, list[str]]]:
 COMMANDS = _commands()
 
 
+def test_every_command_line_runs_or_is_exempt_with_a_reason() -> None:
+    pages = [shown((ROOT / page).read_text()) for page in PAGES]
+    unaccounted = [step for page in pages for step in page.unaccounted]
+    assert not unaccounted, (
+        "commands the pages show that this test neither runs nor exempts (add the reason to "
+        f"EXEMPT, or make them runnable): {unaccounted}"
+    )
+    used = {key for page in pages for key in page.exempt}
+    assert used == set(EXEMPT), f"EXEMPT keys no page shows any more: {set(EXEMPT) - used}"
+    assert {"kubectl ", "sbatch ", "ray job submit "} <= used
+
+
 def test_the_pages_show_the_commands_a_user_starts_with() -> None:
-    shown = {(folder, " ".join(words)) for folder, words in COMMANDS}
+    names = {(folder, " ".join(words)) for folder, words in COMMANDS}
     assert {("", "trainforge train recipes/cnn/digits_simple_cnn.yaml"), ("", "trainforge ui"),
             ("", "trainforge train two_moons_debug"),
-            ("examples/wave", "trainforge train recipe.yaml")} <= shown  # fmt: skip
-    assert shown_commands("```bash\npip install x && trainforge train r.yaml a=1  # note\n```\n"
-                          "$ trainforge validate r.yaml\n```\n$ trainforge recipes\n"
-                          "[trainforge] it's said\n$ cd ex/a && trainforge train b.yaml\n```\n"
-                          ) == [
+            ("examples/wave", "trainforge train recipe.yaml")} <= names  # fmt: skip
+    text = (
+        "```bash\npip install x && trainforge train r.yaml a=1  # note\n```\n"
+        "```\n$ trainforge recipes\n[trainforge] it's said\n"
+        "$ cd ex/a && trainforge train b.yaml\n```\n"
+        "```bash\n# a comment\nkubectl apply -f k.yaml\nray job submit --address A -- \\\n"
+        "    python -m trainforge train r.yaml\n"
+        "(command -v chromium && x || (apt-get y)) && make all\n```\n"
+    )
+    found = shown(text)
+    assert found.run == [
         ("", ["trainforge", "train", "r.yaml", "a=1"]), ("", ["trainforge", "recipes"]),
         ("ex/a", ["trainforge", "train", "b.yaml"]),
     ]  # fmt: skip
+    assert found.exempt == {
+        "pip install ": ["pip install x"],
+        "kubectl ": ["kubectl apply -f k.yaml"],
+        "ray job submit ": ["ray job submit --address A -- python -m trainforge train r.yaml"],
+        "(command -v chromium ": ["(command -v chromium && x || (apt-get y))"],
+    }
+    assert found.unaccounted == ["make all"]
 
 
 def _named(folder: str, words: list[str]) -> str:
