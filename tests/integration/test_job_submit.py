@@ -107,17 +107,19 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
                 assert _status(nodes, "submitted") == "SUCCEEDED"
                 # a user's project of its own, outside the repository: its modules travel
                 # with the job (the working_dir) and the job (its simulations' Ray tasks too)
-                # imports them there
+                # imports them there; wave on its recipe's 2 CPU workers (the head's 2 CPUs:
+                # the entrypoint takes none)
                 for example, *short in [
-                    ("wave", "train.epochs=1"),
+                    ("wave", "train.epochs=1", "scaling.num_workers=2"),
                     ("oscillator", "train.epochs=1", "workload.simulation.num_simulations=2000",
-                     "workload.simulation.chunk_size=1000", "workload.evaluation.sbc_runs=10"),
+                     "workload.simulation.chunk_size=1000", "workload.evaluation.sbc_runs=10",
+                     "scaling.num_workers=1"),
                 ]:  # fmt: skip
                     project = tmp_path / f"{example}-project"
                     shutil.copytree(PROJECT / "examples" / example, project)
                     submitted = subprocess.run(
                         [sys.executable, "-m", "trainforge", "submit", "recipe.yaml",
-                         f"run.name={example}", *short, "scaling.num_workers=1",
+                         f"run.name={example}", *short,
                          f"run.storage_path={tmp_path / 'runs'}", "--runtime-env", str(env_file),
                          "--address", nodes.dashboard],
                         cwd=project, env=nodes.env, capture_output=True, text=True, timeout=600,
@@ -140,6 +142,7 @@ def test_submit_keeps_the_run_in_mlflow_and_the_checkpoints_on_storage_or_refuse
         assert wave_run.info.status == "FINISHED"
         assert wave_run.data.params["workload.entry"] == "wave_task:WaveRegression"
         assert "val/rmse" in wave_run.data.metrics
+        assert wave_run.data.tags["world_size"] == "2"
         oscillator_run = _run(client, "oscillator")
         assert oscillator_run.info.status == "FINISHED"
         assert oscillator_run.data.params["workload.simulator"] == "oscillator:simulate"

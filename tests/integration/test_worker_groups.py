@@ -22,8 +22,8 @@ is a real ``trainforge train`` command; faults come from the tests' worker plugi
 - a run MLflow never saw, synced later, holds what a run tracked live holds;
 - a user's own project (``examples/wave``, a workload of its own; ``examples/oscillator``, an
   SBI simulator with its own embedding net; each copied to a folder outside the repository)
-  trains, is restarted after a worker is SIGKILLed, and ends bitwise as uninterrupted, its
-  settings in MLflow;
+  trains, is restarted after a worker is SIGKILLed (wave: then the command SIGKILLed, and run
+  again), and ends bitwise as uninterrupted, its settings in MLflow;
 - a resume with a changed recipe is refused, naming the key, before any worker starts; with
   ``checkpoint.allow_changes`` the changed value is the one trained with, and every record
   (step lines, checkpoint, MLflow) says so.
@@ -45,7 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -243,9 +243,7 @@ def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     assert len(restarts) == 1, said[-3000:]
     assert "(rank 0) " in restarts[0] and str(killed[0]) in restarts[0], restarts
     assert "workers restarted (1 so far, run.max_failures), resuming" in said
-    deadline = time.monotonic() + 60  # the killed command's workers end with it
-    while place.workers() and place.kind != "warm" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    workers_ended(place)
     again = place.train("run.name=killed", "run.max_failures=1", "checkpoint.resume=true")
     said = again.stdout + again.stderr
     assert again.returncode == 0, said[-3000:]
@@ -257,6 +255,14 @@ def test_a_killed_worker_then_a_killed_command_end_as_uninterrupted(
     for key in run.data.metrics:  # and one value per step of every metric
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert len(steps) == len(set(steps)), (key, sorted(steps))
+
+
+def workers_ended(place: Place) -> None:
+    """Wait up to a minute for a SIGKILLed command's workers to end with it (warm workers stay:
+    each stops its loop itself, and the next command waits for that)."""
+    deadline = time.monotonic() + 60
+    while place.workers() and place.kind != "warm" and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def test_a_worker_that_raises_is_restarted_and_the_run_ends_as_uninterrupted(
@@ -312,6 +318,8 @@ class Example:
     """Some of the settings MLflow must hold: the user's code by import path."""
     metric: str
     """A metric the example's evaluation logs."""
+    kill_the_command: bool = False
+    """After rank 0, the command itself is SIGKILLed in epoch 3, and run again."""
 
     def project(self, parent: Path) -> Path:
         """The example's files in a folder of their own outside the repository, so only that
@@ -333,6 +341,7 @@ WAVE = Example(
     steps_per_epoch=32,  # 4096 rows in batches of 64 over 2 workers
     params={"workload.entry": "wave_task:WaveRegression", "workload.config.hidden": "64"},
     metric="val/rmse",
+    kill_the_command=True,
 )  # fmt: skip
 OSCILLATOR = Example(
     "oscillator", ("oscillator.py", "recipe.yaml"), "oscillator",
@@ -376,19 +385,32 @@ def test_a_users_own_project_resumes_bitwise_after_a_worker_is_killed(
     place: Place, chosen: Example, uninterrupted_example: Callable[[Example], dict[str, Any]]
 ) -> None:
     """An example project of a user's (its modules importable only from its folder): rank 0
-    SIGKILLed in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint and ends
-    bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the project's
-    own settings and evaluation."""
+    SIGKILLed in epoch 2 with a restart left; the run resumes from epoch 1's checkpoint (wave:
+    the command SIGKILLed in epoch 3, and the same command again resumes from epoch 2's) and
+    ends bitwise where an uninterrupted run ends, as one FINISHED MLflow run holding the
+    project's own settings and evaluation, each epoch logged once."""
     uninterrupted = uninterrupted_example(chosen)
     project = chosen.project(place.folder)
     log = project / "runs" / chosen.run_name / "worker-output.log"
+    env = place.env
+    if chosen.kill_the_command:  # epoch 3's steps slowed (the same computation): the kill lands
+        env = faults.env(env, **{faults.SLOW_FROM_STEP: 2 * chosen.steps_per_epoch + 1})
     command = subprocess.Popen(
-        chosen.command("run.max_failures=1"), cwd=project, env=place.env,
+        chosen.command("run.max_failures=1"), cwd=project, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    said, killed = said_while_killing(command, log, the_command_too=False)
-    assert command.returncode == 0 and len(killed) == 1, said[-3000:]
+    said, killed = said_while_killing(command, log, the_command_too=chosen.kill_the_command)
     assert "workers restarted (1 so far, run.max_failures), resuming" in said, said[-3000:]
+    if chosen.kill_the_command:
+        assert command.returncode == -signal.SIGKILL and len(killed) == 2, said[-3000:]
+        workers_ended(replace(place, folder=project))
+        again = subprocess.run(chosen.command("run.max_failures=1"), cwd=project, env=place.env,
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+        said = again.stdout + again.stderr
+        assert again.returncode == 0, said[-3000:]
+        assert f"resuming at epoch 3 step {2 * chosen.steps_per_epoch}" in said, said[-3000:]
+    else:
+        assert command.returncode == 0 and len(killed) == 1, said[-3000:]
     final = checkpoint.newest_in(project / "runs" / chosen.run_name).state
     assert final is not None and final["global_step"] == 3 * chosen.steps_per_epoch
     for key, weights in uninterrupted["model"].items():
@@ -400,6 +422,8 @@ def test_a_users_own_project_resumes_bitwise_after_a_worker_is_killed(
     assert chosen.metric in run.data.metrics, sorted(run.data.metrics)
     restarted = client.get_metric_history(run.info.run_id, "run/restarts")
     assert [m.value for m in restarted] == [1.0]
+    epochs = client.get_metric_history(run.info.run_id, "epoch")
+    assert [int(m.value) for m in epochs] == [1, 2, 3]
 
 
 def test_a_second_command_is_refused_and_a_ctrl_c_ends_the_run_leaving_no_worker(
