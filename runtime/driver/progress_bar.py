@@ -27,7 +27,7 @@ WITH_TOTAL_FIXED = len(" 100%|| / [00:00<00:00, ]")
 
 
 @functools.cache
-def _tqdm() -> type[Any]:
+def tqdm_class() -> type[Any]:
     """tqdm's bar class, imported with the first bar (not at the command's start: 0.04-0.05 s
     here), without tqdm's monitor thread: the bar is redrawn as events come."""
     from tqdm import tqdm
@@ -86,8 +86,8 @@ class Bar:
         total = event.get("total")
         # a terminal that says its size: followed as it is resized; one that says none (a
         # new pseudo-terminal: 0×0), 80×24, since tqdm draws nothing on a screen of no size
-        sized = _size(self.out) is not None
-        self._tqdm = _tqdm()(
+        sized = terminal_size(self.out) is not None
+        self._tqdm = tqdm_class()(
             total=total, initial=event["step"], file=self.out, leave=True, dynamic_ncols=sized,
             ncols=None if sized else 80, nrows=None if sized else 24,
             position=0,  # one bar: never below a bar another run left open
@@ -119,7 +119,7 @@ class Bar:
         fixed = len(_epoch(event)) + WITH_TOTAL_FIXED + 2 * len(str(total)) + MIN_BAR
         if total is None:
             fixed = len(_epoch(event)) + len(" step  [00:00, ]") + len(str(event["step"]))
-        room = _columns(self.out) - fixed
+        room = columns(self.out) - fixed
         return next((text for text in (f"{loss}, {rate}", loss) if len(text) <= room), "")
 
 
@@ -128,13 +128,13 @@ def _epoch(event: Event) -> str:
     return f"epoch {epoch}/{epochs}" if epochs is not None else f"epoch {epoch}"
 
 
-def _columns(out: IO[Any]) -> int:
+def columns(out: IO[Any]) -> int:
     """The terminal's width; 80 where it tells none."""
-    size = _size(out)
+    size = terminal_size(out)
     return size.columns if size is not None else 80
 
 
-def _size(out: IO[Any]) -> os.terminal_size | None:
+def terminal_size(out: IO[Any]) -> os.terminal_size | None:
     """The terminal's size; None for a stream that is no terminal, or a terminal whose size
     nobody set (0×0)."""
     try:

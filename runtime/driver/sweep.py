@@ -88,7 +88,7 @@ def _sweep(
 ) -> int:
     import ray
 
-    from trainforge.driver import sweep_record
+    from trainforge.driver import sweep_board, sweep_record
 
     started = time.time()
     if run_dir.exists() and not cfg.checkpoint.resume:
@@ -115,6 +115,8 @@ def _sweep(
         if handle is not None:
             sweep_record.end(handle, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
+    finally:
+        sweep_board.close_drawn()  # the closing table, or the Ctrl-C line, on a clean screen
     status = "FINISHED" if any(t.state == "finished" for t in trials) else "FAILED"
     files = sweep_record.write(run_dir, trials, dimensions, section.metric, section.direction())
     if handle is not None:
@@ -192,7 +194,7 @@ def _run_tune(
                 name=TUNE_FOLDER,
                 storage_path=str(run_dir),
                 verbose=0,
-                callbacks=[console.tune_callback()],
+                callbacks=[console.tune_callback(trial_count(section, dimensions))],
                 # a trial's run keeps its own checkpoints: a restored trial's command resumes
                 checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
             ),

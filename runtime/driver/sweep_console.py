@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from ray import tune
 from trainforge import log
 from trainforge.config.schema import SweepSection
 from trainforge.config.sweep_space import Dimension, override_value
+from trainforge.driver import sweep_board
+from trainforge.driver.sweep_board import Board
 from trainforge.driver.sweep_trial import FINISHED_RECORD
 
 # Tune's folder of a trial: its name, and a suffix where a restored trial's folder existed
@@ -44,10 +47,10 @@ class SweepConsole:
     def __init__(self, sweep: str, metric: str, mode: str, trials_dir: Path) -> None:
         self.sweep, self.metric, self.mode, self.trials_dir = sweep, metric, mode, trials_dir
 
-    def tune_callback(self) -> tune.Callback:
+    def tune_callback(self, total: int) -> tune.Callback:
         """Tune keeps it in the sweep's state (a restore brings back this one): it holds
         only what it prints from."""
-        return TrialLines(self.sweep, self.metric, self.mode, str(self.trials_dir))
+        return TrialLines(self.sweep, self.metric, self.mode, str(self.trials_dir), total)
 
     def resuming(self) -> None:
         log.say(f"sweep '{self.sweep}': resuming (finished trials are kept; unfinished ones "
@@ -118,15 +121,26 @@ class SweepConsole:
 
 
 class TrialLines(tune.Callback):
-    """Tune's callback: one line per trial event, and the best so far as it changes."""
+    """Tune's callback: one line per trial event, the best so far as it changes, and in a
+    terminal the live board of the best trials (``sweep_board.py``)."""
 
-    def __init__(self, sweep: str, metric: str, mode: str, trials_dir: str) -> None:
+    def __init__(self, sweep: str, metric: str, mode: str, trials_dir: str, total: int) -> None:
         self.sweep, self.metric, self.mode, self.trials_dir = sweep, metric, mode, trials_dir
+        self.total = total
         self.best: tuple[float, str] | None = None
+        self.latest: dict[str, tuple[float, int, str]] = {}  # trial: its metric, epoch, settings
+        self.running: set[str] = set()
+        self.ended = 0
+        self.board: Board | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What Tune keeps in the sweep's state: not the board on this terminal."""
+        return {**self.__dict__, "board": None}
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        shown = " ".join(f"{k}={shown_value(v)}" for k, v in trial.config.items())
-        log.say(f"sweep: {_label(trial)} started: {shown}")
+        log.say(f"sweep: {_label(trial)} started: {_settings(trial)}")
+        self.running.add(_label(trial))
+        self._redraw()
 
     def on_trial_result(
         self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
@@ -134,6 +148,8 @@ class TrialLines(tune.Callback):
         value = result.get(self.metric)
         if not isinstance(value, int | float) or not math.isfinite(value):
             return
+        self.latest[_label(trial)] = (float(value), int(result.get("epoch", 0)), _settings(trial))
+        self._redraw()
         better = self.best is None or (
             value < self.best[0] if self.mode == "min" else value > self.best[0]
         )
@@ -152,6 +168,7 @@ class TrialLines(tune.Callback):
             log.say(f"sweep: {_label(trial)} stopped early by asha after epoch "
                     f"{result.get('epoch')} ({shown}); its run ends with the epoch it is "
                     "in")  # fmt: skip
+        self._ended(trial)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         try:
@@ -160,6 +177,24 @@ class TrialLines(tune.Callback):
             reason = "see its output"
         where = Path(self.trials_dir) / f"{trial}.log"
         log.warn(f"sweep: {_label(trial)} failed: {reason}; its output: {where}")
+        self._ended(trial)
+
+    def _ended(self, trial: Any) -> None:
+        self.running.discard(_label(trial))
+        self.ended += 1
+        self._redraw()
+
+    def _redraw(self) -> None:
+        """The board, drawn first where stdout is a terminal and lines are shown."""
+        if self.board is None:
+            if not sys.stdout.isatty() or log.verbosity() < 0:
+                return
+            self.board = Board(sys.stdout, self.total, f"sweep '{self.sweep}'")
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked = sorted(self.latest.items(), key=lambda item: sign * item[1][0])
+        rows = [f"{label:>4} {self.metric} {value:.4f} at epoch {epoch}: {settings}"
+                for label, (value, epoch, settings) in ranked[: sweep_board.ROWS]]  # fmt: skip
+        self.board.show(self.ended, len(self.running), rows)
 
 
 def failure_reason(error: BaseException | None) -> str:
@@ -175,6 +210,10 @@ def shown_value(value: Any) -> str:
     """A trial's setting as the console shows it: a float to four significant digits (the
     trial ran with the whole value, which trials.csv keeps)."""
     return f"{value:.4g}" if isinstance(value, float) else override_value(value)
+
+
+def _settings(trial: Any) -> str:
+    return " ".join(f"{k}={shown_value(v)}" for k, v in trial.config.items())
 
 
 def _label(trial: Any) -> str:
