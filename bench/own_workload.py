@@ -6,7 +6,8 @@ steps on each side.
 - trainforge: `trainforge train examples/wave/recipe.yaml` from the example's folder, on the
   command's own worker processes (TRAINFORGE_WORKERS=own; MLflow and checkpoints as the recipe
   has them), its step lines' samples/s (each a logging window's rate) after the first window;
-- hand-written: bench/own_workload_torchrun.py under torchrun, its steps after the 10th.
+- hand-written: bench/own_workload_torchrun.py under torchrun, its steps after the 10th, as
+  users write it (a DataLoader) and with --on-device (batches gathered where the tensors are).
 
 Usage (repo root; CPU: 2 workers, GPU machine: one per GPU asked for):
     python bench/own_workload.py --workers 2 --rounds 3 --out own.json
@@ -51,12 +52,12 @@ def trainforge_run(args: argparse.Namespace, work: Path, index: int) -> dict[str
     return {"samples_per_s": statistics.median(rates[1:]), "windows": rates}
 
 
-def torchrun_run(args: argparse.Namespace) -> dict[str, Any]:
+def torchrun_run(args: argparse.Namespace, *flags: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc_per_node={args.workers}", str(ROOT / "bench" / "own_workload_torchrun.py"),
          f"--train-size={args.train_size}", f"--hidden={args.hidden}",
-         f"--batch-size={args.batch_size}", f"--epochs={args.epochs}"],
+         f"--batch-size={args.batch_size}", f"--epochs={args.epochs}", *flags],
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -78,7 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tf-own-bench-"))
     sides = {"trainforge": lambda i: trainforge_run(args, work, i),
-             "torchrun": lambda i: torchrun_run(args)}  # fmt: skip
+             "torchrun": lambda i: torchrun_run(args),
+             "torchrun_on_device": lambda i: torchrun_run(args, "--on-device")}  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for index in range(args.rounds):
         order = list(sides) if index % 2 == 0 else list(reversed(sides))
@@ -89,21 +91,22 @@ def main() -> None:
     medians = {side: statistics.median(r["samples_per_s"] for r in results)
                if all("samples_per_s" in r for r in results) else None
                for side, results in runs.items()}  # fmt: skip
-    ratio = (medians["trainforge"] / medians["torchrun"]
-             if medians["trainforge"] and medians["torchrun"] else None)  # fmt: skip
+    ratios = {f"trainforge/{side}": medians["trainforge"] / medians[side]
+              for side in sides if side != "trainforge" and medians["trainforge"]
+              and medians[side]}  # fmt: skip
     args.out.write_text(
         json.dumps(
             {
                 "machine": platform.platform(),
                 "args": vars(args) | {"out": str(args.out)},
                 "medians": medians,
-                "ratio": ratio,
+                "ratios": ratios,
                 "runs": runs,
             },
             indent=1,
         )
     )
-    print(json.dumps({"medians": medians, "trainforge/torchrun": ratio}, indent=1))
+    print(json.dumps({"medians": medians, "ratios": ratios}, indent=1))
 
 
 if __name__ == "__main__":
