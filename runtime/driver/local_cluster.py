@@ -179,6 +179,9 @@ def _start(idle_s: float | None = None, num_cpus: int | None = None) -> tuple[Cl
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # a Ctrl-C in this terminal does not reach it
                     env=_supervisor_env(),
+                    # its folder, not the command's, which the user may delete: every process
+                    # Ray starts later (a sweep's trial actor, a new warm worker) begins in it
+                    cwd=home,
                 )
             state = _wait_for_state(home, supervisor)
             if state is not None:

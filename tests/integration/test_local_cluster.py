@@ -212,6 +212,12 @@ def step_it_listens_on_loopback_only_and_status_shows_its_memory(
     assert any(listener.port == gcs_port for listener in listeners)
     outside = [listener for listener in listeners if not listener.loopback]
     assert outside == [], outside
+    # Ray's processes run in the cluster's own folder, not in the first command's, which the
+    # user may delete (a process Ray started there later would have no working directory);
+    # a warm worker moves to each command's folder for its run
+    ray_core = [p for p in found if p.name() in ("gcs_server", "raylet") or p.pid == found[0].pid]
+    assert len(ray_core) == 3
+    assert {p.cwd() for p in ray_core} == {str(home / "local-cluster")}
 
 
 def step_warm_workers_stop_with_their_command_and_end_unused(home: Path, tmp_path: Path) -> None:
