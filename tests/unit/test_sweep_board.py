@@ -67,10 +67,10 @@ def test_the_board_ranks_the_best_trials_below_the_lines_and_is_erased_at_the_en
     monkeypatch.setattr(sys, "stdout", terminal.file)
     lines = TrialLines("sw", "val/loss", "min", "/tmp/trials", total=4)
     _sweep(lines)
-    last_board = [frame for frame in frames_so_far(terminal) if "ended" in frame][-1]
     sweep_board.close_drawn()
-    written = terminal.close()
+    written = terminal.close()  # all of it: the terminal's reader may lag behind the writes
     screen = screen_of(written, columns)
+    last_board = [frame for frame in frames(written) if "ended" in frame][-1]
 
     assert "2/4 ended" in last_board and "1 running" in last_board
     shown = frames(written)
@@ -102,10 +102,6 @@ def _plain_lines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _words(lines: list[str]) -> str:
     """The text with the terminal's wrapping undone: rows joined, spaces collapsed."""
     return re.sub(r"\s+", "", "".join(lines))
-
-
-def frames_so_far(terminal: Terminal) -> list[str]:
-    return frames(b"".join(terminal._written))
 
 
 def test_no_board_where_stdout_is_no_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
