@@ -18,7 +18,6 @@ from trainforge import log
 from trainforge.config.schema import SweepSection
 from trainforge.config.sweep_space import Dimension, override_value
 from trainforge.driver import sweep_board
-from trainforge.driver.sweep_board import Board
 from trainforge.driver.sweep_trial import FINISHED_RECORD
 
 # Tune's folder of a trial: its name, and a suffix where a restored trial's folder existed
@@ -95,7 +94,7 @@ class SweepConsole:
     def ranked(self, trials: list[Trial]) -> list[Trial]:
         """Trials with a value, best first, then the rest."""
         scored = [t for t in trials if t.value is not None and math.isfinite(t.value)]
-        sign = 1.0 if self.mode == "min" else -1.0
+        sign = _sign(self.mode)
         scored.sort(key=lambda t: sign * float(t.value or 0.0))
         return scored + [t for t in trials if t not in scored]
 
@@ -131,7 +130,7 @@ class TrialLines(tune.Callback):
         self.latest: dict[str, tuple[float, int, str]] = {}  # trial: its metric, epoch, settings
         self.running: set[str] = set()
         self.ended = 0
-        self.board: Board | None = None
+        self.board: sweep_board.Board | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What Tune keeps in the sweep's state: not the board on this terminal."""
@@ -150,9 +149,7 @@ class TrialLines(tune.Callback):
             return
         self.latest[_label(trial)] = (float(value), int(result.get("epoch", 0)), _settings(trial))
         self._redraw()
-        better = self.best is None or (
-            value < self.best[0] if self.mode == "min" else value > self.best[0]
-        )
+        better = self.best is None or _sign(self.mode) * (value - self.best[0]) < 0
         if better:
             self.best = (float(value), trial.trial_id)
             log.say(f"sweep: best so far {_label(trial)} {self.metric} {value:.4f} at epoch "
@@ -189,8 +186,8 @@ class TrialLines(tune.Callback):
         if self.board is None:
             if not sys.stdout.isatty() or log.verbosity() < 0:
                 return
-            self.board = Board(sys.stdout, self.total, f"sweep '{self.sweep}'")
-        sign = 1.0 if self.mode == "min" else -1.0
+            self.board = sweep_board.Board(sys.stdout, self.total, f"sweep '{self.sweep}'")
+        sign = _sign(self.mode)
         ranked = sorted(self.latest.items(), key=lambda item: sign * item[1][0])
         rows = [f"{label:>4} {self.metric} {value:.4f} at epoch {epoch}: {settings}"
                 for label, (value, epoch, settings) in ranked[: sweep_board.ROWS]]  # fmt: skip
@@ -210,6 +207,11 @@ def shown_value(value: Any) -> str:
     """A trial's setting as the console shows it: a float to four significant digits (the
     trial ran with the whole value, which trials.csv keeps)."""
     return f"{value:.4g}" if isinstance(value, float) else override_value(value)
+
+
+def _sign(mode: str) -> float:
+    """What orders values best first when multiplied in: 1 for min, -1 for max."""
+    return 1.0 if mode == "min" else -1.0
 
 
 def _settings(trial: Any) -> str:
