@@ -2,9 +2,12 @@
 `npe_1e5` on one task as `trainforge train` runs it, then `trainforge sweep` of the same recipe
 over the flow's size and the learning rate (a grid, each trial to its end: the score is the
 C2ST measured at a run's end). Records each side's wall, the shipped run's C2ST, every trial's
-and the best one's. On one H100 the shipped two_moons run alone took more than 280 s; the sweep
-of four trials does not fit one device call: run it with --work in a folder kept between calls
-(--part shipped, then --part sweep again until it ends: a cut sweep resumes), and add the walls.
+and the best one's. `--part together` runs the shipped recipe beside the sweep (its trials
+sharing the GPU with it, `--at-once` of them at a time). The shipped flow (nflows' `nsf`) runs
+eager on a GPU, ~1,000 s a two_moons run on one H100: `--set workload.estimator.model=zuko_nsf
+precision.cuda_graphs=true` on both sides ends the whole comparison in ~3 min. With --work in a
+folder kept between calls, a call cut by its limit is run again and both sides resume (the
+sweep's walls are added).
 
 Usage (repo root; the GPU machine, or any):
     python bench/sweep_sbi_gpu.py --task slcp --out sweep_sbi.json
@@ -20,6 +23,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,15 @@ def command(work: Path, *arguments: str) -> dict[str, Any]:
     return {"exit_code": code, "wall_s": round(wall, 1), "tail": log_file.read_text()[-1500:]}
 
 
+def train_shipped(work: Path, common: list[str], kept: Path) -> dict[str, Any]:
+    """The shipped recipe as `trainforge train` runs it, its result also kept in ``kept``."""
+    shipped = command(work, "train", *common, "run.name=shipped")
+    record = work / "runs" / "shipped" / "finished.json"
+    shipped["metrics"] = json.loads(record.read_text())["metrics"] if record.is_file() else {}
+    kept.write_text(json.dumps(shipped, indent=1))
+    return shipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", type=Path, default=RECIPE)
@@ -51,23 +64,25 @@ def main() -> None:
     parser.add_argument("--at-once", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, help="a folder kept between calls (default: new)")
-    parser.add_argument("--part", choices=("both", "shipped", "sweep"), default="both")
+    parser.add_argument("--part", choices=("both", "shipped", "sweep", "together"), default="both")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tf-sweep-sbi-"))
     work.mkdir(parents=True, exist_ok=True)
     common = [str(args.recipe.resolve()), f"workload.task={args.task}",
               "workload.evaluation.observations_from=own", *args.set]  # fmt: skip
     kept = work / "shipped.json"  # the shipped run of an earlier call with this --work
+    beside: threading.Thread | None = None
     if args.part == "sweep" and kept.is_file():
         shipped = json.loads(kept.read_text())
+    elif args.part == "together":
+        beside = threading.Thread(target=train_shipped, args=(work, common, kept))
+        beside.start()
     else:
-        shipped = command(work, "train", *common, "run.name=shipped")
-        record = work / "runs" / "shipped" / "finished.json"
-        shipped["metrics"] = json.loads(record.read_text())["metrics"] if record.is_file() else {}
-        kept.write_text(json.dumps(shipped, indent=1))
-    args.out.write_text(json.dumps({"shipped": shipped}, indent=1))  # kept if the sweep is cut
-    print("shipped c2st/mean", shipped["metrics"].get("c2st/mean"), "wall", shipped["wall_s"],
-          flush=True)  # fmt: skip
+        shipped = train_shipped(work, common, kept)
+    if beside is None:
+        args.out.write_text(json.dumps({"shipped": shipped}, indent=1))  # kept if the sweep is cut
+        print("shipped c2st/mean", shipped["metrics"].get("c2st/mean"), "wall",
+              shipped["wall_s"], flush=True)  # fmt: skip
     if args.part == "shipped":
         return
     sweep = command(
@@ -76,6 +91,9 @@ def main() -> None:
         f"sweep.space.workload.estimator.hidden_features=choice({args.hidden})",
         f"sweep.space.train.lr=choice({args.lr})",
     )  # fmt: skip
+    if beside is not None:
+        beside.join()
+        shipped = json.loads(kept.read_text())
     calls = work / "sweep_calls.json"  # each call's wall: a sweep cut by a call's limit resumes
     walls = [*(json.loads(calls.read_text()) if calls.is_file() else []), sweep["wall_s"]]
     calls.write_text(json.dumps(walls))
