@@ -1,8 +1,8 @@
 """Simulation-based inference workload: benchmark tasks and user simulators, the simulation
-stage, neural posterior estimation with sbi's estimators, evaluation (C2ST, SBC) and export to
-sbi's ``DirectPosterior``. ``SPEC`` is the family's entry in the workload registry: its checks
-and simulation stage come from ``checks.py`` (no torch for a built-in task), the workload
-itself is built in the workers (``workload.py``)."""
+stage, neural posterior and likelihood estimation with sbi's estimators (``methods/``),
+evaluation (C2ST, SBC) and export to sbi's posterior objects. ``SPEC`` is the family's entry
+in the workload registry: its checks and simulation stage come from ``checks.py`` (no torch
+for a built-in task), the workload itself is built in the workers (``workload.py``)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def evaluate_mixture(
 
 
 def posterior(cfg: SBIWorkloadConfig, run_dir: Path) -> Any:
-    """A finished run's posterior, as sbi's ``DirectPosterior`` (``trainforge.load``)."""
+    """A finished run's posterior, as sbi's posterior object (``trainforge.load``)."""
     from trainforge.workloads.sbi.ensemble import POSTERIOR_FILE
     from trainforge.workloads.sbi.export import load_posterior  # torch, sbi
 

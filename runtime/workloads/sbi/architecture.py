@@ -49,17 +49,21 @@ class BuildRecord:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     code_dir: str | None = None
     """Where the user's modules were found (a builder or an embedding by import path)."""
+    method: str = "npe"
+    """``workload.method``: which of sbi's builders (posterior or likelihood) made it; a record
+    without one is NPE's."""
 
     @classmethod
     def from_config(
-        cls, estimator_cfg: Any, dim_theta: int, dim_x: int, code_dir: str | None = None
-    ) -> BuildRecord:
-        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x", "code_dir"}
+        cls, estimator_cfg: Any, dim_theta: int, dim_x: int, code_dir: str | None = None,
+        method: str = "npe",
+    ) -> BuildRecord:  # fmt: skip
+        names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x", "code_dir", "method"}
         values = {name: getattr(estimator_cfg, name) for name in names}
         values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
         values["embedding_kwargs"] = dict(values["embedding_kwargs"])
         values["model_kwargs"] = dict(values["model_kwargs"])
-        return cls(dim_theta=dim_theta, dim_x=dim_x, code_dir=code_dir, **values)
+        return cls(dim_theta=dim_theta, dim_x=dim_x, code_dir=code_dir, method=method, **values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -40,7 +40,7 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
     if dtype != "fp32":
         raise RecipeError(
             f"precision.dtype: {dtype} is not supported for workload.kind sbi; use fp32 "
-            "(flow log-determinants and the NPE loss need it; see the sbi workload docs)"
+            "(flow log-determinants and the NPE and NLE losses need it; see the sbi workload docs)"
         )
 
 
@@ -65,7 +65,9 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
                 f"x of dim {manifest['dim_x']}; the recipe's task has {source.dim_theta} and "
                 f"{source.dim_x}"
             )
-    record = architecture.BuildRecord.from_config(cfg.estimator, source.dim_theta, source.dim_x)
+    record = architecture.BuildRecord.from_config(
+        cfg.estimator, source.dim_theta, source.dim_x, method=cfg.method
+    )
     architecture.check_shape(record.embedding_input_shape, record.dim_x)
     if record.embedding != "none":  # built once here: sbi's own checks of its shape
         from trainforge.workloads.sbi import estimator

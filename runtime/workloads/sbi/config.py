@@ -1,8 +1,9 @@
 """Recipe section ``workload`` for simulation-based inference (``workload.kind: sbi``).
 
 An SBI recipe names what to simulate (a benchmark task, or a user's prior and simulator by
-import path), how many simulations, which density estimator to train as the neural posterior
-(NPE), and how to evaluate it at the end.
+import path), how many simulations, the method (neural posterior or likelihood estimation,
+NPE or NLE), which density estimator to train for it, how its posterior samples, and how to
+evaluate it at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ SimulationDevice = Literal["auto", "cpu", "cuda"]
 SimulationPlace = Literal["auto", "here", "cluster"]
 ZScore = Literal["independent", "structured", "none"]
 ObservationsFrom = Literal["sbibm", "own"]
+MCMCMethod = Literal["slice_np_vectorized", "slice_np"]
 
 
 @dataclass
@@ -73,7 +75,7 @@ class EstimatorSection(Section):
     builder by import path, as sbi takes one: called with the training θ and x, for z-scoring,
     ``model_kwargs``, and ``embedding_net`` where it takes it; it returns sbi's
     ConditionalDensityEstimator, or any nn.Module with ``loss(θ, condition=x)``, ``log_prob``
-    and ``sample`` as sbi's has them)."""
+    and ``sample`` as sbi's has them; for method nle, of x given θ: ``loss(x, condition=θ)``)."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     """More arguments for the builder: sbi's (``posterior_nn``'s, e.g. ``num_blocks``,
     ``dropout_probability``) for a builder name, or your own builder's."""
@@ -113,6 +115,27 @@ class EstimatorSection(Section):
 
 
 @dataclass
+class PosteriorSection(Section):
+    KEY = "workload.posterior"
+
+    mcmc_method: MCMCMethod = "slice_np_vectorized"
+    """Methods whose posterior samples by MCMC (nle): sbi's slice sampler, slice_np_vectorized
+    (all chains in one batch through the network) | slice_np (chains one after another)."""
+    num_chains: int = 20
+    """MCMC chains per observation (sbi's default 20); samples are split evenly over them."""
+    warmup_steps: int = 200
+    """MCMC steps per chain dropped before the kept samples (sbi's default 200), after sbi's
+    50 steps that tune the slice width."""
+    thin: int = 1
+    """Keep every thin-th MCMC step (1: all; sbi's default)."""
+
+    def check(self) -> None:
+        self.at_least("num_chains", 1)
+        self.at_least("warmup_steps", 0)
+        self.at_least("thin", 1)
+
+
+@dataclass
 class EvaluationSection(Section):
     KEY = "workload.evaluation"
 
@@ -135,7 +158,7 @@ class EvaluationSection(Section):
     observation on one core)."""
     sbc_runs: int = 200
     """Simulation-based calibration and TARP (sbi's): (θ, x) pairs from the prior, 0 disables
-    both."""
+    both. Run for amortized posteriors only (npe): method nle would run MCMC at each pair."""
     sbc_samples: int = 1000
     """Posterior samples per SBC run."""
     pair_plot: bool = True
@@ -175,7 +198,13 @@ class SBIWorkloadConfig(WorkloadSection):
     """custom task: the simulator is torch code that runs on the device θ is on (then it may
     run on a GPU)."""
     simulation: SimulationSection = field(default_factory=SimulationSection)
+    method: str = "npe"
+    """npe | nle, by sbi's names. npe: the estimator learns the posterior q(θ | x), sampled
+    directly. nle: it learns the likelihood q(x | θ) (no embedding net on x), and the posterior
+    samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per observation, so
+    its evaluation skips SBC and TARP."""
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
+    posterior: PosteriorSection = field(default_factory=PosteriorSection)
     val_fraction: float = 0.1
     """Fraction of the simulations held out for validation and early stopping (sbi: 0.1)."""
     data_on_device: Switch = "auto"
@@ -198,6 +227,9 @@ class SBIWorkloadConfig(WorkloadSection):
 
     def check(self) -> None:
         # The task name is checked by the spec (the task registry imports the tasks' code).
+        from trainforge.workloads.sbi import methods
+
+        methods.check(self)
         self.fraction("val_fraction")
         self.at_least("stream_window_rows", 1)
         self.at_least("ensemble", 1)

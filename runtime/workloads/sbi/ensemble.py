@@ -106,7 +106,7 @@ def _prior_name(bundle: dict[str, Any]) -> str:
 
 def ensemble_posterior(bundle: dict[str, Any], member: Any) -> Any:
     """sbi's ``EnsemblePosterior`` (equal weights, CPU) of an ensemble file's bundle;
-    ``member(bundle)`` makes one member's ``DirectPosterior``."""
+    ``member(bundle)`` makes one member's sbi posterior."""
     from sbi.inference import EnsemblePosterior
 
     return EnsemblePosterior([member(b) for b in bundle["members"]], device="cpu")

@@ -1,14 +1,16 @@
-"""Neural posterior estimators built by sbi's own builders, and what DDP needs around them.
+"""Density estimators built by sbi's own builders, and what DDP needs around them.
 
 - Recipes name estimators by sbi's builder names (``maf``, ``nsf``, ``zuko_nsf`` …); sbi is
-  moving from such strings to config objects, so the mapping lives here, in one place.
+  moving from such strings to config objects, so the mapping lives here, in one place. The
+  method (``methods/``) picks sbi's factory: ``posterior_nn`` for q(θ | x) (NPE),
+  ``likelihood_nn`` for q(x | θ) (NLE); both are called with (θ, x), as sbi's trainers do.
 - sbi's builders z-score θ and x inside the network from the batch they are given: we give them
   the whole training set, identically on every rank, so the statistics are global and equal.
 - The weights alone cannot rebuild the network (the builder, its settings and the embedding net
   decide the architecture), so a ``BuildRecord`` — plain data — goes with every checkpoint and
   export; ``rebuild`` makes the same architecture from it, and the state dict fills it in.
-- sbi's estimators train through ``loss(θ, condition=x)`` and have no ``forward``; DDP hooks
-  gradients through ``forward``, hence ``NPELoss``.
+- sbi's estimators train through ``loss(input, condition=…)`` and have no ``forward``; DDP
+  hooks gradients through ``forward``, hence ``EstimatorLoss``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import Tensor, nn
 from trainforge.errors import RecipeError, UserCodeError
 from trainforge.log import first_line
 from trainforge.workloads import user_code
+from trainforge.workloads.sbi import methods
 from trainforge.workloads.sbi.architecture import (  # noqa: F401 - re-exported: BuildRecord, …
     EMBEDDINGS,
     ESTIMATORS,
@@ -138,9 +141,9 @@ def build(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
     builder by name, or the user's by import path."""
     if user_code.is_import_path(record.model):
         return users_estimator(record, theta, x)
-    from sbi.neural_nets import posterior_nn
+    factory = methods.get(record.method).builder()
 
-    build_fn = posterior_nn(
+    build_fn = factory(
         model=record.model,
         z_score_theta=record.z_score_theta,
         z_score_x=record.z_score_x,
@@ -162,7 +165,8 @@ ESTIMATOR_METHODS = ("loss", "log_prob", "sample")
 def users_estimator(record: BuildRecord, theta: Tensor, x: Tensor) -> nn.Module:
     """The user's own builder (``model: my_pkg.flows:build``), called as sbi calls a density
     estimator builder: ``build(θ, x)``, with ``model_kwargs`` and, where it takes one, the
-    recipe's ``embedding_net``."""
+    recipe's ``embedding_net``. It builds what the method learns: q(θ | x) for NPE, q(x | θ)
+    for NLE (as sbi's NLE takes a builder)."""
     path, key = record.model, "workload.estimator.model"
     entry = user_code.import_object(path, key, record.code_dir, BuilderError)
     arguments = dict(record.model_kwargs)
@@ -194,6 +198,7 @@ def probe_estimator(record: BuildRecord) -> None:
     """The driver's check of a builder by import path, or of sbi's given ``model_kwargs``:
     built on two rows of θ and x, its loss is one value per row."""
     theta, x = _two_rows(record.dim_theta), _two_rows(record.dim_x)
+    given, condition = methods.get(record.method).arrange("θ", "x")  # the loss's arguments
     key = "workload.estimator.model" if user_code.is_import_path(record.model) else (
         "workload.estimator.model_kwargs")  # fmt: skip
     if not user_code.is_import_path(record.model):
@@ -205,14 +210,15 @@ def probe_estimator(record: BuildRecord) -> None:
     except Exception as exc:  # sbi's builder refusing an argument it was given
         raise BuilderError(f"{key}: sbi's {record.model} builder given {record.model_kwargs} "
                            f"raised {type(exc).__name__}: {first_line(exc)}") from exc  # fmt: skip
+    call = f"loss({given}, condition={condition})"
     try:
-        loss = cast(DensityEstimator, made).loss(theta, condition=x)
+        loss = EstimatorLoss(made, record.method)(theta, x)
     except Exception as exc:
-        raise BuilderError(f"{key}: {record.model}'s loss(θ, condition=x) on two rows raised "
+        raise BuilderError(f"{key}: {record.model}'s {call} on two rows raised "
                            f"{type(exc).__name__}: {first_line(exc)}") from exc  # fmt: skip
     if not torch.is_tensor(loss) or tuple(loss.shape) != (2,):
         shape = tuple(loss.shape) if torch.is_tensor(loss) else type(loss).__name__
-        raise BuilderError(f"{key}: {record.model}'s loss(θ, condition=x) returned {shape} for "
+        raise BuilderError(f"{key}: {record.model}'s {call} returned {shape} for "
                            "two rows: expected (2,), one loss per row")  # fmt: skip
 
 
@@ -256,18 +262,25 @@ def rebuild(record: BuildRecord, state_dict: dict[str, Tensor]) -> nn.Module:
 
 
 class DensityEstimator(Protocol):
-    """What NPELoss needs of sbi's ConditionalDensityEstimator (sbi imported only when built)."""
+    """What EstimatorLoss needs of sbi's ConditionalDensityEstimator (sbi imported only when
+    built)."""
 
     def loss(self, input: Tensor, condition: Tensor) -> Tensor: ...
 
 
-class NPELoss(nn.Module):
-    """DDP-wrappable estimator: ``forward(θ, x)`` is sbi's per-sample NPE loss, −log q(θ | x)."""
+class EstimatorLoss(nn.Module):
+    """DDP-wrappable estimator: ``forward(θ, x)`` is sbi's per-sample loss of the method,
+    −log q(θ | x) for NPE, −log q(x | θ) for NLE (the method orders input and condition)."""
 
-    def __init__(self, estimator: nn.Module) -> None:
+    def __init__(self, estimator: nn.Module, method: str = "npe") -> None:
         super().__init__()
         self.estimator = estimator
+        self.method = method
 
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
         estimator = cast(DensityEstimator, self.estimator)
-        return estimator.loss(theta, condition=x)
+        given, condition = methods.get(self.method).arrange(theta, x)
+        return estimator.loss(given, condition=condition)
+
+
+NPELoss = EstimatorLoss  # NPE's loss by the name its callers (benchmarks, tests) use

@@ -5,8 +5,12 @@ The observations and reference samples are sbibm's stored ones or this project's
 (``workload.evaluation.observations_from``, see ``observations``); which ones is said on every
 evaluation line and recorded in ``observations.json``.
 
-Runs on rank 0, through sbi's ``DirectPosterior`` — the object users get — so what is scored
-includes its rejection of samples outside the prior's support. The posterior samples on the
+Runs on rank 0, through sbi's posterior object — the one users get: ``DirectPosterior`` for
+NPE, so what is scored includes its rejection of samples outside the prior's support;
+``MCMCPosterior`` for NLE, so its MCMC is scored with the estimator. SBC and TARP need the
+posterior at each of ``sbc_runs`` simulated observations: a network pass each for NPE, MCMC
+chains each for NLE (50 × 100 two_moons samples took 60 s of one core), so they run for
+amortized methods only. The posterior samples on the
 training device where the prior can follow it there (``SimulationSource.posterior_device``):
 SBC's 200 × 1,000 draws from a spline flow take about 10 s of one CPU core, and every SBI run
 waited for them after its last step. The classifier of C2ST, the ranks and plots stay on the CPU.
@@ -18,25 +22,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from trainforge.log import say
-from trainforge.workloads.sbi import calibration
+from trainforge.workloads.sbi import calibration, methods
 from trainforge.workloads.sbi.sources import SimulationSource
 
 
 def posterior_of(
-    estimator: nn.Module, source: SimulationSource, device: torch.device | str = "cpu"
+    estimator: nn.Module,
+    source: SimulationSource,
+    device: torch.device | str = "cpu",
+    method: str = "npe",
+    sampling: dict[str, Any] | None = None,
 ) -> Any:
-    """sbi's posterior of ``estimator`` (moved to ``device``, with the prior built there)."""
-    from sbi.inference import DirectPosterior
-
-    return DirectPosterior(
-        posterior_estimator=estimator.to(device).eval(),
-        prior=source.prior_distribution(device),
-        device=str(device),
-    )
+    """sbi's posterior of ``estimator`` as ``method`` makes it (moved to ``device``, with the
+    prior built there); ``sampling``: its MCMC settings (``export.sampling_of``)."""
+    return methods.get(method).posterior(
+        estimator.to(device).eval(), source.prior_distribution(device), sampling or {},
+        str(device),
+    )  # fmt: skip
 
 
 def run(
@@ -46,12 +53,15 @@ def run(
     seed: int,
     folder: Path,
     device: torch.device | None = None,
+    method: str = "npe",
+    sampling: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], list[Path]]:
     """Metrics (``c2st/obs<k>``, ``c2st/mean``, ``sbc/…``) and the figures written to
     ``folder``; the posterior samples on ``device`` (the training device; None: the CPU)
     where the source allows it."""
     device = source.posterior_device(device or torch.device("cpu"))
-    return run_posterior(posterior_of(estimator, source, device), source, cfg, seed, folder, device)
+    posterior = posterior_of(estimator, source, device, method, sampling)
+    return run_posterior(posterior, source, cfg, seed, folder, device, method)
 
 
 def run_posterior(
@@ -61,8 +71,10 @@ def run_posterior(
     seed: int,
     folder: Path,
     device: torch.device | None = None,
+    method: str = "npe",
 ) -> tuple[dict[str, float], list[Path]]:
-    """``run``'s evaluation of any sbi posterior on ``device`` (an ensemble's, on the CPU)."""
+    """``run``'s evaluation of any sbi posterior of ``method`` on ``device`` (an ensemble's,
+    on the CPU)."""
     from trainforge.workloads.sbi.c2st import c2st, fold_processes, usable_processes
     from trainforge.workloads.sbi.observations import Observations
 
@@ -78,15 +90,21 @@ def run_posterior(
     numbers = list(cfg.observations) if observed is not None else []
     if observed is not None:
         files.append(observed.write(numbers, folder / "observations.json"))
-    announce(numbers, observed.label if observed is not None else "", cfg)
+    calibrate = cfg.sbc_runs > 0 and methods.get(method).amortized
+    if cfg.sbc_runs > 0 and not calibrate:
+        say(f"evaluation: SBC and TARP skipped (workload.evaluation.sbc_runs {cfg.sbc_runs}): "
+            f"method {method}'s posterior runs MCMC chains at each of those observations; "
+            "sbc_runs 0 asks for none")  # fmt: skip
+    announce(numbers, observed.label if observed is not None else "", cfg, calibrate)
     for rank, number in enumerate(numbers):
         assert observed is not None
         theta_true, x_obs = observed.observation(number)
         torch.manual_seed(seed + number)
+        np.random.seed(seed + number)  # sbi's slice samplers draw from numpy's global RNG
         samples = posterior.sample(
             (cfg.num_samples,), x=x_obs.to(device), show_progress_bars=False
         ).cpu()
-        sets = {"NPE": samples}
+        sets = {method.upper(): samples}
         if cfg.c2st:
             started = time.perf_counter()
             reference = observed.reference(number, cfg.num_samples, seed=seed + number)
@@ -115,7 +133,7 @@ def run_posterior(
             files.append(path)
     if scores:
         metrics["c2st/mean"] = sum(scores) / len(scores)
-    if cfg.sbc_runs > 0:
+    if calibrate:
         calibrated, figures = sbc(posterior, source, cfg, seed, folder, labels, device)
         metrics |= calibrated
         files += figures
@@ -124,7 +142,7 @@ def run_posterior(
     return metrics, files
 
 
-def announce(numbers: list[int], label: str, cfg: Any) -> None:
+def announce(numbers: list[int], label: str, cfg: Any, calibrate: bool = True) -> None:
     """One line before the evaluation's work: a C2ST can take minutes, and until its result
     the console would show nothing. Nothing asked, nothing said."""
     parts = []
@@ -134,7 +152,7 @@ def announce(numbers: list[int], label: str, cfg: Any) -> None:
             f"the posterior at {label} {which}"
             + (", C2ST against reference samples" if cfg.c2st else "")
         )
-    if cfg.sbc_runs > 0:
+    if calibrate and cfg.sbc_runs > 0:
         parts.append(f"SBC over {cfg.sbc_runs} runs")
     if parts:
         say("evaluation: " + "; ".join(parts))
@@ -201,6 +219,5 @@ def evaluate_ensemble(
 
     say("ensemble: evaluating the mixture of the members' posteriors (on this CPU)")
     folder.mkdir(parents=True, exist_ok=True)
-    return run_posterior(
-        export.load_posterior(posterior), sources.resolve(workload), evaluation, seed, folder
-    )
+    return run_posterior(export.load_posterior(posterior), sources.resolve(workload),
+                         evaluation, seed, folder, method=workload.method)  # fmt: skip

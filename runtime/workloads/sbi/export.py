@@ -1,7 +1,9 @@
-"""The trained posterior as one file an ``sbi`` user opens as a ``DirectPosterior``.
+"""The trained posterior as one file an ``sbi`` user opens as sbi's posterior object: a
+``DirectPosterior`` for NPE, an ``MCMCPosterior`` over the likelihood estimator for NLE.
 
-``posterior.pt`` holds plain data only — the build record, the state dict and how to get the
-prior (a task name or an import path) — so it loads with ``torch.load(weights_only=True)``:
+``posterior.pt`` holds plain data only — the build record (with the method), the state dict,
+how to get the prior (a task name or an import path) and, for a method that samples by MCMC,
+its settings (``workload.posterior``) — so it loads with ``torch.load(weights_only=True)``:
 
     from trainforge.workloads.sbi import load_posterior
     posterior = load_posterior("runs/two_moons_npe_1e4/posterior.pt")
@@ -21,7 +23,7 @@ import torch
 from torch import nn
 
 from trainforge.atomic import replacing
-from trainforge.workloads.sbi import ensemble
+from trainforge.workloads.sbi import ensemble, methods
 from trainforge.workloads.sbi import estimator as estimators
 
 FORMAT = "trainforge-npe/1"
@@ -43,15 +45,24 @@ def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
     return load_prior(spec["import"], spec.get("code_dir") or None)
 
 
+def sampling_of(cfg: Any) -> dict[str, Any]:
+    """The recipe's ``workload.posterior`` settings, as the bundle keeps them."""
+    section = cfg.posterior
+    return {"mcmc_method": str(section.mcmc_method), "num_chains": int(section.num_chains),
+            "warmup_steps": int(section.warmup_steps), "thin": int(section.thin)}  # fmt: skip
+
+
 def save_posterior(
-    path: Path, estimator: nn.Module, record: estimators.BuildRecord, prior: dict[str, str]
-) -> None:
+    path: Path, estimator: nn.Module, record: estimators.BuildRecord, prior: dict[str, str],
+    sampling: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
     """Write atomically: a reader never sees half a file."""
     bundle = {
         "format": FORMAT,
         "build": record.to_dict(),
         "state_dict": {k: v.detach().cpu() for k, v in estimator.state_dict().items()},
         "prior": prior,
+        "sampling": dict(sampling or {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     with replacing(path) as temporary:
@@ -72,19 +83,18 @@ def _estimator(bundle: dict[str, Any]) -> nn.Module:
 
 
 def load_posterior(path: str | Path) -> Any:
-    """An ``sbi`` ``DirectPosterior`` on the CPU (``sample``, ``log_prob``, ``map`` …) from
-    ``posterior.pt``; from an ensemble file (``trainforge ensemble``), sbi's
-    ``EnsemblePosterior`` of its members."""
+    """sbi's posterior on the CPU (``sample``, ``log_prob``, ``map`` …) from ``posterior.pt``:
+    a ``DirectPosterior`` (NPE) or an ``MCMCPosterior`` (NLE); from an ensemble file
+    (``trainforge ensemble``), sbi's ``EnsemblePosterior`` of its members."""
     bundle = torch.load(Path(path), map_location="cpu", weights_only=True)
     if isinstance(bundle, dict) and bundle.get("format") == ensemble.FORMAT:
-        return ensemble.ensemble_posterior(bundle, _direct_posterior)
+        return ensemble.ensemble_posterior(bundle, _posterior)
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise ValueError(f"{path} is not a trainforge posterior file ({FORMAT})")
-    return _direct_posterior(bundle)
+    return _posterior(bundle)
 
 
-def _direct_posterior(bundle: dict[str, Any]) -> Any:
-    from sbi.inference import DirectPosterior
-
+def _posterior(bundle: dict[str, Any]) -> Any:
+    method = methods.get(bundle["build"].get("method", "npe"))
     prior = prior_from_spec(bundle["prior"])
-    return DirectPosterior(posterior_estimator=_estimator(bundle), prior=prior, device="cpu")
+    return method.posterior(_estimator(bundle), prior, bundle.get("sampling", {}), "cpu")

@@ -1,9 +1,11 @@
-"""Neural posterior estimation (NPE) as a trainforge workload.
+"""Neural posterior and likelihood estimation (NPE, NLE: ``workload.method``) as a trainforge
+workload.
 
 The data are the simulation stage's (θ, x) pairs, split once into training and validation with
 a seeded permutation (sbi's split rule: the last ``val_fraction`` of the permutation validates),
 identically on every rank; the loop shards the training split. The model is sbi's density
-estimator inside ``NPELoss``; the loss is its mean −log q(θ | x).
+estimator inside ``EstimatorLoss``; the loss is its mean −log q(θ | x) (NPE) or −log q(x | θ)
+(NLE).
 
 Precision: SBI trains in fp32 only. The loss is a sum of log-determinants over the flow's
 transforms and is compared across epochs to the fourth decimal by early stopping; bf16 keeps
@@ -149,22 +151,23 @@ class SBIWorkload(Workload):
 
     def record(self) -> estimators.BuildRecord:
         return estimators.BuildRecord.from_config(
-            self.cfg.estimator, self.dim_theta, self.dim_x, self.cfg.code_dir
+            self.cfg.estimator, self.dim_theta, self.dim_x, self.cfg.code_dir, self.cfg.method
         )
 
     def build_model(self) -> nn.Module:
         # z-scoring from the whole training split: the same numbers on every rank
-        model = estimators.NPELoss(estimators.build(self.record(), self.train_theta, self.train_x))
+        estimator = estimators.build(self.record(), self.train_theta, self.train_x)
+        model = estimators.EstimatorLoss(estimator, self.cfg.method)
         fast_tanh.use_in(model)  # the same function, faster on the CPU (fast_tanh.py)
         self.info["parameters"] = sum(p.numel() for p in model.parameters())
         return model
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        theta, x = batch  # sbi's input and condition: the estimator learns q(θ | x)
+        theta, x = batch  # the method orders them into the estimator's input and condition
         return model(theta, x).mean()
 
     def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        theta, x = batch  # sbi's input and condition
+        theta, x = batch
         losses = model(theta, x).float()
         return {"loss_sum": losses.sum(), "count": torch.tensor(len(losses), device=losses.device)}
 
@@ -180,24 +183,26 @@ class SBIWorkload(Workload):
 
         from trainforge.workloads.sbi import evaluate, export
 
-        assert isinstance(model, estimators.NPELoss)
+        assert isinstance(model, estimators.EstimatorLoss)
         # a copy where it trained: the export takes its weights to the CPU, the evaluation
         # samples on this device (no round trip through the CPU)
         estimator = copy.deepcopy(model.estimator).eval()
-        spec = export.prior_spec(self.cfg)
+        spec, sampling = export.prior_spec(self.cfg), export.sampling_of(self.cfg)
         exported = folder / "posterior.pt"
-        export.save_posterior(exported, estimator, self.record(), spec)
+        export.save_posterior(exported, estimator, self.record(), spec, sampling)
         run_folder = storage.local_folder(run_dir)
         if run_folder is not None:
-            export.save_posterior(run_folder / "posterior.pt", estimator, self.record(), spec)
+            export.save_posterior(run_folder / "posterior.pt", estimator, self.record(), spec,
+                                  sampling)  # fmt: skip
         device = next(model.parameters()).device
         metrics, files = evaluate.run(
-            estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder, device
-        )
+            estimator, sources.resolve(self.cfg), self.cfg.evaluation, self.seed, folder, device,
+            self.cfg.method, sampling,
+        )  # fmt: skip
         return metrics, [exported, *files]
 
     def mlflow_model(self, model: nn.Module, folder: Path) -> Callable[[], Any]:
-        """The posterior as a pyfunc model (``predict``: x → θ samples) — the NPE loss module
+        """The posterior as a pyfunc model (``predict``: x → θ samples) — the loss module
         takes (θ, x), which the pytorch flavour's one-input signature cannot describe."""
         import copy
         import functools
@@ -205,11 +210,11 @@ class SBIWorkload(Workload):
         from trainforge.workloads import user_code
         from trainforge.workloads.sbi import export, posterior_model
 
-        assert isinstance(model, estimators.NPELoss)
+        assert isinstance(model, estimators.EstimatorLoss)
         estimator = copy.deepcopy(model.estimator).cpu().eval()
         path, record = folder / "posterior.pt", self.record()
         prior = export.prior_spec(self.cfg)
-        export.save_posterior(path, estimator, record, prior)
+        export.save_posterior(path, estimator, record, prior, export.sampling_of(self.cfg))
         # the user's code that loading the posterior imports, shipped with it
         users = [prior.get("import"), record.embedding, record.model]
         spec = posterior_model.PosteriorExport(
@@ -220,7 +225,8 @@ class SBIWorkload(Workload):
         return functools.partial(posterior_model.log_pyfunc, spec)
 
     def describe(self) -> dict[str, Any]:
-        return {"task": self._source_name(), "estimator": self.cfg.estimator.model, **self.info}
+        return {"task": self._source_name(), "method": self.cfg.method,
+                "estimator": self.cfg.estimator.model, **self.info}  # fmt: skip
 
 
 def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:

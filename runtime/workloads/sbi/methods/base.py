@@ -1,0 +1,37 @@
+"""What a method of simulation-based inference is to the workload: which tensor its estimator
+models and which it is conditioned on, whether an embedding net on x fits it, whether its
+posterior is amortized, and how sbi makes the estimator and the posterior. Each method is one
+module beside this one that fills in a ``Method``; no torch here, so that the driver checks a
+recipe's method without importing it (torch and sbi are imported when a method builds)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    """sbi's name for it: npe, nle (its trainers are NPE, NLE)."""
+    learns: str
+    """What its estimator models, in words for messages and docs."""
+    input: Literal["theta", "x"]
+    """The tensor the estimator's density is over; the other one is its condition."""
+    embeds_x: bool
+    """Whether ``workload.estimator.embedding`` (a net on x) applies: x must be the condition."""
+    amortized: bool
+    """Whether its posterior at a new x costs a pass of the network (NPE), or a fresh
+    inference such as MCMC chains (NLE): SBC needs it at many x."""
+    builder: Callable[[], Callable[..., Callable[[Any, Any], Any]]]
+    """sbi's builder factory (``posterior_nn``, ``likelihood_nn``), imported when called."""
+    posterior: Callable[[Any, Any, dict[str, Any], str], Any]
+    """``posterior(estimator, prior, sampling, device)``: sbi's posterior object of the trained
+    estimator; ``sampling`` holds ``workload.posterior``'s settings."""
+
+    def arrange(self, theta: T, x: T) -> tuple[T, T]:
+        """(input, condition) of the estimator's ``loss``/``log_prob`` from a (θ, x) batch."""
+        return (x, theta) if self.input == "x" else (theta, x)
