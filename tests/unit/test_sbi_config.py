@@ -39,11 +39,34 @@ DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
         ("precision.cuda_graphs=true train.grad_accum_steps=2", "needs train.grad_accum_steps=1"),
         ("precision.cuda_graphs=true precision.compile=true", "needs precision.compile=false"),
         ("workload.prior=a:b", "only used with task: custom"),
+        ("workload.method=npr", "workload.method: 'npr' is not one of npe, nle (did you mean"),
+        (
+            "workload.method=nle workload.estimator.embedding=fully_connected",
+            "workload.estimator.embedding: method nle learns the likelihood q(x | θ), whose x "
+            "takes no embedding net; remove it (fully_connected) or use method npe",
+        ),
+        ("workload.posterior.num_chains=0", "workload.posterior.num_chains: must be >= 1"),
+        ("workload.posterior.mcmc_method=nuts", "workload.posterior.mcmc_method: 'nuts'"),
     ],
 )
 def test_bad_sbi_recipe_values_name_their_key(override: str, message: str) -> None:
     with pytest.raises(RecipeError, match=re.escape(message)):
         config.load(DEBUG, override.split())
+
+
+def test_an_unknown_method_is_one_line_naming_the_methods_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainforge import cli
+    from trainforge.driver import launch
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("dispatched with an unknown method")
+
+    monkeypatch.setattr(launch, "train", must_not_run)
+    assert cli.main(["train", str(DEBUG), "workload.method=foo"]) == 2
+    err = capsys.readouterr().err
+    assert err == "trainforge: error: workload.method: 'foo' is not one of npe, nle\n"
 
 
 def test_every_sbi_recipe_validates() -> None:

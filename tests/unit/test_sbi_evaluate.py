@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainforge.workloads.sbi.config import EvaluationSection
@@ -46,3 +48,29 @@ def test_the_evaluation_ends_with_its_outcome_in_words(capsys: pytest.CaptureFix
     assert "C2ST mean 0.650 over 2 sbibm observations" in said_several
     assert "SBC" not in said_several and said_several.count("\n") == 1
     assert concluded(capsys, {}, [], sbc_runs=0) == ""  # nothing asked, nothing said
+
+
+class _Unsampled:
+    """A posterior the evaluation must not sample."""
+
+    def sample(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("sampled")
+
+    sample_batched = sample
+
+
+def test_sbc_is_skipped_in_one_line_for_a_posterior_that_samples_by_mcmc(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from trainforge.workloads.sbi import evaluate, sources
+    from trainforge.workloads.sbi.config import SBIWorkloadConfig
+
+    source = sources.resolve(SBIWorkloadConfig())
+    cfg = EvaluationSection(observations=[], sbc_runs=50)
+    metrics, files = evaluate.run_posterior(_Unsampled(), source, cfg, 0, tmp_path, method="nle")
+    assert (metrics, files) == ({}, [])
+    assert capsys.readouterr().out == (
+        "[trainforge] evaluation: SBC and TARP skipped (workload.evaluation.sbc_runs 50): "
+        "method nle's posterior runs MCMC chains at each of those observations; sbc_runs 0 "
+        "asks for none\n"
+    )
