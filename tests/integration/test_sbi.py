@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from scipy import stats
 
 import trainforge
+from tests import faults
 from trainforge import config
 from trainforge.cli import main as cli_main
 from trainforge.driver import launch, stage
@@ -31,6 +32,7 @@ from trainforge.workloads.stage import Tasks
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 DEBUG = Path(__file__).resolve().parents[2] / "recipes" / "sbi" / "two_moons_debug.yaml"
+NLE_DEBUG = DEBUG.with_name("two_moons_nle_debug.yaml")
 
 USER_SIMULATOR = '''
 import torch
@@ -209,6 +211,48 @@ def test_npe_on_two_workers_is_accurate_and_exports_to_sbi(ray_cluster, in_tmp: 
     } <= files
     assert -0.5 <= run.data.metrics["tarp/atc"] <= 0.5  # sbi's TARP on the SBC pairs
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == metrics["epoch"]
+
+
+def test_nle_learns_exports_an_mcmc_posterior_and_resumes(
+    ray_cluster, in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``workload.method: nle`` through the command on 2 workers: its workers fail after epoch
+    10's checkpoint, and the same command again resumes that run (one MLflow run, each epoch
+    logged once, the first 10 untouched); the likelihood estimator learns, the export loads as
+    sbi's MCMCPosterior, and C2ST through its MCMC scores far from an untrained posterior's
+    ~1.0."""
+    from sbi.inference import MCMCPosterior
+
+    command = ["train", str(NLE_DEBUG), "run.name=nle-2w"]
+    faults.ask(monkeypatch, **{faults.FAIL_AFTER_EPOCH: "10"})  # the recipe's first checkpoint
+    assert cli_main(command) == 1
+    client = MlflowClient(tracking_uri=resolve_uri(None))
+    experiment = client.get_experiment_by_name("trainforge").experiment_id
+    (failed,) = client.search_runs([experiment], "tags.`trainforge.run_name` = 'nle-2w'")
+    before = client.get_metric_history(failed.info.run_id, "val/loss")
+    assert failed.info.status == "FAILED" and len(before) == 10
+
+    monkeypatch.delenv(faults.FAIL_AFTER_EPOCH)
+    assert cli_main(command) == 0
+    (run,) = client.search_runs([experiment], "tags.`trainforge.run_name` = 'nle-2w'")
+    assert run.info.run_id == failed.info.run_id and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "val/loss")
+    epochs = int(run.data.metrics["epoch"])
+    assert len(history) == epochs > 10  # resumed at epoch 11: each epoch logged once
+    key = lambda m: (m.step, m.value, m.timestamp)  # noqa: E731
+    assert sorted(map(key, history))[:10] == sorted(map(key, before))  # epochs 1-10 untouched
+    losses = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert min(losses) < losses[0] - 1.0 and min(losses) < -3.0, losses  # it learns q(x | θ)
+    c2st = run.data.metrics["c2st/obs1"]
+    assert np.isfinite(c2st) and c2st < 0.8, c2st  # measured 0.60-0.65 here; untrained ~1.0
+
+    posterior = trainforge.load(in_tmp / "runs" / "nle-2w")
+    assert isinstance(posterior, MCMCPosterior) and posterior.warmup_steps == 50
+    _, x_obs = get_task("two_moons").observation(1)
+    samples = posterior.sample((100,), x=x_obs, show_progress_bars=False)
+    assert samples.shape == (100, 2) and bool(samples.abs().le(1).all())
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")}
+    assert {"evaluation/posterior.pt", "evaluation/pair_plot_obs1.png"} <= files
 
 
 def test_a_user_simulator_estimator_builder_and_embedding_net_by_import_path_train_end_to_end(
