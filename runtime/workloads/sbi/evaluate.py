@@ -75,7 +75,6 @@ def run_posterior(
 ) -> tuple[dict[str, float], list[Path]]:
     """``run``'s evaluation of any sbi posterior of ``method`` on ``device`` (an ensemble's,
     on the CPU)."""
-    from trainforge.workloads.sbi.c2st import c2st, fold_processes, usable_processes
     from trainforge.workloads.sbi.observations import Observations
 
     device = device or torch.device("cpu")
@@ -90,11 +89,7 @@ def run_posterior(
     numbers = list(cfg.observations) if observed is not None else []
     if observed is not None:
         files.append(observed.write(numbers, folder / "observations.json"))
-    calibrate = cfg.sbc_runs > 0 and methods.get(method).amortized
-    if cfg.sbc_runs > 0 and not calibrate:
-        say(f"evaluation: SBC and TARP skipped (workload.evaluation.sbc_runs {cfg.sbc_runs}): "
-            f"method {method}'s posterior runs MCMC chains at each of those observations; "
-            "sbc_runs 0 asks for none")  # fmt: skip
+    calibrate = calibrates(cfg, method)
     announce(numbers, observed.label if observed is not None else "", cfg, calibrate)
     for rank, number in enumerate(numbers):
         assert observed is not None
@@ -107,16 +102,7 @@ def run_posterior(
         sets = {method.upper(): samples}
         if cfg.c2st:
             started = time.perf_counter()
-            reference = observed.reference(number, cfg.num_samples, seed=seed + number)
-            # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
-            # the folds on the machine's idle cores: training is over
-            processes = fold_processes(len(reference), source.dim_theta, usable_processes())
-            # a random subset when there are more: an ensemble's draws come member by member
-            subset = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))
-            compared = (
-                samples[subset[: len(reference)]] if len(samples) > len(reference) else samples
-            )
-            score = c2st(reference, compared, seed=seed, processes=processes)
+            score, reference = scored(observed, number, samples, cfg, seed)
             metrics[f"c2st/obs{number}"] = score
             metrics["c2st/seconds"] = metrics.get("c2st/seconds", 0.0) + (
                 time.perf_counter() - started
@@ -140,6 +126,33 @@ def run_posterior(
     conclude(metrics, numbers, observed.label if observed is not None else "", cfg,
              time.perf_counter() - started_at)  # fmt: skip
     return metrics, files
+
+
+def scored(
+    observed: Any, number: int, samples: torch.Tensor, cfg: Any, seed: int
+) -> tuple[float, torch.Tensor]:
+    """C2ST of ``samples`` against the reference samples at observation ``number``, and those
+    reference samples."""
+    from trainforge.workloads.sbi.c2st import c2st, fold_processes, usable_processes
+
+    reference = observed.reference(number, cfg.num_samples, seed=seed + number)
+    # equal counts on both sides (sbibm stores 10,000), so that chance scores 0.5
+    # the folds on the machine's idle cores: training is over
+    processes = fold_processes(len(reference), reference.shape[1], usable_processes())
+    # a random subset when there are more: an ensemble's draws come member by member
+    subset = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed))
+    compared = samples[subset[: len(reference)]] if len(samples) > len(reference) else samples
+    return c2st(reference, compared, seed=seed, processes=processes), reference
+
+
+def calibrates(cfg: Any, method: str) -> bool:
+    """Whether SBC and TARP run: asked for, and the posterior amortized (otherwise one line
+    says why not)."""
+    if cfg.sbc_runs > 0 and not methods.get(method).amortized:
+        say(f"evaluation: SBC and TARP skipped (workload.evaluation.sbc_runs {cfg.sbc_runs}): "
+            f"method {method}'s posterior runs MCMC chains at each of those observations; "
+            "sbc_runs 0 asks for none")  # fmt: skip
+    return cfg.sbc_runs > 0 and methods.get(method).amortized
 
 
 def announce(numbers: list[int], label: str, cfg: Any, calibrate: bool = True) -> None:
