@@ -11,6 +11,7 @@ import pytest
 
 from trainforge import config
 from trainforge.errors import RecipeError
+from trainforge.workloads.sbi.methods import NAMES as METHODS
 from trainforge.workloads.sbi.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
         ("precision.cuda_graphs=true train.grad_accum_steps=2", "needs train.grad_accum_steps=1"),
         ("precision.cuda_graphs=true precision.compile=true", "needs precision.compile=false"),
         ("workload.prior=a:b", "only used with task: custom"),
-        ("workload.method=npr", "workload.method: 'npr' is not one of npe, nle (did you mean"),
+        ("workload.method=npr", f"workload.method: 'npr' is not one of {', '.join(METHODS)} ("),
         (
             "workload.method=nle workload.estimator.embedding=fully_connected",
             "workload.estimator.embedding: method nle learns the likelihood q(x | θ), whose x "
@@ -66,7 +67,7 @@ def test_an_unknown_method_is_one_line_naming_the_methods_before_anything_starts
     monkeypatch.setattr(launch, "train", must_not_run)
     assert cli.main(["train", str(DEBUG), "workload.method=foo"]) == 2
     err = capsys.readouterr().err
-    assert err == "trainforge: error: workload.method: 'foo' is not one of npe, nle\n"
+    assert err == f"trainforge: error: workload.method: 'foo' is not one of {', '.join(METHODS)}\n"
 
 
 def test_every_sbi_recipe_validates() -> None:

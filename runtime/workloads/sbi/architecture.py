@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainforge.errors import RecipeError, did_you_mean
+from trainforge.workloads.sbi import methods
 from trainforge.workloads.user_code import is_import_path
 
 ESTIMATORS = (
@@ -24,6 +25,8 @@ ESTIMATORS = (
     "zuko_gf",
     "zuko_bpf",
 )
+OTHER_MODELS = tuple(n for m in methods.METHODS.values() for n in m.models)
+"""Builder names of the methods whose estimator is no density (nre's classifiers)."""
 EMBEDDINGS = ("none", "fully_connected", "cnn", "permutation_invariant")
 Z_SCORES = ("independent", "structured", "none")
 
@@ -60,6 +63,7 @@ class BuildRecord:
     ) -> BuildRecord:  # fmt: skip
         names = cls.__dataclass_fields__.keys() - {"dim_theta", "dim_x", "code_dir", "method"}
         values = {name: getattr(estimator_cfg, name) for name in names}
+        values["model"] = values["model"] or methods.get(method).default_model
         values["embedding_input_shape"] = [int(v) for v in values["embedding_input_shape"]]
         values["embedding_kwargs"] = dict(values["embedding_kwargs"])
         values["model_kwargs"] = dict(values["model_kwargs"])
@@ -70,11 +74,12 @@ class BuildRecord:
 
 
 def check(estimator_cfg: Any) -> None:
-    if estimator_cfg.model not in ESTIMATORS and not is_import_path(estimator_cfg.model):
+    model, known = estimator_cfg.model, ESTIMATORS + OTHER_MODELS
+    if model is not None and model not in known and not is_import_path(model):
         raise RecipeError(
-            f"workload.estimator.model: {estimator_cfg.model!r} is not a known estimator"
-            f"{did_you_mean(estimator_cfg.model, ESTIMATORS)}; choose one of: "
-            + ", ".join(ESTIMATORS)
+            f"workload.estimator.model: {model!r} is not a known estimator"
+            f"{did_you_mean(model, known)}; choose one of: "
+            + ", ".join(known)
             + ", or your own builder by import path (my_pkg.flows:build)"
         )
     if estimator_cfg.embedding not in EMBEDDINGS and not is_import_path(estimator_cfg.embedding):

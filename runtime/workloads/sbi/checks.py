@@ -122,7 +122,7 @@ def prepare_data(
         sources.resolve(cfg)  # imports the user's modules, so their folder is known
         cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(cfg.simulator))
     users = [name for name in (cfg.estimator.model, cfg.estimator.embedding)
-             if user_code.is_import_path(name)]  # fmt: skip
+             if name is not None and user_code.is_import_path(name)]  # fmt: skip
     if cfg.code_dir is None and users:  # imported by check_data
         cfg = dataclasses.replace(cfg, code_dir=user_code.code_dir_of(users[0]))
     path = cfg.simulation.path

@@ -69,16 +69,19 @@ class EstimatorSection(Section):
     KEY = "workload.estimator"
     FREE_FORM: ClassVar[tuple[str, ...]] = ("model_kwargs", "embedding_kwargs")
 
-    model: str = "maf"
+    model: str | None = None
     """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
-    zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf; or my_pkg.flows:build (your own
+    zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf; for method nre a classifier
+    (sbi's classifier_nn): linear | mlp | resnet; null: the method's default (maf; nre:
+    resnet); or my_pkg.flows:build (your own
     builder by import path, as sbi takes one: called with the training θ and x, for z-scoring,
     ``model_kwargs``, and ``embedding_net`` where it takes it; it returns sbi's
     ConditionalDensityEstimator, or any nn.Module with ``loss(θ, condition=x)``, ``log_prob``
     and ``sample`` as sbi's has them; for method nle, of x given θ: ``loss(x, condition=θ)``)."""
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     """More arguments for the builder: sbi's (``posterior_nn``'s, e.g. ``num_blocks``,
-    ``dropout_probability``) for a builder name, or your own builder's."""
+    ``dropout_probability``) for a builder name, or your own builder's. Method nre also takes
+    ``num_atoms`` here: θ per x in its contrastive loss (sbi's default 10)."""
     hidden_features: int = 50
     """Hidden units of the estimator's networks (sbi's default 50)."""
     num_transforms: int = 5
@@ -199,10 +202,12 @@ class SBIWorkloadConfig(WorkloadSection):
     run on a GPU)."""
     simulation: SimulationSection = field(default_factory=SimulationSection)
     method: str = "npe"
-    """npe | nle, by sbi's names. npe: the estimator learns the posterior q(θ | x), sampled
-    directly. nle: it learns the likelihood q(x | θ) (no embedding net on x), and the posterior
-    samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per observation, so
-    its evaluation skips SBC and TARP."""
+    """npe | nle | nre, by sbi's names. npe: the estimator learns the posterior q(θ | x),
+    sampled directly. nle: it learns the likelihood q(x | θ) (no embedding net on x), and the
+    posterior samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per
+    observation, so its evaluation skips SBC and TARP. nre (sbi's NRE, NRE_B): a classifier
+    learns the ratio p(x | θ) / p(x) by telling each x's θ from num_atoms - 1 others of its
+    batch; its posterior samples r(x_o, θ) p(θ) by MCMC as nle's does."""
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
     posterior: PosteriorSection = field(default_factory=PosteriorSection)
     val_fraction: float = 0.1

@@ -234,9 +234,12 @@ def _check_sbi_arguments(record: BuildRecord) -> None:
     which refuses what it does not know (the probe's build finds it)."""
     from sbi.neural_nets import net_builders
 
-    builder = getattr(net_builders, f"build_{record.model}")
+    # a classifier's builder (method nre's) is build_<name>_classifier
+    builder = getattr(net_builders, f"build_{record.model}", None) or getattr(
+        net_builders, f"build_{record.model}_classifier")  # fmt: skip
     named = [name for name, p in inspect.signature(builder).parameters.items()
              if p.kind is not p.VAR_KEYWORD and name not in SET_BY_RECIPE]  # fmt: skip
+    named += methods.get(record.method).arguments
     for name in record.model_kwargs:
         if name in SET_BY_RECIPE:
             raise BuilderError(f"workload.estimator.model_kwargs.{name}: set by the recipe's "

@@ -29,7 +29,7 @@ from trainforge.data.types import Batch, Split, TensorData, keep_on_device
 from trainforge.tracking.datasets import TrainingData
 from trainforge.workloads.base import Workload
 from trainforge.workloads.sbi import estimator as estimators
-from trainforge.workloads.sbi import fast_tanh, simulations, sources, stream
+from trainforge.workloads.sbi import fast_tanh, methods, simulations, sources, stream
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.split import split_order
 
@@ -226,7 +226,7 @@ class SBIWorkload(Workload):
 
     def describe(self) -> dict[str, Any]:
         return {"task": self._source_name(), "method": self.cfg.method,
-                "estimator": self.cfg.estimator.model, **self.info}  # fmt: skip
+                "estimator": methods.model_of(self.cfg), **self.info}  # fmt: skip
 
 
 def build(cfg: SBIWorkloadConfig, seed: int, precision: PrecisionSection) -> SBIWorkload:

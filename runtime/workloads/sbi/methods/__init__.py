@@ -8,15 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge.errors import RecipeError, not_one_of
-from trainforge.workloads.sbi.methods import nle, npe
+from trainforge.workloads.sbi.methods import nle, npe, nre
 from trainforge.workloads.sbi.methods.base import Method
 
-METHODS: dict[str, Method] = {m.name: m for m in (npe.METHOD, nle.METHOD)}
+METHODS: dict[str, Method] = {m.name: m for m in (npe.METHOD, nle.METHOD, nre.METHOD)}
 NAMES = tuple(METHODS)
 
 
 def get(name: str) -> Method:
     return METHODS[name]
+
+
+def model_of(cfg: Any) -> str:
+    """The recipe's ``workload.estimator.model``, or its method's default where it names none."""
+    return cfg.estimator.model or METHODS[cfg.method].default_model
 
 
 def check(cfg: Any) -> None:
@@ -29,6 +34,25 @@ def check(cfg: Any) -> None:
             f"workload.estimator.embedding: method {method.name} learns {method.learns}, whose "
             f"x takes no embedding net; remove it ({cfg.estimator.embedding}) or use method npe"
         )
+    check_model(method, cfg.estimator.model)
 
 
-__all__ = ["METHODS", "NAMES", "Method", "check", "get"]
+def check_model(method: Method, model: str | None) -> None:
+    """A builder name of another kind of estimator is refused: a classifier (nre's) learns no
+    density, a flow outputs no ratio."""
+    if model is None or ":" in model:  # the method's default, or the user's own builder
+        return
+    owner = next((m for m in METHODS.values() if model in m.models), None)
+    fits = model in method.models if method.models else owner is None
+    if fits:
+        return
+    kind = f"method {owner.name}'s estimator" if owner else "a density estimator (a flow)"
+    takes = ", ".join(method.models) if method.models else "a density estimator (maf, nsf, …)"
+    raise RecipeError(
+        f"workload.estimator.model: {model} is {kind}, and method {method.name} learns "
+        f"{method.learns}; use {takes} (default {method.default_model}), or your own builder "
+        "by import path"
+    )
+
+
+__all__ = ["METHODS", "NAMES", "Method", "check", "check_model", "get", "model_of"]

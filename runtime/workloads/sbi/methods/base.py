@@ -31,6 +31,13 @@ class Method:
     posterior: Callable[[Any, Any, dict[str, Any], str], Any]
     """``posterior(estimator, prior, sampling, device)``: sbi's posterior object of the trained
     estimator; ``sampling`` holds ``workload.posterior``'s settings."""
+    default_model: str = "maf"
+    """``workload.estimator.model`` when the recipe names none."""
+    models: tuple[str, ...] = ()
+    """The builder names its estimator takes (empty: sbi's density estimators,
+    ``architecture.ESTIMATORS``); a name of another method's is refused."""
+    arguments: tuple[str, ...] = ()
+    """``workload.estimator.model_kwargs`` the method's own builder takes beside sbi's."""
 
     def arrange(self, theta: T, x: T) -> tuple[T, T]:
         """(input, condition) of the estimator's ``loss``/``log_prob`` from a (θ, x) batch."""

@@ -1,0 +1,171 @@
+"""Neural ratio estimation (sbi's ``NRE``, which is NRE_B): the estimator is sbi's classifier
+(``classifier_nn``: linear | mlp | resnet) whose output is the log ratio
+log r(θ, x) = log p(x | θ) − log p(x), up to a constant in θ. It is trained on sbi's
+contrastive 1-out-of-``num_atoms`` loss: each x of a batch is paired with its own θ and
+``num_atoms`` − 1 θ of other rows of the same batch, and the classifier must pick its own.
+The posterior is sbi's ``MCMCPosterior`` over log r(θ, x_o) + log p(θ) (its
+``ratio_estimator_based_potential``), sampled as NLE's is (``workload.posterior``); every
+observation is a fresh MCMC run: not amortized.
+
+sbi computes this loss in its trainer's private ``_loss``; the classifier's forward (the
+unnormalized log ratio) is the narrowest public piece, so ``ContrastiveRatio.loss`` builds the
+atoms and the cross-entropy itself, as sbi defines them. ``num_atoms`` (sbi's default 10) is
+the one setting of the loss: ``workload.estimator.model_kwargs.num_atoms``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainforge.workloads.sbi.methods.base import Method
+
+CLASSIFIERS = ("linear", "mlp", "resnet")
+NUM_ATOMS = 10
+"""sbi's default ``num_atoms`` for NRE_B."""
+ATOM_ROWS = 4096
+"""Rows whose θ a row's atoms are drawn from at most: the draw takes two (rows × rows) float
+tensors, 134 MB at 4,096 rows; a validation batch of 16,384 would take 2 GB."""
+VALIDATION_SEED = 1234
+"""Validation draws its atoms from a generator of its own, reset every batch: each epoch's
+val/loss sees the same atoms, so early stopping compares networks, not draws, and the
+training stream (which checkpoints hold) is left as it is."""
+
+
+def _builder() -> Any:
+    return _classifier_factory
+
+
+def _classifier_factory(
+    model: str, z_score_theta: str, z_score_x: str, hidden_features: int,
+    embedding_net: Any = None, num_atoms: int = NUM_ATOMS, **settings: Any,
+) -> Any:  # fmt: skip
+    """sbi's ``classifier_nn`` as ``estimator.build`` calls a density builder: the recipe's
+    embedding net is the one on x, the flow settings (``num_transforms``, ``num_bins``,
+    ``num_components``) mean nothing to a classifier and are dropped, ``num_atoms`` is the
+    loss's."""
+    from sbi.neural_nets import classifier_nn
+    from torch import nn
+
+    for flow_setting in ("num_transforms", "num_bins", "num_components"):
+        settings.pop(flow_setting, None)
+    build_fn = classifier_nn(
+        model=model, z_score_theta=z_score_theta, z_score_x=z_score_x,
+        hidden_features=hidden_features, embedding_net_x=embedding_net or nn.Identity(),
+        **settings,
+    )  # fmt: skip
+
+    def build(theta: Any, x: Any) -> Any:
+        return __getattr__("ContrastiveRatio")(build_fn(theta, x), int(num_atoms))
+
+    return build
+
+
+def contrastive_atoms(batch_size: int, num_atoms: int, generator: Any = None,
+                      device: Any = None) -> Any:  # fmt: skip
+    """(batch_size, num_atoms − 1) row indices: for each row, that many other rows, drawn
+    uniformly without replacement, as sbi's ``_classifier_logits`` draws them with
+    ``torch.multinomial`` over the batch less the row itself. The draw is torch.multinomial's
+    own algorithm for sampling without replacement (the exponential race: top-k of p / q,
+    q ~ Exp(1)), written out: the same indices from the same generator state, but without
+    multinomial's check of its probabilities on the host, which a CUDA graph cannot capture."""
+    import torch
+
+    probs = torch.ones(batch_size, batch_size, device=device)
+    probs = probs * (1 - torch.eye(batch_size, device=device)) / (batch_size - 1)
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).topk(num_atoms - 1, dim=-1).indices
+
+
+def _contrastive_loss(ratio: Any, theta: Any, x: Any, num_atoms: int, generator: Any) -> Any:
+    """Per-row NRE_B loss of one block of rows: −log softmax over its atoms' logits at its
+    own θ (sbi's ``NRE_B._loss``, whose batch mean is this one's)."""
+    import torch
+    from sbi.utils.torchutils import repeat_rows
+
+    batch_size = theta.shape[0]
+    atoms = min(num_atoms, batch_size)  # sbi clamps num_atoms to the batch too
+    if atoms < 2:  # a lone row has nothing to be told apart from
+        return theta.new_zeros(batch_size)
+    others = theta[contrastive_atoms(batch_size, atoms, generator, theta.device)]
+    atomic_theta = torch.cat((theta[:, None, :], others), dim=1).reshape(batch_size * atoms, -1)
+    logits = ratio(atomic_theta, repeat_rows(x, atoms)).reshape(batch_size, atoms)
+    return -(logits[:, 0] - torch.logsumexp(logits, dim=-1))  # atom 0: the joint pair
+
+
+def _define() -> type:
+    """``ContrastiveRatio``, defined on first use: torch is imported only when a method builds
+    (``base``'s rule), and the module's ``__getattr__`` defines it for pickle too."""
+    import torch
+    from torch import Tensor, nn
+
+    class ContrastiveRatio(nn.Module):
+        """sbi's ratio estimator (``ratio``) with the contrastive loss the loop trains:
+        ``loss(θ, condition=x)``, one value per row, as sbi's density estimators have it
+        (``estimator.EstimatorLoss`` calls it inside DDP's forward). Each rank's batch forms
+        its own atoms; a batch above ``ATOM_ROWS`` rows is cut into equal blocks that each
+        do. Training draws from the device's generator (seeded by the loop, kept in its
+        checkpoints); validation from ``VALIDATION_SEED``."""
+
+        def __init__(self, ratio: nn.Module, num_atoms: int = NUM_ATOMS) -> None:
+            super().__init__()
+            self.ratio = ratio
+            self.num_atoms = num_atoms
+
+        def forward(self, theta: Tensor, x: Tensor) -> Tensor:
+            return self.ratio(theta, x)  # the unnormalized log ratio
+
+        def loss(self, input: Tensor, condition: Tensor) -> Tensor:
+            generator = None
+            if not self.training:
+                generator = torch.Generator(input.device).manual_seed(VALIDATION_SEED)
+            blocks = -(-input.shape[0] // ATOM_ROWS)
+            losses = [
+                _contrastive_loss(self.ratio, theta, x, self.num_atoms, generator)
+                for theta, x in zip(
+                    input.tensor_split(blocks), condition.tensor_split(blocks), strict=True
+                )
+            ]
+            return losses[0] if blocks == 1 else torch.cat(losses)
+
+    ContrastiveRatio.__module__, ContrastiveRatio.__qualname__ = __name__, "ContrastiveRatio"
+    return ContrastiveRatio
+
+
+def __getattr__(name: str) -> Any:
+    if name != "ContrastiveRatio":
+        raise AttributeError(name)
+    if name not in globals():
+        globals()[name] = _define()
+    return globals()[name]
+
+
+def ratio_of(estimator: Any) -> Any:
+    """sbi's ``RatioEstimator`` inside what ``build`` made (or the estimator itself: a user's
+    builder may return sbi's ratio estimator directly)."""
+    return getattr(estimator, "ratio", estimator)
+
+
+def _posterior(estimator: Any, prior: Any, sampling: dict[str, Any], device: str) -> Any:
+    from sbi.inference import MCMCPosterior, ratio_estimator_based_potential
+
+    potential, transform = ratio_estimator_based_potential(ratio_of(estimator), prior, x_o=None)
+    return MCMCPosterior(
+        potential, proposal=prior, theta_transform=transform, device=device,
+        method=sampling.get("mcmc_method", "slice_np_vectorized"),
+        num_chains=int(sampling.get("num_chains", 20)),
+        warmup_steps=int(sampling.get("warmup_steps", 200)),
+        thin=int(sampling.get("thin", 1)),
+    )  # fmt: skip
+
+
+METHOD = Method(
+    name="nre",
+    learns="the likelihood-to-evidence ratio r(θ, x) = p(x | θ) / p(x)",
+    input="theta",
+    embeds_x=True,
+    amortized=False,
+    builder=_builder,
+    posterior=_posterior,
+    default_model="resnet",
+    models=CLASSIFIERS,
+    arguments=("num_atoms",),
+)
