@@ -25,7 +25,7 @@ ESTIMATORS = (
     "zuko_gf",
     "zuko_bpf",
 )
-OTHER_MODELS = tuple(n for m in methods.METHODS.values() for n in m.models)
+OTHER_MODELS = tuple(dict.fromkeys(n for m in methods.METHODS.values() for n in m.models))
 """Builder names of the methods whose estimator is no density (nre's classifiers)."""
 EMBEDDINGS = ("none", "fully_connected", "cnn", "permutation_invariant")
 Z_SCORES = ("independent", "structured", "none")
