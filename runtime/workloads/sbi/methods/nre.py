@@ -59,20 +59,19 @@ def _classifier_factory(
     return build
 
 
-def contrastive_atoms(batch_size: int, num_atoms: int, generator: Any = None,
-                      device: Any = None) -> Any:  # fmt: skip
+def contrastive_atoms(
+    batch_size: int, num_atoms: int, generator: Any = None, device: Any = None
+) -> Any:
     """(batch_size, num_atoms − 1) row indices: for each row, that many other rows, drawn
-    uniformly without replacement, as sbi's ``_classifier_logits`` draws them with
-    ``torch.multinomial`` over the batch less the row itself. The draw is torch.multinomial's
-    own algorithm for sampling without replacement (the exponential race: top-k of p / q,
-    q ~ Exp(1)), written out: the same indices from the same generator state, but without
-    multinomial's check of its probabilities on the host, which a CUDA graph cannot capture."""
+    uniformly without replacement, as sbi's ``_classifier_logits`` draws them (the same
+    ``torch.multinomial`` over the batch less the row itself, so the same indices from the same
+    generator state), but on the batch's device: a CUDA graph captures the draw, and each replay
+    draws afresh (seen on an H100, torch 2.11)."""
     import torch
 
     probs = torch.ones(batch_size, batch_size, device=device)
     probs = probs * (1 - torch.eye(batch_size, device=device)) / (batch_size - 1)
-    race = torch.empty_like(probs).exponential_(1, generator=generator)
-    return (probs / race).topk(num_atoms - 1, dim=-1).indices
+    return torch.multinomial(probs, num_atoms - 1, replacement=False, generator=generator)
 
 
 def _contrastive_loss(ratio: Any, theta: Any, x: Any, num_atoms: int, generator: Any) -> Any:
