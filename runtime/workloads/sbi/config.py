@@ -72,8 +72,10 @@ class EstimatorSection(Section):
     model: str | None = None
     """Density estimator, by sbi's builder name: maf | nsf | mdn | made | maf_rqs | zuko_maf |
     zuko_nsf | zuko_nice | zuko_naf | zuko_gf | zuko_bpf; for method nre a classifier
-    (sbi's classifier_nn): linear | mlp | resnet; null: the method's default (maf; nre:
-    resnet); or my_pkg.flows:build (your own
+    (sbi's classifier_nn): linear | mlp | resnet; for methods fmpe and npse a vector-field
+    network (sbi's posterior_flow_nn, posterior_score_nn): mlp | ada_mlp | transformer |
+    transformer_cross_attn; null: the method's default (maf; nre: resnet; fmpe, npse: mlp);
+    or my_pkg.flows:build (your own
     builder by import path, as sbi takes one: called with the training θ and x, for z-scoring,
     ``model_kwargs``, and ``embedding_net`` where it takes it; it returns sbi's
     ConditionalDensityEstimator, or any nn.Module with ``loss(θ, condition=x)``, ``log_prob``
@@ -81,7 +83,10 @@ class EstimatorSection(Section):
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     """More arguments for the builder: sbi's (``posterior_nn``'s, e.g. ``num_blocks``,
     ``dropout_probability``) for a builder name, or your own builder's. Method nre also takes
-    ``num_atoms`` here: θ per x in its contrastive loss (sbi's default 10)."""
+    ``num_atoms`` here: θ per x in its contrastive loss (sbi's default 10). Methods fmpe and
+    npse take sbi's vector-field settings, e.g. ``num_layers`` (sbi's default 5),
+    ``time_emb_type``, ``t_embedding_dim``; npse also ``sde_type`` (ve | vp | subvp; sbi's
+    ve) and its schedule's (``sigma_min``, ``sigma_max``, ``beta_min``, ``beta_max`` …)."""
     hidden_features: int = 50
     """Hidden units of the estimator's networks (sbi's default 50)."""
     num_transforms: int = 5
@@ -161,7 +166,9 @@ class EvaluationSection(Section):
     observation on one core)."""
     sbc_runs: int = 200
     """Simulation-based calibration and TARP (sbi's): (θ, x) pairs from the prior, 0 disables
-    both. Run for amortized posteriors only (npe): method nle would run MCMC at each pair."""
+    both. Run for amortized posteriors only (npe, fmpe): methods nle and nre would run MCMC at
+    each pair, npse its 500-step SDE sampler over sbi's batched proposals (a minute on a CPU
+    core at 50 pairs)."""
     sbc_samples: int = 1000
     """Posterior samples per SBC run."""
     pair_plot: bool = True
@@ -202,12 +209,15 @@ class SBIWorkloadConfig(WorkloadSection):
     run on a GPU)."""
     simulation: SimulationSection = field(default_factory=SimulationSection)
     method: str = "npe"
-    """npe | nle | nre, by sbi's names. npe: the estimator learns the posterior q(θ | x),
-    sampled directly. nle: it learns the likelihood q(x | θ) (no embedding net on x), and the
-    posterior samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per
+    """npe | nle | nre | fmpe | npse, by sbi's names. npe: the estimator learns the posterior
+    q(θ | x), sampled directly. nle: it learns the likelihood q(x | θ) (no embedding net on
+    x), and the posterior samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per
     observation, so its evaluation skips SBC and TARP. nre (sbi's NRE, NRE_B): a classifier
     learns the ratio p(x | θ) / p(x) by telling each x's θ from num_atoms - 1 others of its
-    batch; its posterior samples r(x_o, θ) p(θ) by MCMC as nle's does."""
+    batch; its posterior samples r(x_o, θ) p(θ) by MCMC as nle's does. fmpe (flow matching)
+    and npse (score-based diffusion): a vector-field network of (θ_t, x, t) learns the
+    posterior, and sbi's VectorFieldPosterior samples it by an ODE (fmpe) or SDE (npse) solve;
+    amortized, so SBC and TARP run for fmpe; npse skips them (its sampler's cost)."""
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
     posterior: PosteriorSection = field(default_factory=PosteriorSection)
     val_fraction: float = 0.1

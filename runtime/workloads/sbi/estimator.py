@@ -232,6 +232,8 @@ def _check_sbi_arguments(record: BuildRecord) -> None:
     nflows builders (maf, nsf, mdn, made, maf_rqs) drop any other silently, so a misspelt one
     would train a network other than the recipe's; its zuko builders pass the rest to zuko,
     which refuses what it does not know (the probe's build finds it)."""
+    if methods.get(record.method).checks_arguments:
+        return  # its builder names what it takes (methods/vector_field.py)
     from sbi.neural_nets import net_builders
 
     # a classifier's builder (method nre's) is build_<name>_classifier
@@ -282,7 +284,10 @@ class EstimatorLoss(nn.Module):
 
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
         estimator = cast(DensityEstimator, self.estimator)
-        given, condition = methods.get(self.method).arrange(theta, x)
+        method = methods.get(self.method)
+        given, condition = method.arrange(theta, x)
+        if not self.training and method.validation_loss is not None:
+            return method.validation_loss(self.estimator, given, condition)
         return estimator.loss(given, condition=condition)
 
 

@@ -146,13 +146,15 @@ def scored(
 
 
 def calibrates(cfg: Any, method: str) -> bool:
-    """Whether SBC and TARP run: asked for, and the posterior amortized (otherwise one line
-    says why not)."""
-    if cfg.sbc_runs > 0 and not methods.get(method).amortized:
+    """Whether SBC and TARP run: asked for, the posterior amortized and the method's sampler
+    cheap enough at many x (otherwise one line says why not)."""
+    chosen = methods.get(method)
+    why = chosen.calibration_skipped or (
+        None if chosen.amortized else "runs MCMC chains at each of those observations")  # fmt: skip
+    if cfg.sbc_runs > 0 and why is not None:
         say(f"evaluation: SBC and TARP skipped (workload.evaluation.sbc_runs {cfg.sbc_runs}): "
-            f"method {method}'s posterior runs MCMC chains at each of those observations; "
-            "sbc_runs 0 asks for none")  # fmt: skip
-    return cfg.sbc_runs > 0 and methods.get(method).amortized
+            f"method {method}'s posterior {why}; sbc_runs 0 asks for none")  # fmt: skip
+    return cfg.sbc_runs > 0 and why is None
 
 
 def announce(numbers: list[int], label: str, cfg: Any, calibrate: bool = True) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge.errors import RecipeError, not_one_of
-from trainforge.workloads.sbi.methods import nle, npe, nre
+from trainforge.workloads.sbi.methods import fmpe, nle, npe, npse, nre
 from trainforge.workloads.sbi.methods.base import Method
 
-METHODS: dict[str, Method] = {m.name: m for m in (npe.METHOD, nle.METHOD, nre.METHOD)}
+METHODS: dict[str, Method] = {
+    m.name: m for m in (npe.METHOD, nle.METHOD, nre.METHOD, nre.METHOD_C, fmpe.METHOD, npse.METHOD)
+}
 NAMES = tuple(METHODS)
 
 

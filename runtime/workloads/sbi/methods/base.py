@@ -38,6 +38,15 @@ class Method:
     ``architecture.ESTIMATORS``); a name of another method's is refused."""
     arguments: tuple[str, ...] = ()
     """``workload.estimator.model_kwargs`` the method's own builder takes beside sbi's."""
+    checks_arguments: bool = False
+    """Its builder refuses ``model_kwargs`` it does not take by itself (fmpe, npse: sbi's
+    vector-field factories, which ``net_builders`` does not list)."""
+    validation_loss: Callable[[Any, Any, Any], Any] | None = None
+    """``validation_loss(estimator, input, condition)``: per-row loss for val/loss where the
+    training loss is a random draw (fmpe, npse: at fixed times); None: the training loss."""
+    calibration_skipped: str | None = None
+    """Why SBC and TARP skip its amortized posterior anyway, for the evaluation's one line
+    (npse: its sampler's cost); None: they run where the posterior is amortized."""
 
     def arrange(self, theta: T, x: T) -> tuple[T, T]:
         """(input, condition) of the estimator's ``loss``/``log_prob`` from a (θ, x) batch."""
