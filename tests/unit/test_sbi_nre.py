@@ -1,8 +1,9 @@
-"""Neural ratio estimation (``workload.method: nre``, sbi's NRE_B): the estimator is sbi's
-classifier (resnet unless the recipe names linear or mlp), its per-row loss is sbi's contrastive
-1-out-of-num_atoms loss — the same number as sbi's own NRE trainer on the same batch and the
-same random atoms — it learns, the export loads as sbi's MCMCPosterior over the ratio-based
-potential, and a flow's name is refused for it in one line before anything starts."""
+"""Neural ratio estimation (``workload.method: nre``, sbi's NRE_B; ``nre_c``, sbi's NRE_C):
+the estimator is sbi's classifier (resnet unless the recipe names linear or mlp), its per-row
+loss is sbi's contrastive loss — the same number as sbi's own NRE (and NRE_C) trainer on the
+same batch and the same random atoms — it learns, the export loads as sbi's MCMCPosterior
+over the ratio-based potential, and a flow's name is refused for it in one line before
+anything starts."""
 
 from __future__ import annotations
 
@@ -77,6 +78,29 @@ def test_the_contrastive_loss_is_sbis_nre_b_loss_on_the_same_atoms(
     drawn = nre.contrastive_atoms(batch, atoms)
     assert torch.equal(drawn, expected)
     assert not bool((drawn == torch.arange(batch)[:, None]).any())
+
+
+@pytest.mark.parametrize(("classes", "gamma"), [(5, 1.0), (3, 0.25)])
+def test_nre_c_is_sbis_nre_c_loss_on_the_same_atoms(
+    classes: int, gamma: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sbi.inference import NRE_C
+
+    monkeypatch.chdir(tmp_path)
+    theta, x = _data()
+    section = EstimatorSection(hidden_features=16,
+                               model_kwargs={"num_classes": classes, "gamma": gamma})  # fmt: skip
+    record = estimators.BuildRecord.from_config(section, 2, 2, method="nre_c")
+    estimators.probe_estimator(record)  # nre_c's own model_kwargs are taken
+    built = estimators.build(record, theta, x)
+    trainer = NRE_C(prior=get_task("two_moons").prior_distribution(), show_progress_bars=False)
+    trainer._neural_net = built.ratio
+    torch.manual_seed(11)
+    ours = estimators.EstimatorLoss(built, "nre_c")(theta[:200], x[:200])
+    torch.manual_seed(11)
+    theirs = trainer._loss(theta[:200], x[:200], num_atoms=classes + 1, gamma=gamma)
+    assert ours.shape == (200,)
+    torch.testing.assert_close(ours.mean(), theirs)
 
 
 def test_validation_atoms_are_fixed_and_leave_the_training_stream_alone() -> None:
