@@ -209,16 +209,16 @@ class SBIWorkloadConfig(WorkloadSection):
     run on a GPU)."""
     simulation: SimulationSection = field(default_factory=SimulationSection)
     method: str = "npe"
-    """npe | nle | nre | nre_c | fmpe | npse, by sbi's names. npe: the estimator learns the posterior
-    q(θ | x), sampled directly. nle: it learns the likelihood q(x | θ) (no embedding net on
-    x), and the posterior samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``): seconds per
-    observation, so its evaluation skips SBC and TARP. nre (sbi's NRE, NRE_B): a classifier
-    learns the ratio p(x | θ) / p(x) by telling each x's θ from num_atoms - 1 others of its
-    batch; its posterior samples r(x_o, θ) p(θ) by MCMC as nle's does; nre_c: the same with
-    sbi's NRE_C loss (model_kwargs num_classes, gamma). fmpe (flow matching)
-    and npse (score-based diffusion): a vector-field network of (θ_t, x, t) learns the
-    posterior, and sbi's VectorFieldPosterior samples it by an ODE (fmpe) or SDE (npse) solve;
-    amortized, so SBC and TARP run for fmpe; npse skips them (its sampler's cost)."""
+    """npe | nle | nre | nre_c | fmpe | npse, by sbi's names. npe: the estimator learns the
+    posterior q(θ | x), sampled directly. nle: it learns the likelihood q(x | θ) (no embedding
+    net on x), and the posterior samples q(x_o | θ) p(θ) by MCMC (``workload.posterior``):
+    seconds per observation, so its evaluation skips SBC and TARP. nre (sbi's NRE, NRE_B): a
+    classifier learns the ratio p(x | θ) / p(x) by telling each x's θ from num_atoms - 1 others
+    of its batch; its posterior samples r(x_o, θ) p(θ) by MCMC as nle's does; nre_c: the same
+    with sbi's NRE_C loss (model_kwargs num_classes, gamma). fmpe (flow matching) and npse
+    (score-based diffusion): a vector-field network of (θ_t, x, t) learns the posterior, and
+    sbi's VectorFieldPosterior samples it by an ODE (fmpe) or SDE (npse) solve; amortized, so
+    SBC and TARP run for fmpe; npse skips them (its sampler's cost)."""
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
     posterior: PosteriorSection = field(default_factory=PosteriorSection)
     val_fraction: float = 0.1
