@@ -83,15 +83,13 @@ def arguments(made_by: Callable[..., Any]) -> list[str]:
 
 def posterior(sample_with: str) -> Callable[[Any, Any, dict[str, Any], str], Any]:
     """``Method.posterior``: sbi's ``VectorFieldPosterior`` sampling ``sample_with`` (ode |
-    sde), as sbi's trainer of the method builds it by default."""
+    sde), as sbi's trainer of the method builds it by default; ``workload.posterior``'s MCMC
+    settings do not apply to it."""
 
     def make(estimator: Any, prior: Any, sampling: dict[str, Any], device: str) -> Any:
         from sbi.inference import VectorFieldPosterior
 
-        return VectorFieldPosterior(
-            estimator, prior, device=device,
-            sample_with=sampling.get("sample_with", sample_with),
-        )  # fmt: skip
+        return VectorFieldPosterior(estimator, prior, device=device, sample_with=sample_with)
 
     return make
 
