@@ -42,7 +42,7 @@ def model_pair(theta: torch.Tensor, x: torch.Tensor) -> dict[str, Any]:
     """sbi's MAF twice, the same weights; the second on trainforge's tanh."""
     torch.manual_seed(0)
     record = estimators.BuildRecord.from_config(EstimatorSection(model="maf"), 2, 2)
-    native = estimators.NPELoss(estimators.build(record, theta, x))
+    native = estimators.EstimatorLoss(estimators.build(record, theta, x))
     fast = copy.deepcopy(native)
     assert fast_tanh.use_in(fast) > 0
     return {"torch_tanh": native, "fast_tanh": fast}

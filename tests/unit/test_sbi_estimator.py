@@ -17,6 +17,7 @@ from tests.unit.sbi_helpers import _data
 from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi.config import EstimatorSection
+from trainforge.workloads.sbi.estimator import EstimatorLoss as Loss
 
 
 @pytest.mark.parametrize("model", ["maf", "nsf", "mdn", "zuko_maf"])
@@ -25,8 +26,8 @@ def test_an_estimator_is_rebuilt_from_its_record_and_weights(model: str) -> None
     record = estimators.BuildRecord.from_config(EstimatorSection(model=model), 2, 2)
     built = estimators.build(record, theta * 3 + 1, x - 2)  # z-scoring from these numbers
     rebuilt = estimators.rebuild(record, built.state_dict())
-    loss = estimators.NPELoss(built.eval())
-    again = estimators.NPELoss(rebuilt.eval())
+    loss = Loss(built.eval())
+    again = Loss(rebuilt.eval())
     torch.testing.assert_close(loss(theta[:50], x[:50]), again(theta[:50], x[:50]))
     assert loss(theta[:50], x[:50]).shape == (50,)
 
@@ -38,9 +39,7 @@ def test_z_scoring_comes_from_the_data_given_to_the_builder() -> None:
     a = estimators.build(record, theta, x)
     torch.manual_seed(0)
     b = estimators.build(record, theta * 10, x)
-    assert not torch.allclose(
-        estimators.NPELoss(a)(theta[:5], x[:5]), estimators.NPELoss(b)(theta[:5], x[:5])
-    )
+    assert not torch.allclose(Loss(a)(theta[:5], x[:5]), Loss(b)(theta[:5], x[:5]))
 
 
 @pytest.mark.parametrize(
@@ -52,12 +51,12 @@ def test_embedding_nets_build_and_train(embedding: str, shape: list[int], dim_x:
     estimators.check(cfg)
     record = estimators.BuildRecord.from_config(cfg, 2, dim_x)
     theta, x = torch.randn(64, 2), torch.randn(64, dim_x)
-    model = estimators.NPELoss(estimators.build(record, theta, x))
+    model = Loss(estimators.build(record, theta, x))
     loss = model(theta, x).mean()
     loss.backward()
     assert torch.isfinite(loss)
     rebuilt = estimators.rebuild(record, model.estimator.state_dict())
-    torch.testing.assert_close(estimators.NPELoss(rebuilt.eval())(theta, x), model.eval()(theta, x))
+    torch.testing.assert_close(Loss(rebuilt.eval())(theta, x), model.eval()(theta, x))
 
 
 def test_embedding_shape_must_match_x() -> None:
@@ -80,7 +79,7 @@ before = set(sys.modules)
 theta, x = torch.randn(200, 2), torch.randn(200, 2)
 for model in ("maf", "nsf", "mdn", "zuko_maf", "zuko_nsf"):
     record = estimators.BuildRecord.from_config(EstimatorSection(model=model), 2, 2)
-    loss = estimators.NPELoss(estimators.build(record, theta, x))(theta[:64], x[:64]).mean()
+    loss = estimators.EstimatorLoss(estimators.build(record, theta, x))(theta[:64], x[:64]).mean()
     loss.backward()
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
@@ -204,8 +203,8 @@ def test_a_users_embedding_net_is_built_with_its_arguments_and_rebuilt(users_net
     [net] = [m for m in built.embedding_net.modules() if type(m).__name__ == "Features"]
     assert net.width == 5  # after sbi's z-scoring of x, inside the estimator
     again = estimators.rebuild(estimators.BuildRecord(**record.to_dict()), built.state_dict())
-    torch.testing.assert_close(estimators.NPELoss(built.eval())(theta[:8], x[:8]),
-                               estimators.NPELoss(again.eval())(theta[:8], x[:8]))  # fmt: skip
+    torch.testing.assert_close(Loss(built.eval())(theta[:8], x[:8]),
+                               Loss(again.eval())(theta[:8], x[:8]))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -251,8 +250,8 @@ def test_a_users_builder_makes_the_estimator_with_the_recipes_embedding_and_is_r
     assert any(type(m).__name__ == "Features" for m in built.modules())  # the recipe's net
     assert {p.shape for p in built.parameters()} >= {torch.Size([6, 6])}  # hidden=6
     again = estimators.rebuild(estimators.BuildRecord(**record.to_dict()), built.state_dict())
-    torch.testing.assert_close(estimators.NPELoss(built.eval())(theta[:8], x[:8]),
-                               estimators.NPELoss(again.eval())(theta[:8], x[:8]))  # fmt: skip
+    torch.testing.assert_close(Loss(built.eval())(theta[:8], x[:8]),
+                               Loss(again.eval())(theta[:8], x[:8]))  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def test_only_a_large_cpu_tensor_takes_the_identity() -> None:
 def test_sbis_maf_computes_the_same_loss_and_gradients_with_it(rows: int) -> None:
     theta, x = _data()
     record = estimators.BuildRecord.from_config(EstimatorSection(model="maf"), 2, 2)
-    theirs = estimators.NPELoss(estimators.build(record, theta, x))
+    theirs = estimators.EstimatorLoss(estimators.build(record, theta, x))
     mine = copy.deepcopy(theirs)
     # sbi's default MAF: five transforms, each a MADE and its two blocks holding tanh
     assert fast_tanh.use_in(mine) == 15

@@ -181,7 +181,8 @@ def test_the_nre_export_loads_as_an_mcmc_posterior_over_the_ratio(tmp_path: Path
         (["workload.estimator.model=maf"], "workload.estimator.model: maf is a density "
          "estimator (a flow), and method nre learns the likelihood-to-evidence ratio"),
         (["workload.method=npe", "workload.estimator.model=resnet"],
-         "workload.estimator.model: resnet is method nre's estimator, and method npe learns"),
+         "workload.estimator.model: resnet is the estimator of nre and nre_c, and method npe "
+         "learns"),
         (["workload.estimator.model=resnt"],
          "workload.estimator.model: 'resnt' is not a known estimator (did you mean 'resnet'?)"),
     ],

@@ -40,7 +40,7 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
     if dtype != "fp32":
         raise RecipeError(
             f"precision.dtype: {dtype} is not supported for workload.kind sbi; use fp32 "
-            "(flow log-determinants and the NPE and NLE losses need it; see the sbi workload docs)"
+            "(flow log-determinants and every method's loss need it; see the sbi workload docs)"
         )
 
 

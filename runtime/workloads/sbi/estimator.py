@@ -289,6 +289,3 @@ class EstimatorLoss(nn.Module):
         if not self.training and method.validation_loss is not None:
             return method.validation_loss(self.estimator, given, condition)
         return estimator.loss(given, condition=condition)
-
-
-NPELoss = EstimatorLoss  # NPE's loss by the name its callers (benchmarks, tests) use

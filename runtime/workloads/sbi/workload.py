@@ -1,11 +1,12 @@
-"""Neural posterior and likelihood estimation (NPE, NLE: ``workload.method``) as a trainforge
-workload.
+"""Simulation-based inference as a trainforge workload: the method (``workload.method``: NPE,
+NLE, NRE, FMPE, NPSE; ``methods/``) decides what the estimator learns and its loss.
 
 The data are the simulation stage's (θ, x) pairs, split once into training and validation with
 a seeded permutation (sbi's split rule: the last ``val_fraction`` of the permutation validates),
-identically on every rank; the loop shards the training split. The model is sbi's density
-estimator inside ``EstimatorLoss``; the loss is its mean −log q(θ | x) (NPE) or −log q(x | θ)
-(NLE).
+identically on every rank; the loop shards the training split. The model is sbi's
+estimator inside ``EstimatorLoss``; the loss is its mean per-row loss (−log q(θ | x) for NPE,
+−log q(x | θ) for NLE, the contrastive classification loss for NRE, the vector field's
+regression loss for FMPE and NPSE).
 
 Precision: SBI trains in fp32 only. The loss is a sum of log-determinants over the flow's
 transforms and is compared across epochs to the fourth decimal by early stopping; bf16 keeps

@@ -1,7 +1,7 @@
 """The methods of simulation-based inference a recipe may train (``workload.method``), by
-sbi's names. A method is one module here (``npe.py``, ``nle.py``) that fills in ``base.Method``;
-adding one is adding its module and its entry below. No torch is imported here: the driver
-checks a recipe's method with ``check``."""
+sbi's names. A method is one module here (``npe.py``, ``nle.py``, ``nre.py``, ``fmpe.py``,
+``npse.py``) that fills in ``base.Method``; adding one is adding its module and its entry below.
+No torch is imported here: the driver checks a recipe's method with ``check``."""
 
 from __future__ import annotations
 
@@ -44,11 +44,12 @@ def check_model(method: Method, model: str | None) -> None:
     density, a flow outputs no ratio."""
     if model is None or ":" in model:  # the method's default, or the user's own builder
         return
-    owner = next((m for m in METHODS.values() if model in m.models), None)
-    fits = model in method.models if method.models else owner is None
+    owners = [m.name for m in METHODS.values() if model in m.models]
+    fits = model in method.models if method.models else not owners
     if fits:
         return
-    kind = f"method {owner.name}'s estimator" if owner else "a density estimator (a flow)"
+    named = " and ".join([", ".join(owners[:-1]), owners[-1]] if len(owners) > 1 else owners)
+    kind = f"the estimator of {named}" if owners else "a density estimator (a flow)"
     takes = ", ".join(method.models) if method.models else "a density estimator (maf, nsf, …)"
     raise RecipeError(
         f"workload.estimator.model: {model} is {kind}, and method {method.name} learns "

@@ -16,7 +16,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Method:
     name: str
-    """sbi's name for it: npe, nle (its trainers are NPE, NLE)."""
+    """sbi's name for it: npe, nle, nre, nre_c, fmpe, npse (its trainers: NPE, NLE, NRE_B,
+    NRE_C, FMPE, NPSE)."""
     learns: str
     """What its estimator models, in words for messages and docs."""
     input: Literal["theta", "x"]
