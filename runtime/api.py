@@ -85,7 +85,8 @@ def train(recipe: RecipeSource, overrides: Overrides = ()) -> Result:
 
 def load(run: str | Path) -> Any:
     """A finished run's model with its final weights, on the CPU and in eval mode (an SBI
-    run's posterior: sbi's ``DirectPosterior``). ``run``: the run's folder (``runs/NAME``) or
+    run's posterior: sbi's posterior object of its method, e.g. a ``DirectPosterior`` for NPE,
+    an ``MCMCPosterior`` for NLE and NRE). ``run``: the run's folder (``runs/NAME``) or
     one of its checkpoint folders. The model is built by the run's own recipe (kept in every
     checkpoint) and its weights load with ``weights_only=True``."""
     from trainforge import checkpoint, config
