@@ -48,6 +48,12 @@ DEBUG = ROOT / "recipes" / "sbi" / "two_moons_debug.yaml"
         ),
         ("workload.posterior.num_chains=0", "workload.posterior.num_chains: must be >= 1"),
         ("workload.posterior.mcmc_method=nuts", "workload.posterior.mcmc_method: 'nuts'"),
+        (
+            "workload.method=npse workload.estimator.model=mlp scaling.use_gpu=true "
+            "precision.cuda_graphs=true",
+            "precision.cuda_graphs: method npse's step cannot be captured as a CUDA graph: sbi's "
+            "vector-field loss reads",
+        ),
     ],
 )
 def test_bad_sbi_recipe_values_name_their_key(override: str, message: str) -> None:

@@ -12,7 +12,14 @@ from trainforge import log
 from trainforge.config.schema import Recipe
 from trainforge.errors import RecipeError, did_you_mean
 from trainforge.workloads import user_code
-from trainforge.workloads.sbi import architecture, catalogue, observations, simulate, simulations
+from trainforge.workloads.sbi import (
+    architecture,
+    catalogue,
+    methods,
+    observations,
+    simulate,
+    simulations,
+)
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.stage import StageRunner
 
@@ -35,6 +42,12 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
     if cfg.task != custom and (cfg.prior is not None or cfg.simulator is not None):
         raise RecipeError(
             f"workload.prior/simulator: only used with task: {custom} (task is {cfg.task!r})"
+        )
+    blocker = methods.get(cfg.method).graph_blocker if cfg.method in methods.METHODS else None
+    if recipe.precision.cuda_graphs == "true" and blocker:
+        raise RecipeError(
+            f"precision.cuda_graphs: method {cfg.method}'s step cannot be captured as a CUDA "
+            f"graph: {blocker}; use auto (eager steps after a failed capture) or false"
         )
     dtype = recipe.precision.dtype
     if dtype != "fp32":

@@ -45,6 +45,10 @@ class Method:
     validation_loss: Callable[[Any, Any, Any], Any] | None = None
     """``validation_loss(estimator, input, condition)``: per-row loss for val/loss where the
     training loss is a random draw (fmpe, npse: at fixed times); None: the training loss."""
+    graph_blocker: str | None = None
+    """Why its training step cannot be captured as a CUDA graph (``precision.cuda_graphs:
+    true`` is refused at recipe load; ``auto`` tries, and falls back to eager steps with a
+    line); None: it can (npe with zuko's flows, nle, nre on one H100)."""
     calibration_skipped: str | None = None
     """Why SBC and TARP skip its amortized posterior anyway, for the evaluation's one line
     (npse: its sampler's cost); None: they run where the posterior is amortized."""

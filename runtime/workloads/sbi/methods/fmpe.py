@@ -23,4 +23,5 @@ METHOD = Method(
     models=vector_field.NETS,
     checks_arguments=True,
     validation_loss=vector_field.validation_loss,
+    graph_blocker=vector_field.GRAPH_BLOCKER,
 )

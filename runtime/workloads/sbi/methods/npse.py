@@ -24,6 +24,7 @@ METHOD = Method(
     models=vector_field.NETS,
     checks_arguments=True,
     validation_loss=vector_field.validation_loss,
+    graph_blocker=vector_field.GRAPH_BLOCKER,
     # two_moons_npse_debug, one core: 50 × 100 SBC draws 18 s and TARP's 50 × 200 44 s, as
     # sbi's batched rejection sampler integrates up to 100,000 proposals a round
     calibration_skipped="integrates 500 SDE steps over up to 100,000 proposals a round "

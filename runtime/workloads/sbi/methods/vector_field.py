@@ -31,6 +31,10 @@ FLOW_SETTINGS = ("num_transforms", "num_bins", "num_components")
 """``estimator.build`` passes the flows' keys to every builder; a vector field has none."""
 SET_HERE = ("model", "z_score_theta", "z_score_x", "hidden_features", "embedding_net")
 """The factory's arguments that the recipe's own ``workload.estimator`` keys set."""
+GRAPH_BLOCKER = (
+    "sbi's vector-field loss reads its standardization flag, a tensor on the GPU, on the host "
+    "at every step (its capture fails on one H100: cudaErrorStreamCaptureInvalidated)"
+)
 VALIDATION_TIMES = 10
 TIME_NUGGET = 0.05
 """sbi's trainers' validation times: 10 of ``solve_schedule`` within [t_min + 0.05,
