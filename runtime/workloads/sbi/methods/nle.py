@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainforge.workloads.sbi.methods import mcmc
 from trainforge.workloads.sbi.methods.base import Method
 
 
@@ -17,16 +18,10 @@ def _builder() -> Any:
 
 
 def _posterior(estimator: Any, prior: Any, sampling: dict[str, Any], device: str) -> Any:
-    from sbi.inference import MCMCPosterior, likelihood_estimator_based_potential
+    from sbi.inference import likelihood_estimator_based_potential
 
     potential, transform = likelihood_estimator_based_potential(estimator, prior, x_o=None)
-    return MCMCPosterior(
-        potential, proposal=prior, theta_transform=transform, device=device,
-        method=sampling.get("mcmc_method", "slice_np_vectorized"),
-        num_chains=int(sampling.get("num_chains", 20)),
-        warmup_steps=int(sampling.get("warmup_steps", 200)),
-        thin=int(sampling.get("thin", 1)),
-    )  # fmt: skip
+    return mcmc.posterior(potential, transform, prior, sampling, device)
 
 
 METHOD = Method(
