@@ -5,12 +5,14 @@ The observations and reference samples are sbibm's stored ones or this project's
 (``workload.evaluation.observations_from``, see ``observations``); which ones is said on every
 evaluation line and recorded in ``observations.json``.
 
-Runs on rank 0, through sbi's posterior object — the one users get: ``DirectPosterior`` for
-NPE, so what is scored includes its rejection of samples outside the prior's support;
-``MCMCPosterior`` for NLE, so its MCMC is scored with the estimator. SBC and TARP need the
+Runs on rank 0, through sbi's posterior object of the method — the one users get:
+``DirectPosterior`` for NPE, so what is scored includes its rejection of samples outside the
+prior's support; ``MCMCPosterior`` for NLE and NRE, so their MCMC is scored with the estimator;
+``VectorFieldPosterior`` for FMPE and NPSE, their ODE or SDE solve. SBC and TARP need the
 posterior at each of ``sbc_runs`` simulated observations: a network pass each for NPE, MCMC
-chains each for NLE (50 × 100 two_moons samples took 60 s of one core), so they run for
-amortized methods only. The posterior samples on the
+chains each for NLE and NRE (50 × 100 two_moons samples took 60 s of one core), so they run
+for amortized methods only (and not for NPSE: ``Method.calibration_skipped``). The posterior
+samples on the
 training device where the prior can follow it there (``SimulationSource.posterior_device``):
 SBC's 200 × 1,000 draws from a spline flow take about 10 s of one CPU core, and every SBI run
 waited for them after its last step. The classifier of C2ST, the ranks and plots stay on the CPU.

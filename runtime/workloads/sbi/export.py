@@ -1,5 +1,6 @@
-"""The trained posterior as one file an ``sbi`` user opens as sbi's posterior object: a
-``DirectPosterior`` for NPE, an ``MCMCPosterior`` over the likelihood estimator for NLE.
+"""The trained posterior as one file an ``sbi`` user opens as sbi's posterior object of the
+run's method: a ``DirectPosterior`` for NPE, an ``MCMCPosterior`` over the likelihood (NLE) or
+the ratio (NRE), a ``VectorFieldPosterior`` for FMPE and NPSE (``methods/``).
 
 ``posterior.pt`` holds plain data only — the build record (with the method), the state dict,
 how to get the prior (a task name or an import path) and, for a method that samples by MCMC,
