@@ -1,0 +1,254 @@
+"""Each SBI method's debug recipe against sbi 0.27's own trainer of that method, in one
+invocation on one machine: wall time, epochs and C2ST at the same observation.
+
+For each method (npe, nle, nre, fmpe, npse) on two_moons:
+
+- the SAME simulations for both sides: one ``trainforge simulate`` entry (``--simulations``,
+  default 5,000, made once with ``run.seed=--simulation-seed``), given to sbi as tensors and
+  to every command as ``workload.simulation.path``;
+- sbi: ``NPE/NLE/NRE/FMPE/NPSE(prior, <network>).append_simulations(θ, x).train(...)``, in this
+  process on one thread, with the recipe's network (``posterior_nn`` / ``likelihood_nn`` /
+  ``classifier_nn`` / ``posterior_flow_nn`` / ``posterior_score_nn`` with the recipe's
+  ``workload.estimator`` keys) and its training settings: the recipe's global batch
+  (``train.batch_size`` × ``scaling.num_workers``), lr, patience, gradient clip and epoch cap;
+  validated on the rows trainforge validates on (sbi's one ``torch.randperm`` is answered with
+  ``run.seed``'s split, ``bench/sbi_baseline.py``). Then ``build_posterior()`` (NLE and NRE: the
+  recipe's ``workload.posterior`` MCMC settings) and 1,000 samples at the observation;
+- trainforge: the whole ``trainforge train recipes/sbi/two_moons_<method>_debug.yaml`` command
+  (npe: ``two_moons_debug.yaml``) with ``run.seed`` and the simulations' path, SBC and the pair
+  plot off (sbi's side makes neither); it samples and scores its own posterior;
+- the observation is trainforge's own observation 1 (``observations_from=own``); both sides'
+  1,000 samples are scored by ``trainforge.workloads.sbi.c2st`` against the same 1,000
+  reference samples (``reference_samples(task, 1, 1000, seed=run.seed + 1)``, C2ST seed
+  ``run.seed``: the command's evaluation rule, ``evaluate.scored``), drawn with torch's and
+  numpy's seeds at ``run.seed + 1`` as the command draws them.
+
+Times: sbi's ``train()`` wall and its posterior's build + sampling; trainforge's training
+("finished at step N in T s", the loop's own), its evaluation ("evaluation done in T s":
+sampling + C2ST) and the whole command from the shell (private Ray start, workers, MLflow).
+
+    python bench/sbi_methods_vs_sbi.py --out methods.json [--methods npe nle] [--seeds 3]
+
+``--seeds N`` trains each method at ``run.seed`` / ``torch.manual_seed`` 0..N-1 on the same
+simulations (each seed its own split, initialisation and reference samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from sbi_race_command import (  # noqa: E402 - bench/ is on the path from here
+    EPOCH_DONE,
+    command,
+    make_simulations,
+    simulation_overrides,
+    split_permutation,
+    work_folder,
+)
+
+METHODS = ("npe", "nle", "nre", "fmpe", "npse")
+RECIPES = {m: f"sbi/two_moons_{m}_debug" for m in METHODS} | {"npe": "sbi/two_moons_debug"}
+QUIET = ["workload.evaluation.sbc_runs=0", "workload.evaluation.pair_plot=false"]
+OBSERVATION = 1
+NUM_SAMPLES = 1000
+FINISHED = re.compile(r"finished at step (\d+) in ([\d.]+) s")
+EVALUATED = re.compile(r"evaluation done in ([\d.]+) s")
+RESTORED = re.compile(r"restored the best weights \(val/loss (-?[\d.]+), epoch (\d+)\)")
+C2ST = re.compile(r"c2st/mean\s+([\d.]+)")
+
+
+def recipe(method: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((ROOT.parent / "recipes" / f"{RECIPES[method]}.yaml").read_text())
+
+
+def sbi_trainer(method: str, spec: dict[str, Any], prior: Any) -> tuple[Any, dict[str, Any]]:
+    """sbi's trainer of ``method`` with the recipe's network, and its ``train()`` extras."""
+    from sbi import inference, neural_nets
+
+    est = spec["workload"].get("estimator", {})
+    kwargs = dict(est.get("model_kwargs", {}))
+    common = {"hidden_features": est.get("hidden_features", 50), "z_score_theta": "independent",
+              "z_score_x": "independent"}  # fmt: skip
+    if method in ("npe", "nle"):
+        build = (neural_nets.posterior_nn if method == "npe" else neural_nets.likelihood_nn)(
+            model=est.get("model", "maf"), num_transforms=est.get("num_transforms", 5), **common
+        )
+        made = (inference.NPE if method == "npe" else inference.NLE)(
+            prior=prior, density_estimator=build, show_progress_bars=False
+        )
+        return made, {}
+    if method == "nre":
+        atoms = kwargs.pop("num_atoms", 10)
+        build = neural_nets.classifier_nn(model=est.get("model", "resnet"), **common, **kwargs)
+        made = inference.NRE(prior=prior, classifier=build, show_progress_bars=False)
+        return made, {"num_atoms": atoms}
+    if method == "fmpe":
+        build = neural_nets.posterior_flow_nn(model=est.get("model", "mlp"), **common, **kwargs)
+        return inference.FMPE(prior=prior, vf_estimator=build, show_progress_bars=False), {}
+    sde = kwargs.pop("sde_type", "ve")
+    build = neural_nets.posterior_score_nn(
+        model=est.get("model", "mlp"), sde_type=sde, **common, **kwargs
+    )
+    made = inference.NPSE(prior=prior, vf_estimator=build, sde_type=sde, show_progress_bars=False)
+    return made, {}
+
+
+def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any,
+             reference: Any) -> dict[str, Any]:  # fmt: skip
+    import numpy as np
+    import sbi_baseline
+    import torch
+
+    from trainforge.workloads.sbi.c2st import c2st
+    from trainforge.workloads.sbi.tasks import get_task
+
+    spec = recipe(method)
+    train = spec["train"]
+    workers = spec["scaling"]["num_workers"]
+    torch.manual_seed(seed)
+    trainer, extra = sbi_trainer(method, spec, get_task("two_moons").prior_distribution("cpu"))
+    trainer.append_simulations(theta, x)
+    settings = {
+        "training_batch_size": train["batch_size"] * workers,  # the command's global batch
+        "learning_rate": train["lr"],
+        "stop_after_epochs": train["early_stopping_patience"],
+        "max_num_epochs": train["epochs"] - 1,  # sbi's loop runs epochs 0..max: `epochs` of them
+        "clip_max_norm": train["clip_grad_norm"],
+        **extra,
+    }
+    started = time.perf_counter()
+    with sbi_baseline.validation_split(split_permutation(len(theta), seed)):
+        trainer.train(**settings)
+    train_s = time.perf_counter() - started
+
+    sampling = spec["workload"].get("posterior")
+    started = time.perf_counter()
+    if method in ("nle", "nre"):
+        posterior = trainer.build_posterior(
+            mcmc_method=sampling.get("mcmc_method", "slice_np_vectorized"),
+            mcmc_parameters={"num_chains": sampling["num_chains"],
+                             "warmup_steps": sampling["warmup_steps"], "thin": 1},
+        )  # fmt: skip
+    else:
+        posterior = trainer.build_posterior()
+    torch.manual_seed(seed + OBSERVATION)
+    np.random.seed(seed + OBSERVATION)  # sbi's slice samplers draw from numpy's global RNG
+    samples = posterior.sample((NUM_SAMPLES,), x=x_obs, show_progress_bars=False)
+    sample_s = time.perf_counter() - started
+    started = time.perf_counter()
+    score = c2st(reference, samples, seed=seed)
+    summary = trainer._summary
+    val = [float(v) for v in summary["validation_loss"]]
+    return {
+        "train_settings": settings,
+        "posterior": {"mcmc": sampling} if method in ("nle", "nre") else "build_posterior()",
+        "train_wall_s": round(train_s, 2),
+        "posterior_and_sampling_s": round(sample_s, 2),
+        "c2st_s": round(time.perf_counter() - started, 2),
+        "epochs": len(summary["epoch_durations_sec"]),
+        "best_epoch": min(range(len(val)), key=val.__getitem__) + 1,
+        "best_val_loss": float(summary["best_validation_loss"][-1]),
+        "c2st": round(score, 4),
+    }
+
+
+def trainforge_side(method: str, seed: int, located: list[str], env: dict[str, str],
+                    work: Path) -> dict[str, Any]:  # fmt: skip
+    name = f"{method}_seed{seed}"
+    args = ["train", RECIPES[method], f"run.name={name}", *located, f"run.seed={seed}", *QUIET]
+    code, lines = command(args, env, work)
+    text = "\n".join(line for _, line in lines)
+    finished, evaluated = FINISHED.search(text), EVALUATED.search(text)
+    restored, c2st = RESTORED.search(text), C2ST.search(text)
+    if code != 0 or not (finished and c2st):
+        print("\n".join(line for _, line in lines[-30:]), flush=True)
+    return {
+        "recipe": f"recipes/{RECIPES[method]}.yaml",
+        "overrides": args[3:],
+        "exit_code": code,
+        "command_wall_s": round(lines[-1][0], 2),
+        "train_wall_s": float(finished[2]) if finished else None,
+        "evaluation_s": float(evaluated[1]) if evaluated else None,
+        "steps": int(finished[1]) if finished else None,
+        "epochs": sum(1 for _, line in lines if EPOCH_DONE.search(line)),
+        "best_epoch": int(restored[2]) if restored else None,
+        "best_val_loss": float(restored[1]) if restored else None,
+        "c2st": float(c2st[1]) if c2st else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, default=1, help="training seeds 0..N-1")
+    parser.add_argument("--simulations", type=int, default=5000)
+    parser.add_argument("--simulation-seed", type=int, default=0)
+    args = parser.parse_args()
+    args.out = args.out.resolve()  # the bench runs in a folder of its own (os.chdir below)
+
+    import sbi
+    import torch
+
+    from trainforge.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi.tasks import get_task
+
+    torch.set_num_threads(1)
+    work, env = work_folder("tf-sbi-methods-")
+    sims = simulation_overrides(args.simulations, args.simulation_seed)
+    started = time.perf_counter()
+    path, theta, x = make_simulations(sims, env, work)
+    _, x_obs = get_task("two_moons").observation(OBSERVATION)
+    report: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+        },
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "sbi": sbi.__version__,
+        "task": "two_moons",
+        "simulations": args.simulations,
+        "simulation_seed": args.simulation_seed,
+        "simulations_path": path,
+        "same_simulations": True,  # one cache entry: sbi gets its tensors, trainforge its path
+        "observation": {"from": "own", "number": OBSERVATION, "x": x_obs.tolist()},
+        "num_samples": NUM_SAMPLES,
+        "seeds": args.seeds,
+        "threads": {"sbi": 1, "trainforge": f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}"},
+        "runs": [],
+    }
+    for seed in range(args.seeds):
+        reference = reference_samples(
+            "two_moons", OBSERVATION, NUM_SAMPLES, seed=seed + OBSERVATION
+        )
+        for method in args.methods:
+            ours = sbi_side(method, theta, x, seed, x_obs, reference)
+            print(f"[bench] {method} seed {seed} sbi: {json.dumps(ours)}", flush=True)
+            located = [*sims, f"workload.simulation.path={path}"]
+            theirs = trainforge_side(method, seed, located, env, work)
+            print(f"[bench] {method} seed {seed} trainforge: {json.dumps(theirs)}", flush=True)
+            report["runs"].append({"method": method, "seed": seed, "sbi": ours,
+                                   "trainforge": theirs})  # fmt: skip
+            report["total_s"] = round(time.perf_counter() - started, 1)
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
