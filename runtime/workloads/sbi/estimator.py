@@ -280,11 +280,11 @@ class EstimatorLoss(nn.Module):
     def __init__(self, estimator: nn.Module, method: str = "npe") -> None:
         super().__init__()
         self.estimator = estimator
-        self.method = method
+        self.method = methods.get(method)  # looked up once, not at every step
 
     def forward(self, theta: Tensor, x: Tensor) -> Tensor:
         estimator = cast(DensityEstimator, self.estimator)
-        method = methods.get(self.method)
+        method = self.method
         given, condition = method.arrange(theta, x)
         if not self.training and method.validation_loss is not None:
             return method.validation_loss(self.estimator, given, condition)

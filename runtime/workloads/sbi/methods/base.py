@@ -12,6 +12,10 @@ from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
+FLOW_SETTINGS = ("num_transforms", "num_bins", "num_components")
+"""``estimator.build`` passes the flows' keys to every builder; a builder of an estimator that
+is no flow (a classifier, a vector field) drops them."""
+
 
 @dataclass(frozen=True)
 class Method:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainforge.workloads.sbi.methods import mcmc
-from trainforge.workloads.sbi.methods.base import Method
+from trainforge.workloads.sbi.methods.base import FLOW_SETTINGS, Method
 
 CLASSIFIERS = ("linear", "mlp", "resnet")
 NUM_ATOMS = 10
@@ -58,7 +58,7 @@ def _classifier_factory(
     from sbi.neural_nets import classifier_nn
     from torch import nn
 
-    for flow_setting in ("num_transforms", "num_bins", "num_components"):
+    for flow_setting in FLOW_SETTINGS:
         settings.pop(flow_setting, None)
     build_fn = classifier_nn(
         model=model, z_score_theta=z_score_theta, z_score_x=z_score_x,

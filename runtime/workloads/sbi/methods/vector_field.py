@@ -24,11 +24,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from trainforge.workloads.sbi.methods.base import FLOW_SETTINGS
+
 NETS = ("mlp", "ada_mlp", "transformer", "transformer_cross_attn")
 """sbi's vector-field networks, by its names (``posterior_flow_nn(model=…)``)."""
 DEFAULT_NET = "mlp"
-FLOW_SETTINGS = ("num_transforms", "num_bins", "num_components")
-"""``estimator.build`` passes the flows' keys to every builder; a vector field has none."""
 SET_HERE = ("model", "z_score_theta", "z_score_x", "hidden_features", "embedding_net")
 """The factory's arguments that the recipe's own ``workload.estimator`` keys set."""
 GRAPH_BLOCKER = (
