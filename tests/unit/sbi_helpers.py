@@ -3,10 +3,14 @@ in memory or as a finished cache entry, and the debug recipe."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 import torch
 
+from trainforge import config
+from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import simulations
 from trainforge.workloads.sbi.tasks import get_task
 
@@ -41,3 +45,23 @@ def write_simulations(folder: Path, n: int, chunk_size: int, nan_rows: int = 0) 
     }  # fmt: skip
     simulations.write_json(folder / simulations.MANIFEST, manifest)
     return folder
+
+
+def assert_refused_before_launch(
+    recipe: Path, overrides: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``recipe`` with ``overrides`` fails to load with ``message``, and `trainforge train`
+    says so in one line and exits 2 without dispatching a run."""
+    from trainforge import cli
+    from trainforge.driver import launch
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("dispatched a refused recipe")
+
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        config.load(recipe, overrides)
+    monkeypatch.setattr(launch, "train", must_not_run)
+    assert cli.main(["train", str(recipe), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trainforge: error: {message[:30]}") and err.count("\n") == 1, err

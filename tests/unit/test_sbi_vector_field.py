@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.sbi_helpers import DEBUG, _data
+from tests.unit.sbi_helpers import DEBUG, _data, assert_refused_before_launch
 from trainforge import config
-from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import estimator as estimators
 from trainforge.workloads.sbi import evaluate, export
 from trainforge.workloads.sbi.config import EstimatorSection, EvaluationSection
@@ -165,19 +164,7 @@ def test_a_density_flow_for_a_vector_field_is_one_line_and_exit_2_before_launch(
     overrides: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    from trainforge import cli
-    from trainforge.driver import launch
-
-    def must_not_run(*args: object) -> None:
-        raise AssertionError("dispatched a refused recipe")
-
-    recipe = _recipe("fmpe")
-    with pytest.raises(RecipeError, match=re.escape(message)):
-        config.load(recipe, overrides)
-    monkeypatch.setattr(launch, "train", must_not_run)
-    assert cli.main(["train", str(recipe), *overrides]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"trainforge: error: {message[:30]}") and err.count("\n") == 1, err
+    assert_refused_before_launch(_recipe("fmpe"), overrides, message, monkeypatch, capsys)
 
 
 def test_model_kwargs_are_the_vector_field_factories_own() -> None:
