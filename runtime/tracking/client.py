@@ -350,9 +350,17 @@ def last_logged_step(client: Any, run_id: str) -> int:
     return max(steps, default=-1)
 
 
+RUN_EVENTS = frozenset({"run/restarts"})
+"""Metrics that count the run's own events at the step they happened, not a step's results: no
+resume redoes them, so none is left out as already logged."""
+
+
 def after(rows: list[Any], logged_through: int) -> list[Any]:
-    """Metric rows (key, value, timestamp, step) of steps the run has no metrics of yet."""
-    return [row for row in rows if row[3] > logged_through] if logged_through >= 0 else rows
+    """Metric rows (key, value, timestamp, step) of steps the run has no metrics of yet, and
+    every row of the run's events (``RUN_EVENTS``)."""
+    if logged_through < 0:
+        return rows
+    return [row for row in rows if row[3] > logged_through or row[0] in RUN_EVENTS]
 
 
 def log_learning_curve(client: Any, run_id: str) -> None:

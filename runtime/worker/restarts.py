@@ -3,7 +3,8 @@
 Every worker-group start runs the loop from the top, so the count lives outside it: the driver
 gives each command an id (``WorkerPayload.command``) and rank 0 counts the starts of that id in
 ``<run folder>/restarts.json`` (rewritten atomically). The first start is not a restart; each
-later one is, and is said on the console and logged as the MLflow metric ``run/restarts``.
+later one is, and is said on the console and logged as the MLflow metric ``run/restarts`` at
+the step resumed from, sent at once: a command killed before its next checkpoint still counts it.
 Remote storage (``s3://…``) has no folder to count in: not counted.
 """
 
@@ -41,4 +42,5 @@ def record(
     if restarts:
         log.say(f"workers restarted ({restarts} so far, run.max_failures), resuming")
         tracker.log({"run/restarts": float(restarts)}, step)
+        tracker.commit(wait=False)  # the resumed checkpoint covers it: kept if the command dies
     return restarts
