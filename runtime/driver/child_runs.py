@@ -5,8 +5,16 @@ command's Ray cluster, its MLflow run nested under this command's."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainforge import config, log, settings
 from trainforge.atomic import replacing
@@ -16,6 +24,9 @@ from trainforge.driver.local_cluster import on_lasting_cluster
 from trainforge.tracking.client import redact_all
 
 RECIPE_FILE = "recipe.yaml"  # the recipe the runs are trained with
+# a run's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
+SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
+STOP_WAIT_S = 60.0  # how long stopped runs may take to write their last lines
 
 
 def runs_at_once(cfg: Recipe, cluster: dict[str, float], count: int) -> int:
@@ -63,3 +74,110 @@ def check_recipe(cfg: Recipe, run_dir: Path, free: tuple[str, ...]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with replacing(saved_file) as temporary:
         temporary.write_text(redact_all(config.to_yaml(cfg)))
+
+
+@dataclass
+class ChildRun:
+    """One of the runs a command runs (an ensemble's member, a sequential round): its
+    ``trainforge train`` process, and what its closing table said."""
+
+    index: int
+    seed: int
+    name: str
+    folder: Path
+    prefix: str = "m"
+    """Its label's letter on the console: m0, m1 … (members), r0, r1 … (rounds)."""
+    process: subprocess.Popen[str] | None = None
+    exit_code: int | None = None
+    kept: bool = False
+    """Finished in an earlier command (it has its posterior): not run again."""
+    metrics: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefix}{self.index}"
+
+
+def run_children(
+    members: list[ChildRun], command: list[str], env: dict[str, str], at_once: int, what: str
+) -> None:
+    """Start the runs ``at_once`` at a time (``command`` with each one's run.name and run.seed),
+    relay their lines, wait for all. After a failure no other one starts (the running ones
+    finish: their work is kept). ``what`` begins their start lines (ensemble, sequential)."""
+    pending = deque(members)
+    running: list[ChildRun] = []
+    relays: list[threading.Thread] = []
+    try:
+        while pending or running:
+            while pending and len(running) < at_once:
+                member = pending.popleft()
+                member.process = subprocess.Popen(
+                    [*command, f"run.name={member.name}", f"run.seed={member.seed}"],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    bufsize=1,
+                )  # fmt: skip
+                log.say(f"{what}: {member.label} started (run.seed {member.seed})")
+                relays += [
+                    relay_lines(member.process.stdout, sys.stdout, member),
+                    relay_lines(member.process.stderr, sys.stderr, member),
+                ]
+                running.append(member)
+            time.sleep(0.2)
+            for member in list(running):
+                assert member.process is not None
+                member.exit_code = member.process.poll()
+                if member.exit_code is None:
+                    continue
+                running.remove(member)
+                if member.exit_code != 0:
+                    pending.clear()
+    except KeyboardInterrupt:  # Ctrl-C (the members got it too) or SIGTERM (they did not)
+        stop_children(running)
+        raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=5)
+
+
+def stop_children(running: list[ChildRun]) -> None:
+    """Members end the way a stopped run does (one line, resumable): given a moment for the
+    Ctrl-C they received with this command, then SIGTERM, then killed."""
+    deadline = time.monotonic() + 2
+    for member in running:
+        assert member.process is not None
+        try:
+            member.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            member.process.send_signal(signal.SIGTERM)
+    for member in running:
+        assert member.process is not None
+        try:
+            member.process.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            member.process.kill()
+
+
+_output_lock = threading.Lock()
+
+
+def relay_lines(stream: IO[str] | None, to: IO[str], member: ChildRun) -> threading.Thread:
+    """Copy a member's lines to this command's console, each marked with the member."""
+
+    def copy() -> None:
+        assert stream is not None
+        for line in stream:
+            line = line.rstrip("\n")
+            found = SUMMARY_LINE.match(line)
+            if found:
+                member.metrics[found.group(1)] = found.group(2)
+            if line.startswith(log.PREFIX + " "):
+                line = f"{log.PREFIX} {member.label}: {line[len(log.PREFIX) + 1 :]}"
+            else:
+                line = f"{log.PREFIX} {member.label}| {line}"
+            with _output_lock:
+                to.write(line + "\n")
+                to.flush()
+
+    thread = threading.Thread(target=copy, daemon=True, name=f"relay-{member.label}")
+    thread.start()
+    return thread

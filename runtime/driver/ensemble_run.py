@@ -22,22 +22,23 @@ their own checkpoints, and the ensemble is written again from all of them.
 from __future__ import annotations
 
 import json
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from trainforge import config, log, storage
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.driver import mlflow_run
-from trainforge.driver.child_runs import check_recipe, child_env, loudness, runs_at_once
+from trainforge.driver.child_runs import (
+    ChildRun,
+    check_recipe,
+    child_env,
+    loudness,
+    run_children,
+    runs_at_once,
+)
 from trainforge.driver.cluster import storage_root
 from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, redact_all
@@ -45,26 +46,6 @@ from trainforge.tracking.client import redact, redact_all
 MEMBERS_FOLDER = "members"
 ENSEMBLE_RECORD = "ensemble.json"
 EVALUATION_FOLDER = "evaluation"  # the ensemble's figures
-# a member's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
-SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
-STOP_WAIT_S = 60.0  # how long stopped members may take to write their last lines
-
-
-@dataclass
-class Member:
-    index: int
-    seed: int
-    name: str
-    folder: Path
-    process: subprocess.Popen[str] | None = None
-    exit_code: int | None = None
-    kept: bool = False
-    """Finished in an earlier command (it has its posterior): not run again."""
-    metrics: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"m{self.index}"
 
 
 def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
@@ -113,7 +94,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     command = member_command(recipe, overrides, simulations, members_root)
     status = "FAILED"
     try:
-        run_members([m for m in members if not m.kept], command, env, at_once)
+        run_children([m for m in members if not m.kept], command, env, at_once, "ensemble")
         failed = [m for m in members if not m.kept and m.exit_code != 0]
         if failed:
             names = ", ".join(f"{m.label} (exit {m.exit_code})" for m in failed)
@@ -140,14 +121,14 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     return 0
 
 
-def _members(cfg: Recipe, count: int, root: Path, record: Path, output: str) -> list[Member]:
+def _members(cfg: Recipe, count: int, root: Path, record: Path, output: str) -> list[ChildRun]:
     """The ensemble's members, each with its seed and folder under ``root``; those that
     finished in an earlier command (their ``output`` is there) kept, with what they scored."""
     earlier = _earlier_metrics(record)
     members = []
     for k in range(count):
         name = f"{cfg.run.name}-m{k}"
-        member = Member(k, cfg.run.seed + k, name, root / name)
+        member = ChildRun(k, cfg.run.seed + k, name, root / name)
         member.kept = (member.folder / output).is_file()
         if member.kept:  # what it scored when it finished, for the table and the record
             member.metrics = earlier.get(member.name, {})
@@ -168,92 +149,8 @@ def member_command(
     ]  # fmt: skip
 
 
-def run_members(
-    members: list[Member], command: list[str], env: dict[str, str], at_once: int
-) -> None:
-    """Start the members ``at_once`` at a time, relay their lines, wait for all. After a
-    failure no other member starts (the running ones finish: their work is kept)."""
-    pending = deque(members)
-    running: list[Member] = []
-    relays: list[threading.Thread] = []
-    try:
-        while pending or running:
-            while pending and len(running) < at_once:
-                member = pending.popleft()
-                member.process = subprocess.Popen(
-                    [*command, f"run.name={member.name}", f"run.seed={member.seed}"],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    bufsize=1,
-                )  # fmt: skip
-                log.say(f"ensemble: {member.label} started (run.seed {member.seed})")
-                relays += [
-                    _relay(member.process.stdout, sys.stdout, member),
-                    _relay(member.process.stderr, sys.stderr, member),
-                ]
-                running.append(member)
-            time.sleep(0.2)
-            for member in list(running):
-                assert member.process is not None
-                member.exit_code = member.process.poll()
-                if member.exit_code is None:
-                    continue
-                running.remove(member)
-                if member.exit_code != 0:
-                    pending.clear()
-    except KeyboardInterrupt:  # Ctrl-C (the members got it too) or SIGTERM (they did not)
-        _stop(running)
-        raise
-    finally:
-        for relay in relays:
-            relay.join(timeout=5)
-
-
-def _stop(running: list[Member]) -> None:
-    """Members end the way a stopped run does (one line, resumable): given a moment for the
-    Ctrl-C they received with this command, then SIGTERM, then killed."""
-    deadline = time.monotonic() + 2
-    for member in running:
-        assert member.process is not None
-        try:
-            member.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            member.process.send_signal(signal.SIGTERM)
-    for member in running:
-        assert member.process is not None
-        try:
-            member.process.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            member.process.kill()
-
-
-_output_lock = threading.Lock()
-
-
-def _relay(stream: IO[str] | None, to: IO[str], member: Member) -> threading.Thread:
-    """Copy a member's lines to this command's console, each marked with the member."""
-
-    def copy() -> None:
-        assert stream is not None
-        for line in stream:
-            line = line.rstrip("\n")
-            found = SUMMARY_LINE.match(line)
-            if found:
-                member.metrics[found.group(1)] = found.group(2)
-            if line.startswith(log.PREFIX + " "):
-                line = f"{log.PREFIX} {member.label}: {line[len(log.PREFIX) + 1 :]}"
-            else:
-                line = f"{log.PREFIX} {member.label}| {line}"
-            with _output_lock:
-                to.write(line + "\n")
-                to.flush()
-
-    thread = threading.Thread(target=copy, daemon=True, name=f"relay-{member.label}")
-    thread.start()
-    return thread
-
-
 def _earlier_metrics(record: Path) -> dict[str, dict[str, str]]:
-    """Member name → the metrics an earlier command recorded for it (none: empty)."""
+    """ChildRun name → the metrics an earlier command recorded for it (none: empty)."""
     if not record.is_file():
         return {}
     keys = {"name", "seed", "folder"}
@@ -262,7 +159,7 @@ def _earlier_metrics(record: Path) -> dict[str, dict[str, str]]:
 
 
 def write_record(
-    path: Path, cfg: Recipe, members: list[Member], simulations: str, metrics: dict[str, float]
+    path: Path, cfg: Recipe, members: list[ChildRun], simulations: str, metrics: dict[str, float]
 ) -> None:
     """What the ensemble is made of and how it scored, beside its posterior."""
     record = {
@@ -298,7 +195,7 @@ def _log_ensemble(
 
 def summary(
     name: str,
-    members: list[Member],
+    members: list[ChildRun],
     posterior: Path,
     metrics: dict[str, float],
     seconds: float,

@@ -177,10 +177,10 @@ sys.exit(1 if seed == 7 else 0)
 
 
 def _members(tmp_path: Path, *seeds: int) -> list:
-    from trainforge.driver import ensemble_run
+    from trainforge.driver import child_runs
 
     return [
-        ensemble_run.Member(k, seed, f"e-m{k}", tmp_path / f"e-m{k}")
+        child_runs.ChildRun(k, seed, f"e-m{k}", tmp_path / f"e-m{k}")
         for k, seed in enumerate(seeds)
     ]
 
@@ -191,11 +191,11 @@ def test_members_run_at_once_with_their_lines_marked(
     import os
     import sys
 
-    from trainforge.driver import ensemble_run
+    from trainforge.driver import child_runs
 
     members = _members(tmp_path, 0, 1, 2)
     command = [sys.executable, "-c", MEMBER_SCRIPT]
-    ensemble_run.run_members(members, command, dict(os.environ), at_once=2)
+    child_runs.run_children(members, command, dict(os.environ), 2, "ensemble")
     assert [m.exit_code for m in members] == [0, 0, 0]
     out, err = capfd.readouterr()
     for k in range(3):
@@ -210,10 +210,11 @@ def test_after_a_member_fails_no_other_starts(
     import os
     import sys
 
-    from trainforge.driver import ensemble_run
+    from trainforge.driver import child_runs
 
     members = _members(tmp_path, 7, 1, 2)
-    ensemble_run.run_members(members, [sys.executable, "-c", MEMBER_SCRIPT], dict(os.environ), 1)
+    child_runs.run_children(members, [sys.executable, "-c", MEMBER_SCRIPT], dict(os.environ), 1,
+                            "ensemble")  # fmt: skip
     assert members[0].exit_code == 1
     assert [m.process for m in members[1:]] == [None, None]
     assert "m1 started" not in capfd.readouterr().out
@@ -226,7 +227,7 @@ def test_a_stopped_ensemble_stops_its_members_the_way_a_run_stops(
     import sys
     import time
 
-    from trainforge.driver import ensemble_run
+    from trainforge.driver import child_runs
 
     members = _members(tmp_path, 9, 9)
     for m in members:  # running members that did not get the Ctrl-C (a SIGTERM to the command)
@@ -235,7 +236,7 @@ def test_a_stopped_ensemble_stops_its_members_the_way_a_run_stops(
         assert m.process.stdout is not None
         assert m.process.stdout.readline() == "[trainforge] seed 9\n"  # its handler is set
     started = time.monotonic()
-    ensemble_run._stop(members)
+    child_runs.stop_children(members)
     assert time.monotonic() - started < 30  # SIGTERM after ~2 s, not the script's 60 s
     for m in members:
         assert m.process is not None and m.process.returncode == 143
