@@ -68,10 +68,13 @@ def train(recipe: RecipeSource, overrides: Overrides = ()) -> Result:
     check_optional_modules(cfg.workload.kind)
     from trainforge.workloads import spec_for
 
-    ensembles = spec_for(cfg.workload.kind).ensembles
-    if ensembles is not None and ensembles.members(cfg.workload) > 1:
+    spec = spec_for(cfg.workload.kind)
+    if spec.ensembles is not None and spec.ensembles.members(cfg.workload) > 1:
         raise RecipeError("workload.ensemble: an ensemble trains through `trainforge train`; "
                           "trainforge.train takes one run")  # fmt: skip
+    if spec.rounds is not None and spec.rounds.count(cfg.workload) > 1:
+        raise RecipeError("workload.rounds: sequential rounds train through `trainforge "
+                          "train`; trainforge.train takes one run")  # fmt: skip
     outcome = launch.train(cfg)
     if outcome.exit_code != 0:
         raise RunFailed(

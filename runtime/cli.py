@@ -225,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
             from trainforge.driver import ensemble_run
 
             return ensemble_run.train(cfg, args.recipe, args.overrides)
+        rounds = spec_for(cfg.workload.kind).rounds
+        if rounds is not None and rounds.count(cfg.workload) > 1:  # sequential rounds
+            from trainforge.driver import rounds_run
+
+            return rounds_run.train(cfg, args.recipe, args.overrides)
         return launch.train(cfg).exit_code
     except RecipeError as exc:
         log.refuse(_one_line(str(exc)))

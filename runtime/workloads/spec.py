@@ -56,6 +56,30 @@ class Ensembles(Generic[W]):
 
 
 @dataclass(frozen=True)
+class Rounds(Generic[W]):
+    """How runs of a family follow one another in sequential rounds (SBI: each round simulates
+    θ drawn from what the round before learned), for a recipe that asks for more than one
+    (``driver/rounds_run.py``)."""
+
+    count: Callable[[W], int]
+    """How many rounds the section asks for (1: none, a run of its own)."""
+    output: str
+    """The file a round's run folder holds once it finished; the last round's becomes the
+    command's run's."""
+    for_stage: Callable[[W, Path | None], W]
+    """(section, proposal file or None for the first round) → the section whose data stage
+    makes the round's data."""
+    propose: Callable[[W, Path, int, Path], str]
+    """(section, the previous round's run folder, seed, file) → the next round's proposal
+    written to the file; a line saying what it drew."""
+    training_data: Callable[[list[W], Path], list[str]]
+    """(the rounds' sections so far, their data made, a folder) → the overrides that train a
+    round's run on all of their data (combined under the folder)."""
+    overrides: tuple[str, ...] = ()
+    """What every round's run is given besides the command's recipe and overrides."""
+
+
+@dataclass(frozen=True)
 class WorkloadSpec(Generic[W]):
     """A workload family as the registry sees it. Functions import their heavy modules when
     called, so validating a recipe of one family never imports another's libraries."""
@@ -102,6 +126,8 @@ class WorkloadSpec(Generic[W]):
     ``posterior.pt``). None: the model."""
     ensembles: Ensembles[W] | None = None
     """How runs of the family combine (None: they do not)."""
+    rounds: Rounds[W] | None = None
+    """How runs of the family follow one another in sequential rounds (None: they do not)."""
     rehearsal: dict[str, Any] = field(default_factory=dict)
     """Values of the ``workload`` section for a rehearsal (``driver/rehearsal.py``: new warm
     workers' first run, a few steps in the background): what keeps its final evaluation short.

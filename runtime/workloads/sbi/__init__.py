@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainforge.config.schema import PrecisionSection
+from trainforge.workloads.sbi import rounds
 from trainforge.workloads.sbi.checks import (
     check,
     check_data,
@@ -19,7 +20,7 @@ from trainforge.workloads.sbi.checks import (
     train_samples,
 )
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
-from trainforge.workloads.spec import Ensembles, WorkloadSpec
+from trainforge.workloads.spec import Ensembles, Rounds, WorkloadSpec
 
 if TYPE_CHECKING:
     from trainforge.workloads.sbi.workload import SBIWorkload
@@ -43,6 +44,14 @@ def evaluate_mixture(
     from trainforge.workloads.sbi import evaluate  # torch, sbi
 
     return evaluate.evaluate_ensemble(posterior, cfg, seed, folder)
+
+
+def round_data(sections: list[SBIWorkloadConfig], folder: Path) -> list[str]:
+    """A round's run trains on the simulations of every round so far, combined in ``folder``
+    (the first round on its own)."""
+    paths = [rounds.data_path(s) for s in sections]
+    combined = paths[0] if len(paths) == 1 else rounds.training_data(paths, folder)
+    return [f"workload.simulation.path={combined}"]
 
 
 def posterior(cfg: SBIWorkloadConfig, run_dir: Path) -> Any:
@@ -73,6 +82,16 @@ SPEC = WorkloadSpec(
         output="posterior.pt",
         combine=combine,
         evaluate=evaluate_mixture,
+    ),
+    rounds=Rounds(
+        count=lambda cfg: int(cfg.rounds),
+        output=rounds.POSTERIOR_FILE,
+        for_stage=rounds.for_stage,
+        propose=rounds.propose,
+        training_data=round_data,
+        # one round each; calibration (SBC, TARP) is for amortized posteriors, and a later
+        # round's is focused on one observation
+        overrides=("workload.rounds=1", "workload.evaluation.sbc_runs=0"),
     ),
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored
     rehearsal={"evaluation": {"c2st": False, "sbc_runs": 0, "num_samples": 100}},

@@ -52,6 +52,10 @@ class SimulationSection(Section):
     simulation stage; set it to train on an entry made by another recipe or machine."""
     cpus_per_chunk: float = 1.0
     """Ray CPUs each CPU simulation task reserves (more for a simulator that uses threads)."""
+    proposal: str | None = None
+    """A .pt file holding the θ to simulate, one row each ([num_simulations, dim_theta]), in
+    place of draws from the prior; its content is part of the cache key. Sequential rounds
+    (``workload.rounds``) write it for each round after the first."""
 
     def check(self) -> None:
         self.at_least("num_simulations", 2)
@@ -234,6 +238,15 @@ class SBIWorkloadConfig(WorkloadSection):
     """Streaming: simulations held in memory (and on the GPU) at once; batches are shuffled
     within a window of randomly ordered chunks."""
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
+    rounds: int = 1
+    """Sequential inference at one observation (the one ``evaluation.observations`` names):
+    above 1, `trainforge train` runs this many rounds of num_simulations each. The first
+    simulates from the prior; each later one simulates θ drawn from what the round before
+    learned at that observation (method npe: the prior truncated to the posterior's
+    highest-density region, as sbi's TSNPE; nle, nre, nre_c: their posterior, as SNLE and SNRE)
+    and trains on the simulations of every round so far. Each round is a run of its own, nested
+    under the command's MLflow run; a re-run keeps the finished rounds and resumes the one it
+    reached. The last round's posterior is the run's posterior.pt."""
     ensemble: int = 1
     """Members: above 1, `trainforge train` trains this many posteriors on the same
     simulations, at run.seed, run.seed+1, … (each a run of its own, as many at once as the
@@ -249,3 +262,41 @@ class SBIWorkloadConfig(WorkloadSection):
         self.fraction("val_fraction")
         self.at_least("stream_window_rows", 1)
         self.at_least("ensemble", 1)
+        self.at_least("rounds", 1)
+        if self.rounds > 1:
+            self._check_rounds()
+
+    def _check_rounds(self) -> None:
+        from trainforge.workloads.sbi import methods
+        from trainforge.workloads.sbi.catalogue import CUSTOM
+
+        method = methods.get(self.method)
+        if method.proposes is None:
+            sequential = [m.name for m in methods.METHODS.values() if m.proposes]
+            raise RecipeError(
+                f"workload.rounds: method {self.method} has no sequential rounds here; use one "
+                f"of {', '.join(sequential)}, or rounds: 1"
+            )
+        refusals = {
+            "workload.evaluation.observations": (
+                len(self.evaluation.observations) != 1,
+                f"sequential rounds focus on one observation; name one (now "
+                f"{self.evaluation.observations})",
+            ),
+            "workload.task": (
+                self.task == CUSTOM,
+                "sequential rounds need the task's observation; a custom task has none here",
+            ),
+            "workload.ensemble": (
+                self.ensemble > 1,
+                "an ensemble of sequential runs is not supported; set ensemble: 1 or rounds: 1",
+            ),
+            "workload.simulation.path": (
+                self.simulation.path is not None or self.simulation.proposal is not None,
+                "sequential rounds make each round's simulations; remove simulation.path "
+                "and simulation.proposal",
+            ),
+        }
+        for key, (refused, why) in refusals.items():
+            if refused:
+                raise RecipeError(f"{key}: {why}")

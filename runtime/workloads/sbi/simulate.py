@@ -117,6 +117,8 @@ def plan(cfg: Any, source: catalogue.SourceFacts | sources.SimulationSource, see
         "seed": seed,
         "device": device,
     }
+    if sim.proposal is not None:  # its θ, not the prior's
+        spec["proposal"] = hashlib.sha256(Path(sim.proposal).read_bytes()).hexdigest()
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
     name = source.name.replace(":", "-").replace("/", "-").replace(".", "-")
     folder = root / f"{name}-{key}"
@@ -158,6 +160,7 @@ def run(cfg: Any, seed: int, storage_root: str, runner: StageRunner, quiet: bool
     """Make sure the recipe's simulations exist; return their folder. On the cluster
     ``runner`` runs on, unless the stage is made here (``simulates_here``)."""
     source = facts(cfg)
+    check_proposal(cfg, source)
     here = simulates_here(cfg)
     cluster = {} if here else runner.resources()
     device = "cpu" if here else simulation_device(cfg, source, cluster.get("GPU", 0))
@@ -178,6 +181,25 @@ def run(cfg: Any, seed: int, storage_root: str, runner: StageRunner, quiet: bool
             return job.folder
         _make_on_cluster(cfg, seed, job, source.name, runner, say)
     return job.folder
+
+
+def check_proposal(cfg: Any, source: catalogue.SourceFacts | sources.SimulationSource) -> None:
+    """A proposal file holds one θ of the task's dimension per simulation."""
+    path = cfg.simulation.proposal
+    if path is None:
+        return
+    from trainforge.workloads.sbi.simulating import read_proposal
+
+    try:
+        theta = read_proposal(path)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise RecipeError(f"workload.simulation.proposal: {log.first_line(exc)}") from exc
+    want = (cfg.simulation.num_simulations, source.dim_theta)
+    if tuple(theta.shape) != want:
+        raise RecipeError(
+            f"workload.simulation.proposal: {path} holds θ of shape {list(theta.shape)}; "
+            f"num_simulations and {source.name}'s θ want {list(want)}"
+        )
 
 
 def _make_on_cluster(cfg: Any, seed: int, job: Plan, name: str, runner: StageRunner,

@@ -1,6 +1,7 @@
 """Simulating chunks, in whatever process runs the stage's tasks (``simulate.py`` plans them):
-θ from the prior and x from the simulator, each chunk from its own seed, so that the result does
-not depend on which process made it; NaN/inf and raised rows counted."""
+θ from the prior (or the chunk's rows of the recipe's proposal file) and x from the simulator,
+each chunk from its own seed, so that the result does not depend on which process made it;
+NaN/inf and raised rows counted."""
 
 from __future__ import annotations
 
@@ -57,14 +58,15 @@ def simulate_chunk_list(
     )
     torch.set_num_threads(max(1, int(float(threads or 1))))
     source = _source(cfg)
+    draw = _Draws(source, seed, device, _proposal(cfg, source.vectorized))
     with torch.no_grad():
         if device == "cpu":
-            drawn = [_draw(source, seed, index, size, device) for index, size in chunks]
+            drawn = [draw(index, size) for index, size in chunks]
             made = [_simulate(source, chunk) for chunk in drawn]
         else:
             # a GPU chunk is large (one vectorised call): nothing to gain, and its CUDA RNG is
             # seeded with the CPU's by torch.manual_seed, which the next chunk's draw resets
-            made = [_simulate(source, _draw(source, seed, i, n, device)) for i, n in chunks]
+            made = [_simulate(source, draw(i, n)) for i, n in chunks]
     return [_checked(*chunk) for chunk in made]
 
 
@@ -79,22 +81,70 @@ class _Drawn:
     seconds: float
 
 
-def _draw(source: sources.SimulationSource, seed: int, index: int, size: int,
-          device: str) -> _Drawn:  # fmt: skip
+@dataclass
+class _Proposal:
+    """The θ of a proposal file (``workload.simulation.proposal``): chunk ``index`` simulates
+    rows ``index * rows`` onwards."""
+
+    theta: torch.Tensor
+    rows: int
+
+
+_proposals: dict[str, torch.Tensor] = {}  # read once per process: a worker runs many tasks
+
+
+def _proposal(cfg: Any, vectorized: bool) -> _Proposal | None:
+    from trainforge.workloads.sbi import chunking
+
+    path = cfg.simulation.proposal
+    if path is None:
+        return None
+    if path not in _proposals:
+        _proposals[path] = read_proposal(path)
+    sim = cfg.simulation
+    return _Proposal(_proposals[path], chunking.chunk_rows(sim.num_simulations, sim.chunk_size,
+                                                           vectorized))  # fmt: skip
+
+
+def read_proposal(path: str) -> torch.Tensor:
+    """The θ of a proposal file: float32, one row per simulation."""
     import torch
 
-    s = chunk_seed(seed, index)
-    # user priors/simulators draw from the global RNGs. On the CPU only its generator:
-    # torch.manual_seed also queues a seed for CUDA's lazy start, formatting the call stack
-    # each time, and cost a per-sample simulator's 16-row chunks ~2%
-    if device == "cpu":
-        torch.default_generator.manual_seed(s)
-    else:
-        torch.manual_seed(s)
-    generator = torch.Generator(device=device).manual_seed(s)
-    started = time.perf_counter()
-    theta = source.sample_prior(size, generator)
-    return _Drawn(s, theta, generator, torch.get_rng_state(), time.perf_counter() - started)
+    theta = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(theta, torch.Tensor) or theta.dim() != 2:
+        raise ValueError(f"{path} holds no [num_simulations, dim_theta] tensor of θ")
+    return theta.float()
+
+
+@dataclass
+class _Draws:
+    """Each chunk's θ: from the prior, by the chunk's own seed, or its rows of the proposal;
+    the simulator then continues from the chunk's seed either way."""
+
+    source: sources.SimulationSource
+    seed: int
+    device: str
+    proposal: _Proposal | None
+
+    def __call__(self, index: int, size: int) -> _Drawn:
+        import torch
+
+        s = chunk_seed(self.seed, index)
+        # user priors/simulators draw from the global RNGs. On the CPU only its generator:
+        # torch.manual_seed also queues a seed for CUDA's lazy start, formatting the call
+        # stack each time, and cost a per-sample simulator's 16-row chunks ~2%
+        if self.device == "cpu":
+            torch.default_generator.manual_seed(s)
+        else:
+            torch.manual_seed(s)
+        generator = torch.Generator(device=self.device).manual_seed(s)
+        started = time.perf_counter()
+        if self.proposal is None:
+            theta = self.source.sample_prior(size, generator)
+        else:
+            start = index * self.proposal.rows
+            theta = self.proposal.theta[start : start + size].to(self.device)
+        return _Drawn(s, theta, generator, torch.get_rng_state(), time.perf_counter() - started)
 
 
 def _simulate(

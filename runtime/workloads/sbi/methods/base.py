@@ -53,6 +53,11 @@ class Method:
     """Why its training step cannot be captured as a CUDA graph (``precision.cuda_graphs:
     true`` is refused at recipe load; ``auto`` tries, and falls back to eager steps with a
     line); None: it can (npe with zuko's flows, nle, nre on one H100)."""
+    proposes: Literal["truncated_prior", "posterior"] | None = None
+    """How a later sequential round (``workload.rounds``) draws its θ from what the round
+    before learned at the observation: the prior truncated to the posterior's highest-density
+    region (TSNPE: NPE's loss stays right on such θ, no correction), or the posterior itself
+    (SNLE, SNRE: their losses take θ from any proposal); None: no sequential rounds."""
     calibration_skipped: str | None = None
     """Why SBC and TARP skip its amortized posterior anyway, for the evaluation's one line
     (npse: its sampler's cost); None: they run where the posterior is amortized."""

@@ -32,4 +32,5 @@ METHOD = Method(
     amortized=False,
     builder=_builder,
     posterior=_posterior,
+    proposes="posterior",
 )

@@ -28,4 +28,5 @@ METHOD = Method(
     amortized=True,
     builder=_builder,
     posterior=_posterior,
+    proposes="truncated_prior",
 )

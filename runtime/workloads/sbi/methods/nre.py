@@ -219,6 +219,7 @@ METHOD = Method(
     default_model="resnet",
     models=CLASSIFIERS,
     arguments=("num_atoms",),
+    proposes="posterior",
 )
 METHOD_C = Method(
     name="nre_c",
@@ -231,4 +232,5 @@ METHOD_C = Method(
     default_model="resnet",
     models=CLASSIFIERS,
     arguments=("num_classes", "gamma"),
+    proposes="posterior",
 )

@@ -1,0 +1,134 @@
+"""Sequential rounds (``workload.rounds``), the family's part: the θ a later round simulates,
+drawn from what the round before learned at the observation, and the simulations of every round
+so far as one folder to train on. The driver runs the rounds (``driver/rounds_run.py``): each
+round's simulation stage, then its training, a run of its own.
+
+A round after the first draws its θ by the method's rule (``Method.proposes``): NPE from the
+prior truncated to the previous posterior's highest-density region (sbi's TSNPE: the region
+holding all but ``TRUNCATION_QUANTILE`` of its mass, estimated from
+``SUPPORT_SAMPLES`` posterior samples; prior samples outside it are rejected), so that NPE's
+loss needs no correction; NLE and NRE from the previous posterior itself (sbi's SNLE, SNRE;
+their losses take θ from any proposal, and their posteriors multiply by the prior anyway).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from trainforge.atomic import replacing
+from trainforge.workloads.sbi import chunking, methods
+from trainforge.workloads.sbi.config import SBIWorkloadConfig
+from trainforge.workloads.sbi.simulations import (
+    MANIFEST,
+    chunk_file,
+    read_chunk,
+    read_manifest,
+    save_chunk,
+    summarize,
+    write_json,
+)
+
+TRUNCATION_QUANTILE = 1e-4  # sbi's default for TSNPE (get_density_thresholder)
+SUPPORT_SAMPLES = 100_000  # posterior samples that place the threshold (sbi's default 10^6:
+# ~10 of them fall below it here, enough for a 10^-4 quantile and 10× quicker on a CPU)
+POSTERIOR_FILE = "posterior.pt"
+FORMAT = 1
+
+
+def for_stage(cfg: SBIWorkloadConfig, proposal: Path | None) -> SBIWorkloadConfig:
+    """The section whose simulation stage makes a round's simulations (a section of one
+    round): θ from the proposal file (None: the first round's, from the prior)."""
+    simulation = dataclasses.replace(cfg.simulation, proposal=str(proposal) if proposal else None)
+    return dataclasses.replace(cfg, simulation=simulation, rounds=1)
+
+
+def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str:
+    """``num_simulations`` θ for the next round, from the posterior in the round run folder
+    ``previous`` at the recipe's observation, written to ``out`` (whole or not at all); a line
+    saying how they were drawn."""
+    import numpy as np
+    import torch
+    from sbi.utils import RestrictedPrior, get_density_thresholder
+
+    from trainforge.workloads.sbi import sources
+    from trainforge.workloads.sbi.export import load_posterior
+    from trainforge.workloads.sbi.observations import Observations
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)  # sbi's slice samplers draw from numpy's global RNG
+    task = sources.resolve(cfg).task
+    assert task is not None, "rounds are refused for a custom task (no observation)"
+    number = cfg.evaluation.observations[0]
+    _, x_o = Observations.of(task, cfg.evaluation).observation(number)
+    posterior = load_posterior(previous / POSTERIOR_FILE)
+    posterior.set_default_x(x_o)
+    n = cfg.simulation.num_simulations
+    if methods.get(cfg.method).proposes == "truncated_prior":
+        inside = get_density_thresholder(_Quiet(posterior), TRUNCATION_QUANTILE, SUPPORT_SAMPLES)
+        truncated = RestrictedPrior(posterior.prior, inside, sample_with="rejection")
+        theta = truncated.sample((n,), save_acceptance_rate=True, print_rejected_frac=False)
+        how = (f"the prior truncated to round {previous.name}'s posterior at observation "
+               f"{number} (it keeps {truncated.acceptance_rate:.1%} of the prior)")  # fmt: skip
+    else:
+        theta = posterior.sample((n,), show_progress_bars=False)
+        how = f"round {previous.name}'s posterior at observation {number} (MCMC)"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(out) as temporary:
+        torch.save(theta.float().contiguous(), temporary)
+    return f"{n:,} θ from {how}"
+
+
+class _Quiet:
+    """A posterior whose samples draw no progress bar (sbi's thresholder asks for them
+    without saying)."""
+
+    def __init__(self, posterior: Any) -> None:
+        self.posterior = posterior
+
+    def sample(self, shape: tuple[int, ...]) -> Any:
+        return self.posterior.sample(shape, show_progress_bars=False)
+
+    def log_prob(self, theta: Any) -> Any:
+        return self.posterior.log_prob(theta)
+
+
+def training_data(folders: list[Path], out: Path) -> Path:
+    """The simulations of ``folders`` (finished cache entries, one per round so far) as one
+    entry at ``out``: their chunks in order, cut again at the first entry's chunk size; its
+    manifest last. Kept where it is already whole (a resumed command)."""
+    if (out / MANIFEST).is_file():
+        return out
+    import torch
+
+    manifests = [read_manifest(folder) for folder in folders]
+    pairs = [read_chunk(chunk_file(folder, i))
+             for folder, m in zip(folders, manifests, strict=True)
+             for i in range(m["chunks"])]  # fmt: skip
+    theta = torch.cat([t for t, _ in pairs])
+    x = torch.cat([x for _, x in pairs])
+    rows = int(manifests[0]["chunk_size"])
+    sizes = chunking.chunk_sizes(len(x), rows)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, (t, xs) in enumerate(zip(theta.split(sizes), x.split(sizes), strict=True)):
+        invalid = int((~torch.isfinite(xs).all(dim=1)).sum())
+        chunk = {"theta": t.clone(), "x": xs.clone(), "invalid": invalid, "failed": 0,
+                 "first_failure": ""}  # fmt: skip
+        save_chunk(chunk, chunk_file(out, index))
+        paths.append(chunk_file(out, index))
+    spec = {"format": FORMAT, "rounds": [m.get("key", "") for m in manifests],
+            "num_simulations": len(x), "chunk_size": rows}  # fmt: skip
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
+    write_json(out / "spec.json", spec)
+    write_json(out / MANIFEST, summarize(spec, key, paths))
+    return out
+
+
+def data_path(cfg: Any) -> Path:
+    """Where a prepared section's simulations are."""
+    assert cfg.simulation.path is not None, "a section whose simulation stage has run"
+    return Path(cfg.simulation.path)
