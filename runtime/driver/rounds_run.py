@@ -101,10 +101,10 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
                 log.error(f"sequential: round {run.label} failed (exit {run.exit_code}); its "
                           "output is above; re-run the same command to resume from it")  # fmt: skip
                 return 1
+            _write_record(run_dir / ROUNDS_RECORD, cfg, runs)  # its scores, kept for a re-run
         output = run_dir / rounds.output
         with replacing(output) as temporary:
             shutil.copyfile(runs[-1].folder / rounds.output, temporary)
-        _write_record(run_dir / ROUNDS_RECORD, cfg, runs)
         if handle is not None:
             _log_rounds(handle, output, runs)
         status = "FINISHED"
@@ -138,7 +138,7 @@ def _round_data(cfg: Recipe, rounds: Rounds[Any], run: ChildRun, runs: list[Chil
 
 
 def _write_record(path: Path, cfg: Recipe, runs: list[ChildRun]) -> None:
-    """The rounds and what each scored, beside the run's output."""
+    """The rounds and what each scored so far, in the run folder (at each round's end)."""
     each = [{"name": r.name, "seed": r.seed, "folder": str(r.folder), **r.metrics} for r in runs]
     record = {"rounds": each, "recipe": redact_all(config.to_yaml(cfg))}  # no credentials
     with replacing(path) as temporary:
