@@ -37,12 +37,13 @@ def prior_spec(cfg: Any) -> dict[str, str]:
     return {"task": cfg.task}
 
 
-def prior_from_spec(spec: dict[str, str]) -> torch.distributions.Distribution:
+def prior_from_spec(spec: dict[str, str], device: str = "cpu") -> torch.distributions.Distribution:
+    """The prior (a built-in task's on ``device``; a user's where its code puts it)."""
     from trainforge.workloads.sbi.sources import load_prior
     from trainforge.workloads.sbi.tasks import get_task
 
     if "task" in spec:
-        return get_task(spec["task"]).prior_distribution()
+        return get_task(spec["task"]).prior_distribution(device)
     return load_prior(spec["import"], spec.get("code_dir") or None)
 
 
@@ -83,19 +84,20 @@ def _estimator(bundle: dict[str, Any]) -> nn.Module:
     return estimators.rebuild(record, bundle["state_dict"]).eval()
 
 
-def load_posterior(path: str | Path) -> Any:
-    """sbi's posterior on the CPU (``sample``, ``log_prob``, ``map`` …) from ``posterior.pt``:
-    a ``DirectPosterior`` (NPE) or an ``MCMCPosterior`` (NLE); from an ensemble file
-    (``trainforge ensemble``), sbi's ``EnsemblePosterior`` of its members."""
+def load_posterior(path: str | Path, device: str = "cpu") -> Any:
+    """sbi's posterior (``sample``, ``log_prob``, ``map`` …) from ``posterior.pt``, on the CPU
+    or ``device``: a ``DirectPosterior`` (NPE) or an ``MCMCPosterior`` (NLE); from an ensemble
+    file (``trainforge ensemble``), sbi's ``EnsemblePosterior`` of its members (on the CPU)."""
     bundle = torch.load(Path(path), map_location="cpu", weights_only=True)
     if isinstance(bundle, dict) and bundle.get("format") == ensemble.FORMAT:
         return ensemble.ensemble_posterior(bundle, _posterior)
     if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
         raise ValueError(f"{path} is not a trainforge posterior file ({FORMAT})")
-    return _posterior(bundle)
+    return _posterior(bundle, device)
 
 
-def _posterior(bundle: dict[str, Any]) -> Any:
+def _posterior(bundle: dict[str, Any], device: str = "cpu") -> Any:
     method = methods.get(bundle["build"].get("method", "npe"))
-    prior = prior_from_spec(bundle["prior"])
-    return method.posterior(_estimator(bundle), prior, bundle.get("sampling", {}), "cpu")
+    prior = prior_from_spec(bundle["prior"], device)
+    estimator = _estimator(bundle).to(device)
+    return method.posterior(estimator, prior, bundle.get("sampling", {}), device)

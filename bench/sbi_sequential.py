@@ -1,0 +1,148 @@
+"""Sequential SBI against one observation at a time: for each observation k, one
+``trainforge train`` command of a recipe with ``workload.rounds`` (the rounds' simulation stage
+and their runs on one Ray head the bench starts), several observations at once; each finished
+run's ``posterior.pt`` (its last round's) scored by C2ST at its own observation against the
+reference samples, in a process pool, as ``bench/sbi_accuracy.py`` scores amortized runs
+(10,000 posterior samples, sbibm's stored references, classifier seed 1).
+
+A sequential posterior is focused on one observation, so each observation is a run of its own,
+as in the sbibm paper's sequential rows; the mean over the observations is the task's score.
+
+Usage (repo root):
+    python bench/sbi_sequential.py --task slcp --rounds 5 --simulations 20000 \
+        --observations 1 2 3 4 --out sbi_sequential.json [-- more overrides]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from sbi_accuracy import c2st_job, sbibm_location, start_ray, usable_cpus  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "sbi" / "npe_1e5.yaml"))
+    parser.add_argument("--task", default="slcp")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--simulations", type=int, default=20_000, help="per round")
+    parser.add_argument("--observations", type=int, nargs="+", default=[1])
+    parser.add_argument("--observations-from", choices=("sbibm", "own"), default="sbibm")
+    parser.add_argument("--sbibm-path", default=None)
+    parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--concurrent-runs", type=int, default=4)
+    parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")
+    parser.add_argument("--c2st-workers", type=int, default=4)
+    parser.add_argument("--deadline-s", type=float, default=540)
+    parser.add_argument("overrides", nargs="*", help="more recipe overrides")
+    args = parser.parse_args()
+    sbibm_path = sbibm_location(args)
+    deadline = time.monotonic() + args.deadline_s
+
+    import torch
+
+    gpus = torch.cuda.device_count()
+    work = Path(tempfile.mkdtemp(prefix="sbi-sequential-"))
+    head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable_cpus()), gpus=gpus)
+    scaling = (
+        ["scaling.use_gpu=true", f"scaling.resources_per_worker={{GPU: {args.gpu_share}, CPU: 1}}",
+         "workload.simulation.device=cpu"]  # a GPU chunk task would wait for a whole GPU
+        if gpus else ["scaling.use_gpu=false"]
+    )  # fmt: skip
+    source = [f"workload.evaluation.observations_from={args.observations_from}"]
+    if sbibm_path:
+        source.append(f"workload.evaluation.sbibm_path={sbibm_path}")
+    common = [
+        f"workload.task={args.task}", f"workload.rounds={args.rounds}",
+        f"workload.simulation.num_simulations={args.simulations}",
+        f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
+        "workload.evaluation.c2st=false", "workload.evaluation.pair_plot=false",
+        *source, *scaling, *args.overrides,
+    ]  # fmt: skip
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0) if gpus else None,
+        "usable_cpus": usable_cpus(),
+        "recipe": str(Path(args.recipe).relative_to(ROOT)),
+        "task": args.task, "rounds": args.rounds, "simulations_per_round": args.simulations,
+        "simulations_total": args.rounds * args.simulations, "overrides": common,
+        "observations_from": args.observations_from, "samples": args.samples,
+        "c2st": "trainforge.workloads.sbi.c2st (sbi c2st, sbibm MLP settings, float32), seed 1",
+        "runs": {},
+    }  # fmt: skip
+
+    def save() -> None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+    queue = list(args.observations)
+    running: dict[int, tuple[subprocess.Popen, Any, float]] = {}
+    pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
+    scores: dict[int, Any] = {}
+    while (queue or running) and time.monotonic() < deadline:
+        while queue and len(running) < args.concurrent_runs:
+            k = queue.pop(0)
+            log = open(work / f"obs{k}.log", "w")  # noqa: SIM115 - closed when done
+            command = [sys.executable, "-m", "trainforge", "train", args.recipe, *common,
+                       f"run.name={args.task}_seq_obs{k}",
+                       f"workload.evaluation.observations=[{k}]"]  # fmt: skip
+            running[k] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env), log, time.monotonic())  # fmt: skip
+        time.sleep(2)
+        for k, (process, log, started) in list(running.items()):
+            if process.poll() is None:
+                continue
+            log.close()
+            del running[k]
+            said = (work / f"obs{k}.log").read_text()
+            entry = {"exit_code": process.returncode, "wall_s": time.monotonic() - started,
+                     "rounds_said": [line for line in said.splitlines()
+                                     if "sequential:" in line or "finished at step" in line],
+                     "log_tail": said[-2000:]}  # fmt: skip
+            report["runs"][str(k)] = entry
+            print(f"[bench] observation {k}: exit {process.returncode}, {entry['wall_s']:.0f} s",
+                  flush=True)  # fmt: skip
+            posterior = work / "runs" / f"{args.task}_seq_obs{k}" / "posterior.pt"
+            if process.returncode == 0 and posterior.is_file():
+                scores[k] = pool.submit(c2st_job, [str(posterior)], args.task, k, args.samples,
+                                        args.observations_from, sbibm_path)  # fmt: skip
+            save()
+    for k, (process, log, started) in running.items():  # past the deadline
+        process.kill()
+        log.close()
+        report["runs"][str(k)] = {
+            "exit_code": None, "killed_after_s": time.monotonic() - started,
+            "log_tail": (work / f"obs{k}.log").read_text()[-2000:],
+        }  # fmt: skip
+    for k, future in scores.items():
+        try:
+            report["runs"][str(k)] |= future.result(
+                timeout=max(5.0, deadline + 60 - time.monotonic())
+            )
+        except Exception as exc:  # a C2ST that did not finish in time is reported as such
+            report["runs"][str(k)]["error"] = repr(exc)
+        save()
+    done = [r["c2st"] for r in report["runs"].values() if "c2st" in r]
+    report["c2st_mean"] = sum(done) / len(done) if done else None
+    report["c2st_observations"] = len(done)
+    pool.shutdown(wait=False, cancel_futures=True)
+    head.terminate()
+    head.wait(timeout=60)
+    save()
+    print(json.dumps({k: v.get("c2st") for k, v in report["runs"].items()}
+                     | {"mean": report["c2st_mean"]}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
