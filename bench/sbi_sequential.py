@@ -1,16 +1,18 @@
-"""Sequential SBI against one observation at a time: for each observation k, one
-``trainforge train`` command of a recipe with ``workload.rounds`` (the rounds' simulation stage
-and their runs on one Ray head the bench starts), several observations at once; each finished
-run's ``posterior.pt`` (its last round's) scored by C2ST at its own observation against the
-reference samples, in a process pool, as ``bench/sbi_accuracy.py`` scores amortized runs
-(10,000 posterior samples, sbibm's stored references, classifier seed 1).
+"""Sequential SBI against the amortized run at the same simulation budget, one observation at
+a time: for each number of rounds R (1: the amortized run) and each observation k, one
+``trainforge train`` command of the recipe with ``workload.rounds=R`` and ``--total / R``
+simulations a round (the rounds' simulation stage and their runs on one Ray head the bench
+starts), several at once; each finished run's ``posterior.pt`` (its last round's) scored by C2ST
+at its own observation against the reference samples, in a process pool, as
+``bench/sbi_accuracy.py`` scores amortized runs (10,000 posterior samples, sbibm's stored
+references, classifier seed 1).
 
 A sequential posterior is focused on one observation, so each observation is a run of its own,
 as in the sbibm paper's sequential rows; the mean over the observations is the task's score.
 
 Usage (repo root):
-    python bench/sbi_sequential.py --task slcp --rounds 5 --simulations 20000 \
-        --observations 1 2 3 4 --out sbi_sequential.json [-- more overrides]
+    python bench/sbi_sequential.py --task slcp --rounds 1 5 --total 100000 \
+        --observations 1 2 3 4 --out sbi_sequential.json [more overrides]
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "sbi" / "npe_1e5.yaml"))
     parser.add_argument("--task", default="slcp")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--simulations", type=int, default=20_000, help="per round")
+    parser.add_argument("--rounds", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--total", type=int, default=100_000, help="simulations, all rounds")
     parser.add_argument("--observations", type=int, nargs="+", default=[1])
     parser.add_argument("--observations-from", choices=("sbibm", "own"), default="sbibm")
     parser.add_argument("--sbibm-path", default=None)
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("overrides", nargs="*", help="more recipe overrides")
     args = parser.parse_args()
+    args.recipe = str(Path(args.recipe).resolve())
     sbibm_path = sbibm_location(args)
     deadline = time.monotonic() + args.deadline_s
 
@@ -56,6 +59,7 @@ def main() -> None:
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="sbi-sequential-"))
     head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable_cpus()), gpus=gpus)
+    # stopped below whatever happens: a `ray start --block` left behind holds the bench's ports
     scaling = (
         ["scaling.use_gpu=true", f"scaling.resources_per_worker={{GPU: {args.gpu_share}, CPU: 1}}",
          "workload.simulation.device=cpu"]  # a GPU chunk task would wait for a whole GPU
@@ -65,10 +69,9 @@ def main() -> None:
     if sbibm_path:
         source.append(f"workload.evaluation.sbibm_path={sbibm_path}")
     common = [
-        f"workload.task={args.task}", f"workload.rounds={args.rounds}",
-        f"workload.simulation.num_simulations={args.simulations}",
-        f"run.storage_path={work / 'runs'}", "tracking.enabled=false",
-        "workload.evaluation.c2st=false", "workload.evaluation.pair_plot=false",
+        f"workload.task={args.task}", f"run.storage_path={work / 'runs'}",
+        "tracking.enabled=false", "workload.evaluation.c2st=false",
+        "workload.evaluation.pair_plot=false", "workload.evaluation.sbc_runs=0",
         *source, *scaling, *args.overrides,
     ]  # fmt: skip
     report: dict[str, Any] = {
@@ -76,8 +79,8 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0) if gpus else None,
         "usable_cpus": usable_cpus(),
         "recipe": str(Path(args.recipe).relative_to(ROOT)),
-        "task": args.task, "rounds": args.rounds, "simulations_per_round": args.simulations,
-        "simulations_total": args.rounds * args.simulations, "overrides": common,
+        "task": args.task, "rounds": args.rounds, "simulations_total": args.total,
+        "overrides": common,
         "observations_from": args.observations_from, "samples": args.samples,
         "c2st": "trainforge.workloads.sbi.c2st (sbi c2st, sbibm MLP settings, float32), seed 1",
         "runs": {},
@@ -86,62 +89,87 @@ def main() -> None:
     def save() -> None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
-    queue = list(args.observations)
-    running: dict[int, tuple[subprocess.Popen, Any, float]] = {}
+    try:
+        run_all(args, work, env, common, report, sbibm_path, deadline, save)
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+    save()
+    print(json.dumps({k: v.get("c2st") for k, v in report["runs"].items()}
+                     | {"mean": report["c2st_mean"]}, indent=2))  # fmt: skip
+
+
+def run_all(args: argparse.Namespace, work: Path, env: dict[str, str], common: list[str],
+            report: dict[str, Any], sbibm_path: str | None, deadline: float,
+            save: Any) -> None:  # fmt: skip
+    """Every (rounds, observation) command, ``args.concurrent_runs`` at a time, each scored as
+    it ends; what the deadline cut is reported as such."""
+    # the sides interleaved by observation: a bench stopped early has both at the first ones
+    queue = [(r, k) for k in args.observations for r in args.rounds]
+    running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
-    scores: dict[int, Any] = {}
+    scores: dict[str, Any] = {}
     while (queue or running) and time.monotonic() < deadline:
         while queue and len(running) < args.concurrent_runs:
-            k = queue.pop(0)
-            log = open(work / f"obs{k}.log", "w")  # noqa: SIM115 - closed when done
+            rounds, k = queue.pop(0)
+            name = f"{args.task}_r{rounds}_obs{k}"
+            log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed when done
             command = [sys.executable, "-m", "trainforge", "train", args.recipe, *common,
-                       f"run.name={args.task}_seq_obs{k}",
+                       f"run.name={name}", f"workload.rounds={rounds}",
+                       f"workload.simulation.num_simulations={args.total // rounds}",
                        f"workload.evaluation.observations=[{k}]"]  # fmt: skip
-            running[k] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                           env=env), log, time.monotonic())  # fmt: skip
+            running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                              env=env), log, time.monotonic())  # fmt: skip
         time.sleep(2)
-        for k, (process, log, started) in list(running.items()):
+        for name, (process, log, started) in list(running.items()):
             if process.poll() is None:
                 continue
             log.close()
-            del running[k]
-            said = (work / f"obs{k}.log").read_text()
+            del running[name]
+            said = (work / f"{name}.log").read_text()
             entry = {"exit_code": process.returncode, "wall_s": time.monotonic() - started,
                      "rounds_said": [line for line in said.splitlines()
                                      if "sequential:" in line or "finished at step" in line],
                      "log_tail": said[-2000:]}  # fmt: skip
-            report["runs"][str(k)] = entry
-            print(f"[bench] observation {k}: exit {process.returncode}, {entry['wall_s']:.0f} s",
+            report["runs"][name] = entry
+            print(f"[bench] {name}: exit {process.returncode}, {entry['wall_s']:.0f} s",
                   flush=True)  # fmt: skip
-            posterior = work / "runs" / f"{args.task}_seq_obs{k}" / "posterior.pt"
+            posterior = work / "runs" / name / "posterior.pt"
+            k = int(name.rpartition("obs")[2])
             if process.returncode == 0 and posterior.is_file():
-                scores[k] = pool.submit(c2st_job, [str(posterior)], args.task, k, args.samples,
-                                        args.observations_from, sbibm_path)  # fmt: skip
+                scores[name] = pool.submit(
+                    c2st_job,
+                    [str(posterior)],
+                    args.task,
+                    k,
+                    args.samples,
+                    args.observations_from,
+                    sbibm_path,
+                )
             save()
-    for k, (process, log, started) in running.items():  # past the deadline
+    for name, (process, log, started) in running.items():  # past the deadline
         process.kill()
         log.close()
-        report["runs"][str(k)] = {
+        report["runs"][name] = {
             "exit_code": None, "killed_after_s": time.monotonic() - started,
-            "log_tail": (work / f"obs{k}.log").read_text()[-2000:],
+            "log_tail": (work / f"{name}.log").read_text()[-2000:],
         }  # fmt: skip
-    for k, future in scores.items():
+    for name, future in scores.items():
         try:
-            report["runs"][str(k)] |= future.result(
-                timeout=max(5.0, deadline + 60 - time.monotonic())
-            )
+            wait = max(5.0, deadline + 60 - time.monotonic())
+            report["runs"][name] |= future.result(timeout=wait)
         except Exception as exc:  # a C2ST that did not finish in time is reported as such
-            report["runs"][str(k)]["error"] = repr(exc)
+            report["runs"][name]["error"] = repr(exc)
         save()
-    done = [r["c2st"] for r in report["runs"].values() if "c2st" in r]
-    report["c2st_mean"] = sum(done) / len(done) if done else None
-    report["c2st_observations"] = len(done)
     pool.shutdown(wait=False, cancel_futures=True)
-    head.terminate()
-    head.wait(timeout=60)
-    save()
-    print(json.dumps({k: v.get("c2st") for k, v in report["runs"].items()}
-                     | {"mean": report["c2st_mean"]}, indent=2))  # fmt: skip
+    report["c2st_mean"] = {}
+    for rounds in args.rounds:
+        done = [r["c2st"] for name, r in report["runs"].items()
+                if name.startswith(f"{args.task}_r{rounds}_") and "c2st" in r]  # fmt: skip
+        report["c2st_mean"][str(rounds)] = {
+            "mean": sum(done) / len(done) if done else None,
+            "observations": len(done),
+        }
 
 
 if __name__ == "__main__":
