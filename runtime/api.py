@@ -89,9 +89,10 @@ def train(recipe: RecipeSource, overrides: Overrides = ()) -> Result:
 def load(run: str | Path) -> Any:
     """A finished run's model with its final weights, on the CPU and in eval mode (an SBI
     run's posterior: sbi's posterior object of its method, e.g. a ``DirectPosterior`` for NPE,
-    an ``MCMCPosterior`` for NLE and NRE). ``run``: the run's folder (``runs/NAME``) or
-    one of its checkpoint folders. The model is built by the run's own recipe (kept in every
-    checkpoint) and its weights load with ``weights_only=True``."""
+    an ``MCMCPosterior`` for NLE and NRE; an ensemble's mixture; sequential rounds' last
+    posterior). ``run``: the run's folder (``runs/NAME``) or one of its checkpoint folders.
+    The model is built by the run's own recipe (kept in every checkpoint) and its weights load
+    with ``weights_only=True``."""
     from trainforge import checkpoint, config
     from trainforge.workloads import build_workload, spec_for
 
@@ -101,6 +102,9 @@ def load(run: str | Path) -> Any:
     else:
         newest = checkpoint.newest_verified(folder) if folder.is_dir() else None
         if newest is None:
+            composed = _composed(folder)
+            if composed is not None:
+                return composed
             raise RecipeError(f"{folder}: no run folder with a valid checkpoint (give runs/NAME)")
         state, run_dir, recipe_dir = checkpoint.load(newest), folder, newest
     cfg = config.load(recipe_dir / checkpoint.RECIPE_FILE)
@@ -110,6 +114,24 @@ def load(run: str | Path) -> Any:
     model = build_workload(cfg.workload, cfg.run.seed, cfg.precision).build_model()
     model.load_state_dict(state["model"])
     return model.eval()
+
+
+def _composed(folder: Path) -> Any | None:
+    """What a command that ran other runs left (an SBI ensemble's mixture, sequential rounds'
+    last posterior): its folder holds the recipe and the family's output, no checkpoint of its
+    own. None where it holds neither."""
+    from trainforge import config
+    from trainforge.driver.child_runs import RECIPE_FILE
+    from trainforge.workloads import spec_for
+
+    if not (folder / RECIPE_FILE).is_file():
+        return None
+    cfg = config.load(folder / RECIPE_FILE)
+    trained = spec_for(cfg.workload.kind).trained
+    try:
+        return trained(cfg.workload, folder) if trained is not None else None
+    except FileNotFoundError:  # not finished yet
+        return None
 
 
 def _recipe(recipe: RecipeSource, overrides: list[str]) -> Recipe:

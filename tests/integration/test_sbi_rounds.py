@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import trainforge
 from tests import faults
 from tests.integration.ray_nodes import RayNodes
-from tests.integration.test_local_cluster import env_for, trainforge
+from tests.integration.test_local_cluster import env_for
+from tests.integration.test_local_cluster import trainforge as command
 from trainforge.workloads.sbi import simulations
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -45,7 +47,7 @@ def test_two_npe_rounds_simulate_on_a_two_node_cluster_nested_under_one_run(
     try:
         nodes.add_node("--num-cpus=1")
         done = subprocess.run(
-            [*trainforge(), "train", "two_moons_debug", "run.name=seq", "workload.rounds=2",
+            [*command(), "train", "two_moons_debug", "run.name=seq", "workload.rounds=2",
              "workload.simulation.where=cluster", "workload.simulation.num_simulations=1000",
              "workload.simulation.chunk_size=250", "train.epochs=4", "checkpoint.every_epochs=2",
              "workload.evaluation.num_samples=500", f"run.storage_path={tmp_path / 'runs'}"],
@@ -77,6 +79,7 @@ def test_two_npe_rounds_simulate_on_a_two_node_cluster_nested_under_one_run(
 
     posterior = load_posterior(run / "posterior.pt")
     assert isinstance(posterior, DirectPosterior)
+    assert isinstance(trainforge.load(run), DirectPosterior)  # the run folder, as for any run
     last = run / "rounds" / "seq-r1" / "posterior.pt"
     assert (run / "posterior.pt").read_bytes() == last.read_bytes()
     record = json.loads((run / "rounds.json").read_text())
@@ -110,7 +113,7 @@ def test_a_sequential_nle_run_stopped_in_its_second_round_resumes_there(
 
     # every step 0.05 s longer (the same computation): the Ctrl-C lands inside round r1
     slow = faults.env(env_for(home), **{faults.SLOW_FROM_STEP: 1})
-    first = subprocess.Popen([*trainforge(), "train", *NLE], cwd=in_tmp, env=slow,
+    first = subprocess.Popen([*command(), "train", *NLE], cwd=in_tmp, env=slow,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)  # fmt: skip
     said: list[str] = []
@@ -133,7 +136,7 @@ def test_a_sequential_nle_run_stopped_in_its_second_round_resumes_there(
     proposal = (run / "rounds" / "proposal-r1.pt").read_bytes()
     assert not (run / "posterior.pt").exists()  # nothing half-written
 
-    again = subprocess.run([*trainforge(), "train", *NLE], cwd=in_tmp, env=env_for(home),
+    again = subprocess.run([*command(), "train", *NLE], cwd=in_tmp, env=env_for(home),
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     out = again.stdout
     assert again.returncode == 0, out[-4000:] + again.stderr[-3000:]
