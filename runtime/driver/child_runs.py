@@ -4,6 +4,8 @@ command's Ray cluster, its MLflow run nested under this command's."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -12,21 +14,50 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from trainforge import config, log, settings
+from trainforge import config, log, settings, storage
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.config.resolve import worker_resources
+from trainforge.driver.cluster import storage_root
 from trainforge.driver.local_cluster import on_lasting_cluster
+from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact_all
 
 RECIPE_FILE = "recipe.yaml"  # the recipe the runs are trained with
 # a run's closing table (driver/console.py's summary): "[trainforge]   val/loss   -2.13"
 SUMMARY_LINE = re.compile(r"^\[trainforge\] {3}(val/loss|c2st/mean)\s+(\S+)\s*$")
 STOP_WAIT_S = 60.0  # how long stopped runs may take to write their last lines
+
+
+@contextlib.contextmanager
+def local_run_held(cfg: Recipe, key: str, why: str) -> Iterator[str]:
+    """The run's storage root, its lock held for the command (a second command refuses). Its
+    runs meet through files (``why``, said under ``key``): it must be a local or shared
+    folder."""
+    from trainforge.driver.run_lock import run_held
+
+    root = storage_root(cfg.run)
+    if storage.local_folder(root) is None:
+        raise RecipeError(
+            f"{key}: {why}; run.storage_path {root!r} is not a local or shared folder"
+        )
+    with run_held(root, cfg.run.name):
+        yield root
+
+
+def earlier_scores(record: Path, field: str) -> dict[str, dict[str, str]]:
+    """Run name → what an earlier command's ``record`` (a JSON file) said each run of its
+    ``field`` (a list) scored when it finished; empty where there is no record."""
+    if not record.is_file():
+        return {}
+    keys = {"name", "seed", "folder"}
+    runs = json.loads(record.read_text()).get(field, [])
+    return {r["name"]: {k: v for k, v in r.items() if k not in keys} for r in runs}
 
 
 def runs_at_once(cfg: Recipe, cluster: dict[str, float], count: int) -> int:

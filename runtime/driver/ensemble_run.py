@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, log, storage
+from trainforge import config, log
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.driver import mlflow_run
@@ -35,12 +35,12 @@ from trainforge.driver.child_runs import (
     ChildRun,
     check_recipe,
     child_env,
+    earlier_scores,
+    local_run_held,
     loudness,
     run_children,
     runs_at_once,
 )
-from trainforge.driver.cluster import storage_root
-from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, redact_all
 
 MEMBERS_FOLDER = "members"
@@ -50,15 +50,8 @@ EVALUATION_FOLDER = "evaluation"  # the ensemble's figures
 
 def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
     """The whole ensemble: simulations, members, the combined posterior; the exit status."""
-    from trainforge.driver.run_lock import run_held
-
-    root = storage_root(cfg.run)
-    if storage.local_folder(root) is None:
-        raise RecipeError(
-            "workload.ensemble: the members' posteriors are combined from files; "
-            f"run.storage_path {root!r} is not a local or shared folder"
-        )
-    with run_held(root, cfg.run.name):  # a second command refuses
+    why = "the members' posteriors are combined from files"
+    with local_run_held(cfg, "workload.ensemble", why) as root:
         return _train(cfg, recipe, overrides, root)
 
 
@@ -124,7 +117,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
 def _members(cfg: Recipe, count: int, root: Path, record: Path, output: str) -> list[ChildRun]:
     """The ensemble's members, each with its seed and folder under ``root``; those that
     finished in an earlier command (their ``output`` is there) kept, with what they scored."""
-    earlier = _earlier_metrics(record)
+    earlier = earlier_scores(record, "members")
     members = []
     for k in range(count):
         name = f"{cfg.run.name}-m{k}"
@@ -147,15 +140,6 @@ def member_command(
         f"workload.simulation.path={simulations}",
         f"run.storage_path={members_root}",
     ]  # fmt: skip
-
-
-def _earlier_metrics(record: Path) -> dict[str, dict[str, str]]:
-    """ChildRun name → the metrics an earlier command recorded for it (none: empty)."""
-    if not record.is_file():
-        return {}
-    keys = {"name", "seed", "folder"}
-    members = json.loads(record.read_text()).get("members", [])
-    return {m["name"]: {k: v for k, v in m.items() if k not in keys} for m in members}
 
 
 def write_record(

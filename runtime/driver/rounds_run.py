@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainforge import config, log, storage
+from trainforge import config, log
 from trainforge.atomic import replacing
 from trainforge.config import Recipe
 from trainforge.driver import mlflow_run
@@ -34,11 +34,11 @@ from trainforge.driver.child_runs import (
     ChildRun,
     check_recipe,
     child_env,
+    earlier_scores,
+    local_run_held,
     loudness,
     run_children,
 )
-from trainforge.driver.cluster import storage_root
-from trainforge.errors import RecipeError
 from trainforge.tracking.client import redact, redact_all
 from trainforge.workloads.spec import Rounds
 
@@ -48,15 +48,8 @@ ROUNDS_RECORD = "rounds.json"
 
 def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
     """Every round: its data, its run; the last round's output as the run's; the exit status."""
-    from trainforge.driver.run_lock import run_held
-
-    root = storage_root(cfg.run)
-    if storage.local_folder(root) is None:
-        raise RecipeError(
-            "workload.rounds: each round is drawn from the files of the round before; "
-            f"run.storage_path {root!r} is not a local or shared folder"
-        )
-    with run_held(root, cfg.run.name):  # a second command refuses
+    why = "each round is drawn from the files of the round before"
+    with local_run_held(cfg, "workload.rounds", why) as root:
         return _train(cfg, recipe, overrides, root)
 
 
@@ -76,7 +69,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     folder = run_dir / ROUNDS_FOLDER
     runs = [ChildRun(k, cfg.run.seed + k, f"{cfg.run.name}-r{k}", folder / f"{cfg.run.name}-r{k}",
                      prefix="r") for k in range(count)]  # fmt: skip
-    earlier = _earlier(run_dir / ROUNDS_RECORD)
+    earlier = earlier_scores(run_dir / ROUNDS_RECORD, "rounds")
     for run in runs:
         run.kept = (run.folder / rounds.output).is_file()
         if run.kept:  # what it scored when it finished, for the table and MLflow
@@ -143,15 +136,6 @@ def _write_record(path: Path, cfg: Recipe, runs: list[ChildRun]) -> None:
     record = {"rounds": each, "recipe": redact_all(config.to_yaml(cfg))}  # no credentials
     with replacing(path) as temporary:
         temporary.write_text(json.dumps(record, indent=1) + "\n")
-
-
-def _earlier(path: Path) -> dict[str, dict[str, str]]:
-    """Round name → the scores an earlier command recorded for it (none: empty)."""
-    if not path.is_file():
-        return {}
-    keys = {"name", "seed", "folder"}
-    rounds = json.loads(path.read_text()).get("rounds", [])
-    return {r["name"]: {k: v for k, v in r.items() if k not in keys} for r in rounds}
 
 
 def _log_rounds(handle: Any, output: Path, runs: list[ChildRun]) -> None:
