@@ -2,8 +2,9 @@
 two sequential rounds whose simulations spread over a two-node Ray cluster joined by address,
 the second round's θ drawn from the prior truncated to the first round's posterior (NPE), each
 round a run nested under the command's MLflow run; and a sequential NLE run stopped with Ctrl-C
-in its second round, which the same command resumes there: the first round kept, nothing
-simulated or drawn again, the round's run resumed from its checkpoint."""
+in its second round, which the same command resumes there (the first round kept, nothing
+simulated or drawn again, the round's run resumed from its checkpoint) and ends with the
+posterior of an uninterrupted run, bitwise."""
 
 from __future__ import annotations
 
@@ -155,3 +156,16 @@ def test_a_sequential_nle_run_stopped_in_its_second_round_resumes_there(
     runs, _ = _runs(in_tmp)
     assert sorted(runs) == ["snle", "snle-r0", "snle-r1"]  # the stopped ones resumed, not new
     assert runs["snle"].info.status == "FINISHED" and runs["snle-r1"].info.status == "FINISHED"
+
+    # the same recipe uninterrupted ends with the same posterior, bitwise
+    straight = subprocess.run(
+        [*command(), "train", *NLE, "run.name=straight"], cwd=in_tmp, env=env_for(home),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stdout[-4000:] + straight.stderr[-3000:]
+    resumed, uninterrupted = (torch.load(in_tmp / "runs" / name / "posterior.pt",
+                                         weights_only=True)["state_dict"]
+                              for name in ("snle", "straight"))  # fmt: skip
+    assert resumed.keys() == uninterrupted.keys()
+    for key, weights in uninterrupted.items():
+        assert torch.equal(resumed[key], weights), key
