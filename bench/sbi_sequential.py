@@ -10,6 +10,13 @@ references, classifier seed 1).
 A sequential posterior is focused on one observation, so each observation is a run of its own,
 as in the sbibm paper's sequential rows; the mean over the observations is the task's score.
 
+``--sbi R`` adds sbi 0.27's own TSNPE at each observation, in the same invocation: R rounds of
+``--total / R`` simulations of the same task's simulator, ``NPE.append_simulations(θ, x)
+.train(force_first_round_loss=True)`` with the recipe's flow and training settings (batch,
+lr, patience, clip), then ``RestrictedPrior(prior, get_density_thresholder(posterior,
+quantile=1e-4), sample_with="rejection")`` as the next proposal (sbi's tutorial's loop, its
+defaults); in a process of the pool on one thread, scored as the commands are.
+
 Usage (repo root):
     python bench/sbi_sequential.py --task slcp --rounds 1 5 --total 100000 \
         --observations 1 2 3 4 --out sbi_sequential.json [more overrides]
@@ -48,6 +55,7 @@ def main() -> None:
     parser.add_argument("--gpu-share", type=float, default=0.25, help="GPU fraction per run")
     parser.add_argument("--c2st-workers", type=int, default=4)
     parser.add_argument("--deadline-s", type=float, default=540)
+    parser.add_argument("--sbi", type=int, default=0, help="rounds of sbi's own TSNPE (0: none)")
     parser.add_argument("overrides", nargs="*", help="more recipe overrides")
     args = parser.parse_args()
     args.recipe = str(Path(args.recipe).resolve())
@@ -109,6 +117,16 @@ def run_all(args: argparse.Namespace, work: Path, env: dict[str, str], common: l
     running: dict[str, tuple[subprocess.Popen, Any, float]] = {}
     pool = ProcessPoolExecutor(max_workers=args.c2st_workers)
     scores: dict[str, Any] = {}
+    if args.sbi:  # sbi's side: its own loop per observation, in the pool from the start
+        import yaml
+
+        spec = yaml.safe_load(Path(args.recipe).read_text())
+        for k in args.observations:
+            name = f"{args.task}_sbi_r{args.sbi}_obs{k}"
+            report["runs"][name] = {"side": "sbi TSNPE"}
+            scores[name] = pool.submit(sbi_tsnpe_job, args.task, k, args.sbi, args.total, spec,
+                                       args.samples, args.observations_from, sbibm_path,
+                                       work)  # fmt: skip
     while (queue or running) and time.monotonic() < deadline:
         while queue and len(running) < args.concurrent_runs:
             rounds, k = queue.pop(0)
@@ -163,13 +181,68 @@ def run_all(args: argparse.Namespace, work: Path, env: dict[str, str], common: l
         save()
     pool.shutdown(wait=False, cancel_futures=True)
     report["c2st_mean"] = {}
-    for rounds in args.rounds:
+    sides = {str(r): f"{args.task}_r{r}_" for r in args.rounds}
+    if args.sbi:
+        sides[f"sbi_{args.sbi}"] = f"{args.task}_sbi_r{args.sbi}_"
+    for side, prefix in sides.items():
         done = [r["c2st"] for name, r in report["runs"].items()
-                if name.startswith(f"{args.task}_r{rounds}_") and "c2st" in r]  # fmt: skip
-        report["c2st_mean"][str(rounds)] = {
+                if name.startswith(prefix) and "c2st" in r]  # fmt: skip
+        report["c2st_mean"][side] = {
             "mean": sum(done) / len(done) if done else None,
             "observations": len(done),
         }
+
+
+def sbi_tsnpe_job(task: str, observation: int, rounds: int, total: int, spec: dict[str, Any],
+                  n: int, source: str, sbibm_path: str | None,
+                  work: Path) -> dict[str, Any]:  # fmt: skip
+    """sbi's own TSNPE at one observation (see the module's text), scored by C2ST; in the
+    bench's work folder, where sbi's trainer writes its ``sbi-logs``."""
+    import os
+
+    os.chdir(work)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    from sbi import inference, neural_nets
+    from sbi.utils import RestrictedPrior, get_density_thresholder
+
+    from trainforge.workloads.sbi.c2st import c2st
+    from trainforge.workloads.sbi.config import EvaluationSection
+    from trainforge.workloads.sbi.observations import Observations
+    from trainforge.workloads.sbi.tasks import get_task
+
+    torch.set_num_threads(1)
+    torch.manual_seed(observation)
+    simulator = get_task(task)
+    prior = simulator.prior_distribution("cpu")
+    observed = Observations.of(simulator, EvaluationSection(observations_from=source,
+                                                            sbibm_path=sbibm_path))  # fmt: skip
+    _, x_obs = observed.observation(observation)
+    est, train = spec["workload"].get("estimator", {}), spec["train"]
+    build = neural_nets.posterior_nn(model=est.get("model", "maf"),
+                                     hidden_features=est.get("hidden_features", 50),
+                                     num_transforms=est.get("num_transforms", 5))  # fmt: skip
+    npe = inference.NPE(prior=prior, density_estimator=build, show_progress_bars=False)
+    started = time.perf_counter()
+    proposal, kept = prior, []
+    for round_ in range(rounds):
+        theta = proposal.sample((total // rounds,))
+        npe.append_simulations(theta, simulator.simulate(theta))
+        npe.train(training_batch_size=train["batch_size"], learning_rate=train["lr"],
+                  stop_after_epochs=train["early_stopping_patience"],
+                  clip_max_norm=train["clip_grad_norm"], force_first_round_loss=True)  # fmt: skip
+        posterior = npe.build_posterior().set_default_x(x_obs)
+        if round_ < rounds - 1:
+            truncated = RestrictedPrior(prior, get_density_thresholder(posterior, quantile=1e-4),
+                                        sample_with="rejection")  # fmt: skip
+            truncated.sample((1000,), save_acceptance_rate=True, print_rejected_frac=False)
+            kept.append(float(truncated.acceptance_rate))
+            proposal = truncated
+    train_s = time.perf_counter() - started
+    samples = posterior.sample((n,), show_progress_bars=False)
+    reference = observed.reference(observation, n, seed=observation)
+    return {"observation": observation, "c2st": c2st(reference, samples[: len(reference)], seed=1),
+            "wall_s": train_s, "prior_kept": kept}  # fmt: skip
 
 
 if __name__ == "__main__":
