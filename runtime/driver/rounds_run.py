@@ -122,9 +122,13 @@ def _round_data(cfg: Recipe, rounds: Rounds[Any], run: ChildRun, runs: list[Chil
     proposal = None
     if run.index > 0:
         proposal = folder / f"proposal-r{run.index}.pt"
-        if not proposal.is_file():
-            said = rounds.propose(cfg.workload, runs[run.index - 1].folder, run.seed, proposal)
-            log.say(f"sequential: round {run.label}: {said}")
+        if not proposal.is_file():  # seconds to minutes: said before and after
+            before = runs[run.index - 1]
+            log.say(f"sequential: round {run.label}: drawing its proposal from round "
+                    f"{before.label}'s output")  # fmt: skip
+            began = time.perf_counter()
+            said = rounds.propose(cfg.workload, before.folder, run.seed, proposal)
+            log.say(f"sequential: round {run.label}: {said}; {time.perf_counter() - began:.1f} s")
     stage = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=run.seed),
                                 workload=rounds.for_stage(cfg.workload, proposal))  # fmt: skip
     return launch.prepare_data(stage)
