@@ -145,3 +145,25 @@ def test_the_rounds_simulations_combine_into_one_entry_in_their_order(tmp_path: 
     written = (out / simulations.MANIFEST).stat().st_mtime_ns
     assert rounds.training_data([first, second], out) == out  # whole: kept as it is
     assert (out / simulations.MANIFEST).stat().st_mtime_ns == written
+
+
+def test_the_python_api_trains_one_run_and_loads_a_finished_sequential_runs_folder(
+    tmp_path: Path,
+) -> None:
+    """``trainforge.train`` refuses rounds (and an ensemble) in one line naming the command that
+    runs them; ``trainforge.load`` of a command's folder that holds its recipe but no output yet
+    (a sequential run stopped before its last round) says there is nothing to load."""
+    import trainforge
+    from trainforge.driver.child_runs import RECIPE_FILE
+
+    for override, key in (
+        (ROUNDS, "workload.rounds"),
+        ("workload.ensemble=2", "workload.ensemble"),
+    ):
+        with pytest.raises(RecipeError, match=re.escape(f"{key}: ") + ".* through `trainforge "):
+            trainforge.train("two_moons_debug", [override])
+    folder = tmp_path / "runs" / "seq"
+    folder.mkdir(parents=True)
+    (folder / RECIPE_FILE).write_text(config.to_yaml(config.load(DEBUG, [ROUNDS])))
+    with pytest.raises(RecipeError, match="no run folder with a valid checkpoint"):
+        trainforge.load(folder)
