@@ -49,6 +49,9 @@ def check(cfg: SBIWorkloadConfig, recipe: Recipe) -> None:
             f"precision.cuda_graphs: method {cfg.method}'s step cannot be captured as a CUDA "
             f"graph: {blocker}; use auto (eager steps after a failed capture) or false"
         )
+    if cfg.simulation.path is None and cfg.simulation.cache_dir is None:
+        # the stage's own rule: storage at a URI (s3://…) leaves the simulations no folder
+        simulate.cache_root(cfg, str(recipe.run.storage_path))
     dtype = recipe.precision.dtype
     if dtype != "fp32":
         raise RecipeError(
