@@ -222,32 +222,41 @@ def usable_cpus() -> int:
 
 def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
     """A Ray head of its own, as a `--block` process that ends this cluster alone when stopped
-    (`ray stop` would end every Ray on the machine)."""
-    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2")
-    # Ray 2.60's `ray start` turns token auth on when a token exists; clients then need the
-    # mode set too. Without a token, asking for token mode fails, so leave it off.
-    if (Path.home() / ".ray" / "auth_token").is_file():
-        env["RAY_AUTH_MODE"] = "token"
+    (`ray stop` would end every Ray on the machine): free ports, a temp folder of its own and
+    token auth (Ray 2.60 clients hang in `ray.init` against a head whose auth mode they do not
+    share), up once `ray status` answers; its output in the temp folder's ``head.log``."""
+    import secrets
+
+    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2", RAY_AUTH_MODE="token",
+               RAY_AUTH_TOKEN=secrets.token_hex(32))  # fmt: skip
+    temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
+    port = _free_port()
     command = [
-        *RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--port=6390",
-        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}",
-        # a dashboard of its own: a head without one still advertises 127.0.0.1:8265 as its
-        # API server, and Ray Train's placement-group cleaner would then ask whichever Ray
-        # owns that port whether our runs' controllers live, and remove their workers
-        "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={_free_port()}",
-        "--disable-usage-stats", "--ray-client-server-port=10390",
-        "--min-worker-port=20000", "--max-worker-port=20999",
+        *RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", f"--temp-dir={temp}",
+        # a dashboard port of its own (where the dashboard's packages are installed): a head
+        # without one still advertises 127.0.0.1:8265 as its API server, and Ray Train's
+        # placement-group cleaner would then ask whichever Ray owns that port whether our
+        # runs' controllers live, and remove their workers
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={_free_port()}", "--dashboard-agent-listen-port=0",
+        "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
+        "--metrics-export-port=0", "--disable-usage-stats",
     ]  # fmt: skip
-    head = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    address = {**env, "RAY_ADDRESS": "127.0.0.1:6390"}
-    for _ in range(60):  # until the head answers
-        probe = [sys.executable, "-c", "import ray; ray.init(); ray.shutdown()"]
-        if subprocess.run(probe, env=address, capture_output=True).returncode == 0:
-            return head, address
+    log = open(temp / "head.log", "w")  # noqa: SIM115 - the head writes it while it lives
+    head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    address = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the head answers
+        probe = [*RAY, "status", f"--address=127.0.0.1:{port}"]
+        try:
+            if subprocess.run(probe, env=env, capture_output=True, timeout=30).returncode == 0:
+                return head, address
+        except subprocess.TimeoutExpired:
+            pass
         time.sleep(1)
     head.terminate()
-    raise RuntimeError("the Ray head did not come up")
+    raise RuntimeError(f"the Ray head did not come up in 120 s: {temp / 'head.log'}")
 
 
 def main() -> None:

@@ -59,6 +59,11 @@ def main() -> None:
     parser.add_argument("--c2st-workers", type=int, default=4)
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--sbi", type=int, default=0, help="rounds of sbi's own TSNPE (0: none)")
+    parser.add_argument(
+        "--work", type=Path, default=None,
+        help="the runs' folder (default: a new temporary one); the bench run again on the "
+             "same folder resumes the runs its deadline cut",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more recipe overrides")
     args = parser.parse_args()
     args.recipe = str(Path(args.recipe).resolve())
@@ -68,7 +73,8 @@ def main() -> None:
     import torch
 
     gpus = torch.cuda.device_count()
-    work = Path(tempfile.mkdtemp(prefix="sbi-sequential-"))
+    work = args.work.resolve() if args.work else Path(tempfile.mkdtemp(prefix="sbi-sequential-"))
+    work.mkdir(parents=True, exist_ok=True)
     head, env = start_ray(head_cpus=max(args.concurrent_runs + 1, usable_cpus()), gpus=gpus)
     # stopped below whatever happens: a `ray start --block` left behind holds the bench's ports
     scaling = (

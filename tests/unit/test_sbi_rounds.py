@@ -120,7 +120,7 @@ def test_the_next_rounds_theta_come_from_the_prior_truncated_to_the_posterior(
     said = rounds.propose(cfg, previous, 5, tmp_path / "p1.pt")
     assert re.fullmatch(
         r"300 θ from the prior truncated to round run-r0's posterior at "
-        r"observation 1 \(it keeps \d+\.\d% of the prior\)",
+        r"observation 1 \(it keeps \d+\.\d% of the prior; judged on the CPU\)",
         said,
     ), said
     drawn = torch.load(tmp_path / "p1.pt", weights_only=True)

@@ -80,8 +80,10 @@ def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str
                                     device=device)  # fmt: skip
         theta = truncated.sample((n,), max_sampling_batch_size=REJECTION_BATCH,
                                  save_acceptance_rate=True, print_rejected_frac=False)  # fmt: skip
+        where = "on the GPU" if device == "cuda" else "on the CPU"
         how = (f"the prior truncated to round {previous.name}'s posterior at observation "
-               f"{number} (it keeps {truncated.acceptance_rate:.1%} of the prior)")  # fmt: skip
+               f"{number} (it keeps {truncated.acceptance_rate:.1%} of the prior; judged "
+               f"{where})")  # fmt: skip
     else:
         theta = posterior.sample((n,), show_progress_bars=False)
         how = f"round {previous.name}'s posterior at observation {number} (MCMC)"
