@@ -88,6 +88,17 @@ def loudness() -> list[str]:
     return {-1: ["-q"], 0: [], 1: ["-v"]}[max(-1, min(1, log.verbosity()))]
 
 
+def check_before_start(cfg: Recipe, root: str, run_dir: Path, free: tuple[str, ...]) -> None:
+    """What `train` checks before anything starts or is written (the recipe's data and user
+    code, an earlier run of the name), then ``check_recipe``."""
+    from trainforge.driver import launch
+    from trainforge.workloads import check_workload_data
+
+    check_workload_data(cfg.workload)
+    launch.check_existing_run(cfg, root)
+    check_recipe(cfg, run_dir, free)
+
+
 def check_recipe(cfg: Recipe, run_dir: Path, free: tuple[str, ...]) -> None:
     """A re-run keeps the runs that finished, so it must be the recipe they were trained with
     (``recipe_change``'s rules; the keys in ``free`` may change too). The recipe is saved when

@@ -33,7 +33,7 @@ from trainforge.config import Recipe
 from trainforge.driver import mlflow_run
 from trainforge.driver.child_runs import (
     ChildRun,
-    check_recipe,
+    check_before_start,
     child_env,
     earlier_scores,
     local_run_held,
@@ -66,9 +66,8 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     assert ensembles is not None, "only a family whose runs combine has members"
     count = ensembles.members(cfg.workload)
     run_dir = Path(root) / cfg.run.name
-    launch.check_existing_run(cfg, root)
     # members kept from an earlier command had the same recipe
-    check_recipe(cfg, run_dir, free=("workload.ensemble",))
+    check_before_start(cfg, root, run_dir, free=("workload.ensemble",))
     workload = launch.prepare_data(cfg)  # made once here, for every member
     simulations = str(workload.simulation.path)  # type: ignore[attr-defined]
     members_root = run_dir / MEMBERS_FOLDER

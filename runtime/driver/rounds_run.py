@@ -32,7 +32,7 @@ from trainforge.config import Recipe
 from trainforge.driver import mlflow_run
 from trainforge.driver.child_runs import (
     ChildRun,
-    check_recipe,
+    check_before_start,
     child_env,
     earlier_scores,
     local_run_held,
@@ -56,7 +56,6 @@ def train(cfg: Recipe, recipe: str, overrides: list[str]) -> int:
 def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     import ray
 
-    from trainforge.driver import launch
     from trainforge.workloads import spec_for
 
     started = time.time()
@@ -64,8 +63,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     assert rounds is not None, "only a family with sequential rounds has rounds"
     count = rounds.count(cfg.workload)
     run_dir = Path(root) / cfg.run.name
-    launch.check_existing_run(cfg, root)
-    check_recipe(cfg, run_dir, free=())  # finished rounds are kept: the same recipe
+    check_before_start(cfg, root, run_dir, free=())  # finished rounds are kept: same recipe
     folder = run_dir / ROUNDS_FOLDER
     runs = [ChildRun(k, cfg.run.seed + k, f"{cfg.run.name}-r{k}", folder / f"{cfg.run.name}-r{k}",
                      prefix="r") for k in range(count)]  # fmt: skip

@@ -89,8 +89,10 @@ def _sweep(
     import ray
 
     from trainforge.driver import sweep_board, sweep_record
+    from trainforge.workloads import check_workload_data
 
     started = time.time()
+    check_workload_data(cfg.workload)  # what every trial would refuse, before anything starts
     if run_dir.exists() and not cfg.checkpoint.resume:
         raise RecipeError(f"run.name: a sweep named {cfg.run.name!r} exists at {run_dir} and "
                           "checkpoint.resume is false; pick another run.name")  # fmt: skip

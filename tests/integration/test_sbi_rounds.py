@@ -169,3 +169,64 @@ def test_a_sequential_nle_run_stopped_in_its_second_round_resumes_there(
     assert resumed.keys() == uninterrupted.keys()
     for key, weights in uninterrupted.items():
         assert torch.equal(resumed[key], weights), key
+
+
+USER_SIMULATOR = """
+import torch
+from torch.distributions import Independent, Uniform
+
+
+def prior():
+    return Independent(Uniform(-2 * torch.ones(2), 2 * torch.ones(2)), 1)
+
+
+def simulate(theta):
+    return theta + 0.3 * torch.randn_like(theta)
+"""
+CUSTOM = [
+    "two_moons_debug", "run.name=user-seq", "workload.task=custom", "workload.prior=noisy:prior",
+    "workload.simulator=noisy:simulate", "workload.evaluation.observations=[]",
+    "workload.rounds=2", "workload.simulation.num_simulations=1000", "train.epochs=30",
+]  # fmt: skip
+
+
+def test_a_users_simulator_runs_rounds_focused_on_their_observed_x(
+    home: Path, in_tmp: Path
+) -> None:
+    """A custom task's rounds: x_o from the user's .npy file (one of the wrong width refused
+    in one line before anything starts), the second round's θ from the prior truncated to the
+    first round's posterior there, simulated by the user's simulator."""
+    import numpy as np
+
+    (in_tmp / "noisy.py").write_text(USER_SIMULATOR)
+    np.save(in_tmp / "wide.npy", np.zeros(3))
+    refused = subprocess.run(
+        [*command(), "train", *CUSTOM, "workload.evaluation.observed=wide.npy"], cwd=in_tmp,
+        env=env_for(home), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "trainforge: error: workload.evaluation.observed: wide.npy holds 3 values of shape (3,); "
+        "the simulator's x has 2")  # fmt: skip
+    assert not (in_tmp / "runs" / "user-seq").exists()
+
+    np.save(in_tmp / "x_o.npy", np.array([0.5, -0.5]))
+    done = subprocess.run([*command(), "train", *CUSTOM, "workload.evaluation.observed=x_o.npy"],
+                          cwd=in_tmp, env=env_for(home), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-3000:]
+    said = re.search(r"sequential: round r1: 1,000 θ from the prior truncated to round "
+                     r"user-seq-r0's posterior at the observed x in x_o.npy \(it keeps "
+                     r"([\d.]+)% of the prior; judged on the CPU\)", out)  # fmt: skip
+    assert said, out[-4000:]
+    assert 0 < float(said.group(1)) < 90  # a region around x_o, not the whole box
+    run = in_tmp / "runs" / "user-seq"
+    proposal = torch.load(run / "rounds" / "proposal-r1.pt", weights_only=True)
+    assert proposal.shape == (1000, 2) and bool((proposal.abs() <= 2).all())
+    theta, x = simulations.load(run / "rounds" / "data-r1", drop_invalid=False)
+    assert torch.equal(theta[1000:], proposal)  # round r1 simulated the θ drawn for it
+    assert 0.25 < float((x - theta).std()) < 0.35  # by the user's simulator (noise 0.3)
+    posterior = trainforge.load(run)
+    samples = posterior.sample((500,), x=torch.tensor([[0.5, -0.5]]), show_progress_bars=False)
+    assert torch.allclose(samples.mean(0), torch.tensor([0.5, -0.5]), atol=0.3)

@@ -19,6 +19,7 @@ from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.tasks import get_task
 
 ROUNDS = "workload.rounds=2"
+CUSTOM = "workload.task=custom workload.prior=m:p workload.simulator=m:s"
 SMALL = "train.batch_size=4"  # a batch that 40 simulations fill
 
 
@@ -34,11 +35,51 @@ SMALL = "train.batch_size=4"  # a batch that 40 simulations fill
         ("workload.simulation.path=/tmp/x", "workload.simulation.path: sequential rounds make "
                                             "each round's simulations"),
         ("workload.rounds=0", "workload.rounds: must be >= 1"),
+        ("workload.evaluation.observed=x_o.npy", "workload.evaluation.observed: a custom task's "
+                                                 "observed x; task two_moons names one of its"),
+        (f"{CUSTOM} workload.evaluation.observations=[]", "workload.evaluation.observed: "
+                                                         "sequential rounds of a custom task "
+                                                         "focus on an observed x"),
+        (f"{CUSTOM} workload.evaluation.observed=x_o.csv",
+         "workload.evaluation.observed: x_o.csv is neither a .pt nor a .npy file"),
     ],
 )  # fmt: skip
 def test_a_recipe_of_rounds_is_refused_what_rounds_cannot_do(overrides: str, message: str) -> None:
     with pytest.raises(RecipeError, match=re.escape(message)):
         config.load(DEBUG, [ROUNDS, *overrides.split()])
+
+
+def test_an_observed_x_without_rounds_is_refused() -> None:
+    with pytest.raises(RecipeError, match=re.escape(
+            "workload.evaluation.observed: only sequential rounds use it; set workload.rounds "
+            "above 1, or remove it")):  # fmt: skip
+        config.load(DEBUG, [*CUSTOM.split(), "workload.evaluation.observed=x_o.pt"])
+
+
+def test_a_custom_tasks_observed_x_is_read_from_a_pt_or_npy_file_as_one_row(
+    tmp_path: Path,
+) -> None:
+    import numpy as np
+
+    np.save(tmp_path / "x_o.npy", np.array([[0.5, -0.25, 2.0]]))
+    torch.save(torch.tensor([0.5, -0.25, 2.0], dtype=torch.float64), tmp_path / "x_o.pt")
+    for name in ("x_o.npy", "x_o.pt"):
+        x = rounds.observed_x(str(tmp_path / name), 3)
+        assert x.dtype == torch.float32 and torch.equal(x, torch.tensor([[0.5, -0.25, 2.0]]))
+    torch.save({"x": torch.zeros(3)}, tmp_path / "dict.pt")
+    torch.save(torch.tensor([1.0, float("nan"), 0.0]), tmp_path / "nan.pt")
+    (tmp_path / "garbled.npy").write_bytes(b"not numpy")
+    for name, message in [
+        ("missing.npy", "does not exist"),
+        ("x_o.npy", "holds 3 values of shape (1, 3); the simulator's x has 4"),
+        ("dict.pt", "holds a dict, not one tensor"),
+        ("nan.pt", "holds NaN or infinite values"),
+        ("garbled.npy", "could not be read: "),
+    ]:
+        dim_x = 4 if name == "x_o.npy" else 3
+        with pytest.raises(RecipeError, match=re.escape(message)) as refused:
+            rounds.observed_x(str(tmp_path / name), dim_x)
+        assert str(refused.value).startswith(f"workload.evaluation.observed: {tmp_path / name}")
 
 
 def test_a_refused_recipe_of_rounds_is_one_line_before_anything_starts(

@@ -90,8 +90,12 @@ SPEC = WorkloadSpec(
         propose=rounds.propose,
         training_data=round_data,
         # one round each; calibration (SBC, TARP) is for amortized posteriors, and a later
-        # round's is focused on one observation
-        overrides=("workload.rounds=1", "workload.evaluation.sbc_runs=0"),
+        # round's is focused on one observation; the observed x is the rounds' (the driver's)
+        overrides=(
+            "workload.rounds=1",
+            "workload.evaluation.sbc_runs=0",
+            "workload.evaluation.observed=null",
+        ),
     ),
     # a rehearsal's posterior is a few steps old: sampled and plotted, not scored
     rehearsal={"evaluation": {"c2st": False, "sbc_runs": 0, "num_samples": 100}},

@@ -17,6 +17,7 @@ from trainforge.workloads.sbi import (
     catalogue,
     methods,
     observations,
+    rounds,
     simulate,
     simulations,
 )
@@ -81,6 +82,8 @@ def check_data(cfg: SBIWorkloadConfig) -> None:
                 f"x of dim {manifest['dim_x']}; the recipe's task has {source.dim_theta} and "
                 f"{source.dim_x}"
             )
+    if cfg.evaluation.observed is not None:  # a custom task's rounds (the section's rule)
+        rounds.observed_x(cfg.evaluation.observed, source.dim_x)
     record = architecture.BuildRecord.from_config(
         cfg.estimator, source.dim_theta, source.dim_x, method=cfg.method
     )

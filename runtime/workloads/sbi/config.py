@@ -177,6 +177,10 @@ class EvaluationSection(Section):
     """Posterior samples per SBC run."""
     pair_plot: bool = True
     """Posterior pair plot (with the reference when C2ST runs) for the first observation."""
+    observed: str | None = None
+    """custom task: a file holding the observed x (x_o: one output of the simulator, a torch
+    tensor in a .pt file or a NumPy array in a .npy file) that sequential rounds
+    (``workload.rounds``) focus on. Built-in tasks name one of ``observations`` instead."""
 
     def check(self) -> None:
         from trainforge.workloads.sbi.catalogue import NUM_OBSERVATIONS
@@ -239,14 +243,15 @@ class SBIWorkloadConfig(WorkloadSection):
     within a window of randomly ordered chunks."""
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     rounds: int = 1
-    """Sequential inference at one observation (the one ``evaluation.observations`` names):
-    above 1, `trainforge train` runs this many rounds of num_simulations each. The first
-    simulates from the prior; each later one simulates θ drawn from what the round before
-    learned at that observation (method npe: the prior truncated to the posterior's
-    highest-density region, as sbi's TSNPE; nle, nre, nre_c: their posterior, as SNLE and SNRE)
-    and trains on the simulations of every round so far. Each round is a run of its own, nested
-    under the command's MLflow run; a re-run keeps the finished rounds and resumes the one it
-    reached. The last round's posterior is the run's posterior.pt."""
+    """Sequential inference at one observation (the one ``evaluation.observations`` names; a
+    custom task's: the file ``evaluation.observed`` names): above 1, `trainforge train` runs
+    this many rounds of num_simulations each. The first simulates from the prior; each later
+    one simulates θ drawn from what the round before learned at that observation (method npe:
+    the prior truncated to the posterior's highest-density region, as sbi's TSNPE; nle, nre,
+    nre_c: their posterior, as SNLE and SNRE) and trains on the simulations of every round so
+    far. Each round is a run of its own, nested under the command's MLflow run; a re-run keeps
+    the finished rounds and resumes the one it reached. The last round's posterior is the
+    run's posterior.pt."""
     ensemble: int = 1
     """Members: above 1, `trainforge train` trains this many posteriors on the same
     simulations, at run.seed, run.seed+1, … (each a run of its own, as many at once as the
@@ -265,6 +270,25 @@ class SBIWorkloadConfig(WorkloadSection):
         self.at_least("rounds", 1)
         if self.rounds > 1:
             self._check_rounds()
+        self._check_observed()
+
+    def _check_observed(self) -> None:
+        from trainforge.workloads.sbi.catalogue import CUSTOM
+
+        observed = self.evaluation.observed
+        if observed is None:
+            return
+        key = "workload.evaluation.observed"
+        if self.task != CUSTOM:
+            raise RecipeError(
+                f"{key}: a custom task's observed x; task {self.task} names one of its "
+                "observations in workload.evaluation.observations"
+            )
+        if self.rounds == 1:
+            raise RecipeError(f"{key}: only sequential rounds use it; set workload.rounds "
+                              "above 1, or remove it")  # fmt: skip
+        if not observed.endswith((".pt", ".npy")):
+            raise RecipeError(f"{key}: {observed} is neither a .pt nor a .npy file")
 
     def _check_rounds(self) -> None:
         from trainforge.workloads.sbi import methods
@@ -277,15 +301,17 @@ class SBIWorkloadConfig(WorkloadSection):
                 f"workload.rounds: method {self.method} has no sequential rounds here; use one "
                 f"of {', '.join(sequential)}, or rounds: 1"
             )
+        custom = self.task == CUSTOM
         refusals = {
             "workload.evaluation.observations": (
-                len(self.evaluation.observations) != 1,
+                not custom and len(self.evaluation.observations) != 1,
                 f"sequential rounds focus on one observation; name one (now "
                 f"{self.evaluation.observations})",
             ),
-            "workload.task": (
-                self.task == CUSTOM,
-                "sequential rounds need the task's observation; a custom task has none here",
+            "workload.evaluation.observed": (
+                custom and self.evaluation.observed is None,
+                "sequential rounds of a custom task focus on an observed x; name its file "
+                "(.pt or .npy)",
             ),
             "workload.ensemble": (
                 self.ensemble > 1,

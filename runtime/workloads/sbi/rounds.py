@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainforge.atomic import replacing
+from trainforge.errors import RecipeError
 from trainforge.workloads.sbi import chunking, methods
 from trainforge.workloads.sbi.config import SBIWorkloadConfig
 from trainforge.workloads.sbi.simulations import (
@@ -48,7 +49,52 @@ def for_stage(cfg: SBIWorkloadConfig, proposal: Path | None) -> SBIWorkloadConfi
     """The section whose simulation stage makes a round's simulations (a section of one
     round): θ from the proposal file (None: the first round's, from the prior)."""
     simulation = dataclasses.replace(cfg.simulation, proposal=str(proposal) if proposal else None)
-    return dataclasses.replace(cfg, simulation=simulation, rounds=1)
+    evaluation = dataclasses.replace(cfg.evaluation, observed=None)  # the rounds' own
+    return dataclasses.replace(cfg, simulation=simulation, evaluation=evaluation, rounds=1)
+
+
+def observed_x(path: str, dim_x: int) -> Any:
+    """A custom task's observed x (``workload.evaluation.observed``: a tensor in a .pt file or
+    an array in a .npy file, of any shape holding the simulator's ``dim_x`` values) as one row
+    [1, dim_x] of float32; one line naming what is wrong with it otherwise."""
+    import numpy as np
+    import torch
+
+    key, file = "workload.evaluation.observed", Path(path)
+    if not file.is_file():
+        raise RecipeError(f"{key}: {file} does not exist")
+    try:
+        if file.suffix == ".npy":
+            value = torch.from_numpy(np.load(file, allow_pickle=False))
+        else:
+            value = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unreadable file: named, with the reader's own words
+        raise RecipeError(f"{key}: {file} could not be read: {exc}") from None
+    if not isinstance(value, torch.Tensor):
+        raise RecipeError(f"{key}: {file} holds a {type(value).__name__}, not one tensor")
+    if value.numel() != dim_x:
+        raise RecipeError(f"{key}: {file} holds {value.numel()} values of shape "
+                          f"{tuple(value.shape)}; the simulator's x has {dim_x}")  # fmt: skip
+    x = value.reshape(1, dim_x).float()
+    if not bool(torch.isfinite(x).all()):
+        raise RecipeError(f"{key}: {file} holds NaN or infinite values")
+    return x
+
+
+def _observation(cfg: SBIWorkloadConfig, previous: Path) -> tuple[Any, str]:
+    """The x the rounds focus on, and how to name it: a built-in task's observation, or a
+    custom task's observed x, as wide as the previous round's estimator's x."""
+    from trainforge.workloads.sbi import sources
+    from trainforge.workloads.sbi.export import load_estimator
+    from trainforge.workloads.sbi.observations import Observations
+
+    task = sources.resolve(cfg).task
+    if task is None:  # a custom task
+        observed = str(cfg.evaluation.observed)
+        _, bundle = load_estimator(previous / POSTERIOR_FILE)
+        return observed_x(observed, int(bundle["build"]["dim_x"])), f"the observed x in {observed}"
+    number = cfg.evaluation.observations[0]
+    return Observations.of(task, cfg.evaluation).observation(number)[1], f"observation {number}"
 
 
 def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str:
@@ -59,16 +105,11 @@ def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str
     import torch
     from sbi.utils import RestrictedPrior, get_density_thresholder
 
-    from trainforge.workloads.sbi import sources
     from trainforge.workloads.sbi.export import load_posterior
-    from trainforge.workloads.sbi.observations import Observations
 
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)  # sbi's slice samplers draw from numpy's global RNG
-    task = sources.resolve(cfg).task
-    assert task is not None, "rounds are refused for a custom task (no observation)"
-    number = cfg.evaluation.observations[0]
-    _, x_o = Observations.of(task, cfg.evaluation).observation(number)
+    x_o, at = _observation(cfg, previous)
     truncates = methods.get(cfg.method).proposes == "truncated_prior"
     device = "cuda" if truncates and torch.cuda.is_available() else "cpu"
     posterior = load_posterior(previous / POSTERIOR_FILE, device)
@@ -81,12 +122,11 @@ def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str
         theta = truncated.sample((n,), max_sampling_batch_size=REJECTION_BATCH,
                                  save_acceptance_rate=True, print_rejected_frac=False)  # fmt: skip
         where = "on the GPU" if device == "cuda" else "on the CPU"
-        how = (f"the prior truncated to round {previous.name}'s posterior at observation "
-               f"{number} (it keeps {truncated.acceptance_rate:.1%} of the prior; judged "
-               f"{where})")  # fmt: skip
+        how = (f"the prior truncated to round {previous.name}'s posterior at {at} (it keeps "
+               f"{truncated.acceptance_rate:.1%} of the prior; judged {where})")  # fmt: skip
     else:
         theta = posterior.sample((n,), show_progress_bars=False)
-        how = f"round {previous.name}'s posterior at observation {number} (MCMC)"
+        how = f"round {previous.name}'s posterior at {at} (MCMC)"
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as temporary:
         torch.save(theta.float().cpu().contiguous(), temporary)
