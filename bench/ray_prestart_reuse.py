@@ -7,7 +7,10 @@ the idle workers, then times one actor's first call:
   pins RAY_ADDRESS for its tasks;
 - ``actor_env``: an actor with ``runtime_env={"env_vars": ...}``, as Ray Train gives its
   controller and its workers (``get_env_vars_to_propagate``);
-- ``same_env``: both, the actor's variables also in the job's (the merged env equals the job's).
+- ``same_env``: both, the actor's variables also in the job's (the merged env equals the job's);
+- ``warmed``, ``warmed_2s``: the actor of ``actor_env``, after a task with the same runtime env
+  ran to its end (0.2 s and 2 s before): does the actor take the process the task left idle?
+  (Ray kills idle workers above its soft limit, the node's CPUs, after 1 s.)
 
 Usage (repo root): python bench/ray_prestart_reuse.py --repeats 3 --out reuse.json
 """
@@ -27,7 +30,8 @@ from pathlib import Path
 
 from startup import Heads
 
-CASES = ("plain", "job_env", "actor_env", "same_env")
+CASES = ("plain", "job_env", "actor_env", "same_env", "warmed", "warmed_2s")
+WARMED_AFTER_S = {"warmed": 0.2, "warmed_2s": 2.0}
 ACTOR_ENV = {"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}
 
 
@@ -58,9 +62,17 @@ def one_case(case: str) -> dict[str, object]:
         def pid(self) -> int:
             return os.getpid()
 
+    @ray.remote(num_cpus=0)
+    def warm() -> int:
+        return os.getpid()
+
+    warmed_pid = None
+    if case in WARMED_AFTER_S:
+        warmed_pid = ray.get(warm.options(runtime_env={"env_vars": ACTOR_ENV}).remote())
+        time.sleep(WARMED_AFTER_S[case])
     idle = idle_workers()
     started = time.monotonic()
-    if case in ("actor_env", "same_env"):
+    if case in ("actor_env", "same_env", *WARMED_AFTER_S):
         actor = Probe.options(runtime_env={"env_vars": ACTOR_ENV}).remote()
     else:
         actor = Probe.remote()
@@ -68,13 +80,14 @@ def one_case(case: str) -> dict[str, object]:
     took = time.monotonic() - started
     ray.shutdown()
     return {"case": case, "actor_s": round(took, 3), "took_an_idle_worker": pid in idle,
-            "idle_workers": len(idle)}  # fmt: skip
+            "idle_workers": len(idle), "took_the_warmed_process": pid == warmed_pid}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in a child
     args = parser.parse_args()
     if args.case:
@@ -82,7 +95,7 @@ def main() -> None:
         return
     results = []
     for _ in range(args.repeats):
-        for case in CASES:
+        for case in args.cases:
             heads = Heads(Path(tempfile.mkdtemp(prefix="tf-reuse-")))
             env = heads.env(case, dict(os.environ))
             done = subprocess.run([sys.executable, __file__, "--case", case, "--out", "-"],
@@ -99,7 +112,7 @@ def main() -> None:
             ],
             "took_an_idle_worker": [r["took_an_idle_worker"] for r in results if r["case"] == case],
         }
-        for case in CASES
+        for case in args.cases
     }
     args.out.write_text(json.dumps({"machine": platform.platform(), "cpus": os.cpu_count(),
                                     "results": results, "summary": summary}, indent=1))  # fmt: skip
