@@ -10,6 +10,9 @@ references, classifier seed 1).
 A sequential posterior is focused on one observation, so each observation is a run of its own,
 as in the sbibm paper's sequential rows; the mean over the observations is the task's score.
 
+Round r0 is the same run at every observation: the first observation's command trains it and
+the others keep a copy (``FirstRound``; ``--train-every-first-round`` to train each).
+
 ``--sbi R`` adds sbi 0.27's own TSNPE at each observation, in the same invocation: R rounds of
 ``--total / R`` simulations of the same task's simulator, ``NPE.append_simulations(θ, x)
 .train(force_first_round_loss=True)`` with the recipe's flow and training settings (batch,
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +63,11 @@ def main() -> None:
     parser.add_argument("--c2st-workers", type=int, default=4)
     parser.add_argument("--deadline-s", type=float, default=540)
     parser.add_argument("--sbi", type=int, default=0, help="rounds of sbi's own TSNPE (0: none)")
+    parser.add_argument(
+        "--train-every-first-round", dest="share_first_round", action="store_false",
+        help="each observation's command trains round r0 itself (default: the first "
+             "observation's r0 is copied to the others: the same run)",
+    )  # fmt: skip
     parser.add_argument(
         "--work", type=Path, default=None,
         help="the runs' folder (default: a new temporary one); the bench run again on the "
@@ -139,9 +148,15 @@ def run_all(args: argparse.Namespace, work: Path, env: dict[str, str], common: l
             scores[name] = pool.submit(sbi_tsnpe_job, args.task, k, args.sbi, args.total, spec,
                                        args.samples, args.observations_from, sbibm_path,
                                        work)  # fmt: skip
+    first = FirstRound(args, work)
     while (queue or running) and time.monotonic() < deadline:
-        while queue and len(running) < args.concurrent_runs:
-            rounds, k = queue.pop(0)
+        first.share(running, queue)
+        while len(running) < args.concurrent_runs:
+            ready = [item for item in queue if first.ready(*item)]
+            if not ready:
+                break
+            rounds, k = ready[0]
+            queue.remove((rounds, k))
             name = f"{args.task}_r{rounds}_obs{k}"
             log = open(work / f"{name}.log", "w")  # noqa: SIM115 - closed when done
             command = [sys.executable, "-m", "trainforge", "train", args.recipe, *common,
@@ -203,6 +218,41 @@ def run_all(args: argparse.Namespace, work: Path, env: dict[str, str], common: l
             "mean": sum(done) / len(done) if done else None,
             "observations": len(done),
         }
+
+
+class FirstRound:
+    """Round r0 is the same run at every observation (the prior's simulations, the same seed;
+    the observation only says where later rounds focus): the first observation's command
+    trains it, and once that command has gone on to r1, its r0 folder is copied into the other
+    observations' runs, which keep it as a finished round (``rounds_run``: a round whose
+    posterior is on disk is kept). Their commands start then. ``--train-every-first-round``
+    turns this off."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.lead = args.observations[0]
+        self.pending = {r for r in args.rounds if r > 1} if args.share_first_round else set()
+
+    def name(self, rounds: int, k: int) -> str:
+        return f"{self.args.task}_r{rounds}_obs{k}"
+
+    def ready(self, rounds: int, k: int) -> bool:
+        return rounds not in self.pending or k == self.lead
+
+    def share(self, running: dict[str, Any], queue: list[tuple[int, int]]) -> None:
+        for rounds in list(self.pending):
+            lead = self.name(rounds, self.lead)
+            log = self.work / f"{lead}.log"
+            moved_on = log.is_file() and "sequential: round r1: drawing" in log.read_text()
+            if not moved_on and (lead in running or (rounds, self.lead) in queue):
+                continue  # not started, or still in r0
+            source = self.work / "runs" / lead / "rounds" / f"{lead}-r0"
+            for k in self.args.observations[1:]:
+                name = self.name(rounds, k)
+                target = self.work / "runs" / name / "rounds" / f"{name}-r0"
+                if moved_on and not target.exists():
+                    shutil.copytree(source, target)
+            self.pending.discard(rounds)  # (a lead that failed first: each trains its own)
 
 
 def sbi_tsnpe_job(task: str, observation: int, rounds: int, total: int, spec: dict[str, Any],

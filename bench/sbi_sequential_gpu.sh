@@ -6,6 +6,7 @@
 #   command per sbibm observation in OBS, all at once on the GPU (bench/sbi_sequential.py:
 #   its own Ray head, each round's run on Ray Train's group with a fifth of the GPU), the
 #   npe_1e5 recipe with the spline flow that CUDA graphs capture (zuko_nsf, hidden 128);
+#   round r0 trained once, by the first observation's command, and kept by the others;
 #   each final posterior scored by C2ST at its observation (10,000 samples against sbibm's
 #   references); the runs' folder /tmp/seqwork is kept while the host stays warm (a folder in the
 #   repo is not: each call replaces the tree), so a call cut by its deadline resumes;
