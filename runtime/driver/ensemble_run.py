@@ -68,7 +68,7 @@ def _train(cfg: Recipe, recipe: str, overrides: list[str], root: str) -> int:
     run_dir = Path(root) / cfg.run.name
     # members kept from an earlier command had the same recipe
     check_before_start(cfg, root, run_dir, free=("workload.ensemble",))
-    workload = launch.prepare_data(cfg)  # made once here, for every member
+    workload = launch.prepare_data(cfg, checked=True)  # made once here, for every member
     simulations = str(workload.simulation.path)  # type: ignore[attr-defined]
     members_root = run_dir / MEMBERS_FOLDER
     members = _members(cfg, count, members_root, run_dir / ENSEMBLE_RECORD, ensembles.output)

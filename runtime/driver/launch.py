@@ -102,9 +102,10 @@ def simulate(cfg: Recipe) -> int:
     return 0
 
 
-def prepare_data(cfg: Recipe) -> Any:
+def prepare_data(cfg: Recipe, checked: bool = False) -> Any:
     """The data stage alone (SBI simulations, made or found in the cache, on the Ray cluster
-    this process joins): the workload section with the data's place filled in."""
+    this process joins): the workload section with the data's place filled in. ``checked``:
+    the caller ran the recipe's data check (``check_workload_data``) already."""
     from trainforge.workloads import (
         check_workload_data,
         resolve_workload,
@@ -114,7 +115,8 @@ def prepare_data(cfg: Recipe) -> Any:
 
     if spec_for(cfg.workload.kind).start_data is None:  # a family with a data stage begins it
         raise RecipeError(f"workload.kind: {cfg.workload.kind} has no simulation stage (sbi has)")
-    check_workload_data(cfg.workload)
+    if not checked:
+        check_workload_data(cfg.workload)
     root = storage_root(cfg.run)
     storage.check_writable(root, cfg.run.name)  # the simulations are written under it
     runner = stage.Runner()

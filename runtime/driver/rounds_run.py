@@ -129,7 +129,7 @@ def _round_data(cfg: Recipe, rounds: Rounds[Any], run: ChildRun, runs: list[Chil
             log.say(f"sequential: round {run.label}: {said}; {time.perf_counter() - began:.1f} s")
     stage = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, seed=run.seed),
                                 workload=rounds.for_stage(cfg.workload, proposal))  # fmt: skip
-    return launch.prepare_data(stage)
+    return launch.prepare_data(stage, checked=True)  # check_before_start checked the recipe
 
 
 def _write_record(path: Path, cfg: Recipe, runs: list[ChildRun]) -> None:

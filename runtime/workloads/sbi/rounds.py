@@ -81,20 +81,19 @@ def observed_x(path: str, dim_x: int) -> Any:
     return x
 
 
-def _observation(cfg: SBIWorkloadConfig, previous: Path) -> tuple[Any, str]:
+def _observation(cfg: SBIWorkloadConfig) -> tuple[Any, str]:
     """The x the rounds focus on, and how to name it: a built-in task's observation, or a
-    custom task's observed x, as wide as the previous round's estimator's x."""
+    custom task's observed x."""
     from trainforge.workloads.sbi import sources
-    from trainforge.workloads.sbi.export import load_estimator
     from trainforge.workloads.sbi.observations import Observations
 
-    task = sources.resolve(cfg).task
-    if task is None:  # a custom task
+    source = sources.resolve(cfg)
+    if source.task is None:  # a custom task
         observed = str(cfg.evaluation.observed)
-        _, bundle = load_estimator(previous / POSTERIOR_FILE)
-        return observed_x(observed, int(bundle["build"]["dim_x"])), f"the observed x in {observed}"
+        return observed_x(observed, source.dim_x), f"the observed x in {observed}"
     number = cfg.evaluation.observations[0]
-    return Observations.of(task, cfg.evaluation).observation(number)[1], f"observation {number}"
+    x_o = Observations.of(source.task, cfg.evaluation).observation(number)[1]
+    return x_o, f"observation {number}"
 
 
 def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str:
@@ -109,7 +108,7 @@ def propose(cfg: SBIWorkloadConfig, previous: Path, seed: int, out: Path) -> str
 
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)  # sbi's slice samplers draw from numpy's global RNG
-    x_o, at = _observation(cfg, previous)
+    x_o, at = _observation(cfg)
     truncates = methods.get(cfg.method).proposes == "truncated_prior"
     device = "cuda" if truncates and torch.cuda.is_available() else "cpu"
     posterior = load_posterior(previous / POSTERIOR_FILE, device)
