@@ -35,7 +35,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,53 +210,16 @@ def score_folder(args: argparse.Namespace, sbibm_path: str | None) -> None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
 def start_ray(head_cpus: int, gpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    """A Ray head of its own, as a `--block` process that ends this cluster alone when stopped
-    (`ray stop` would end every Ray on the machine): free ports, a temp folder of its own and
-    token auth (Ray 2.60 clients hang in `ray.init` against a head whose auth mode they do not
-    share), up once `ray status` answers; its output in the temp folder's ``head.log``."""
-    import secrets
+    """The bench's own Ray head (``startup.start_head``) with these CPUs and GPUs."""
+    from startup import start_head
 
-    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2", RAY_AUTH_MODE="token",
-               RAY_AUTH_TOKEN=secrets.token_hex(32))  # fmt: skip
-    temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
-    port = _free_port()
-    command = [
-        *RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-        f"--num-cpus={head_cpus}", f"--num-gpus={gpus}", f"--temp-dir={temp}",
-        # a dashboard port of its own (where the dashboard's packages are installed): a head
-        # without one still advertises 127.0.0.1:8265 as its API server, and Ray Train's
-        # placement-group cleaner would then ask whichever Ray owns that port whether our
-        # runs' controllers live, and remove their workers
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={_free_port()}", "--dashboard-agent-listen-port=0",
-        "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
-        "--metrics-export-port=0", "--disable-usage-stats",
-    ]  # fmt: skip
-    log = open(temp / "head.log", "w")  # noqa: SIM115 - the head writes it while it lives
-    head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    address = {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until the head answers
-        probe = [*RAY, "status", f"--address=127.0.0.1:{port}"]
-        try:
-            if subprocess.run(probe, env=env, capture_output=True, timeout=30).returncode == 0:
-                return head, address
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(1)
-    head.terminate()
-    raise RuntimeError(f"the Ray head did not come up in 120 s: {temp / 'head.log'}")
+    env = dict(os.environ, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2")
+    return start_head(RAY, env, f"--num-cpus={head_cpus}", f"--num-gpus={gpus}")
 
 
 def main() -> None:
@@ -412,7 +375,7 @@ def main() -> None:
         record(key, results)
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
-    head.terminate()
+    os.killpg(head.pid, signal.SIGTERM)  # the head's own session: it and its node
     head.wait(timeout=60)
     save()
     print(json.dumps({k: v.get("c2st_mean") for k, v in report["runs"].items()}, indent=2))

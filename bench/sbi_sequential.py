@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,7 +119,7 @@ def main() -> None:
     try:
         run_all(args, work, env, common, report, sbibm_path, deadline, save)
     finally:
-        head.terminate()
+        os.killpg(head.pid, signal.SIGTERM)  # the head's own session: it and its node
         head.wait(timeout=60)
     save()
     print(json.dumps({k: v.get("c2st") for k, v in report["runs"].items()}

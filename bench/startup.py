@@ -149,6 +149,51 @@ def settle(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, timeout=330)
 
 
+def start_head(ray_cli: list[str], env: dict[str, str],
+               *flags: str) -> tuple[subprocess.Popen, dict[str, str]]:  # fmt: skip
+    """A Ray head of the bench's own (``ray_cli``: the command that runs Ray's CLI), as a
+    `--block` process in a session of its own (ended alone, where `ray stop` would end every
+    Ray on the machine): free ports, a temp folder of its own and token auth (a Ray 2.60 client
+    hangs in `ray.init` against a head whose auth mode it does not share), up once `ray status`
+    answers; its output in the temp folder's ``head.log``. The process, and ``env`` as a client
+    joins it with (the auth and RAY_ADDRESS). A dashboard port of its own: a head without one
+    still advertises 127.0.0.1:8265 as its API server, and Ray Train's placement-group cleaner
+    would then ask whichever Ray owns that port whether our runs' controllers live."""
+    import secrets
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    port, dashboard = ports
+    head_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
+    with open(temp / "head.log", "w") as log:  # the head keeps its own handle
+        head = subprocess.Popen(
+            [*ray_cli, "start", "--head", "--block", f"--port={port}",
+             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+             f"--dashboard-port={dashboard}", "--dashboard-agent-listen-port=0",
+             "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
+             "--metrics-export-port=0", f"--temp-dir={temp}", "--disable-usage-stats", *flags],
+            env=head_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            status = subprocess.run([*ray_cli, "status", f"--address={address}"],
+                                    env=head_env, capture_output=True, timeout=30)  # fmt: skip
+            if status.returncode == 0:
+                return head, {**head_env, "RAY_ADDRESS": address}
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+    os.killpg(head.pid, signal.SIGTERM)
+    raise RuntimeError(f"the Ray head did not come up in 120 s: {temp / 'head.log'}")
+
+
 class Heads:
     """The bench's own Ray clusters for the ``address`` modes, one per mode (its package on the
     Python path of every process it starts), started at first use and stopped at the end."""
@@ -158,40 +203,10 @@ class Heads:
 
     def env(self, mode: str, env: dict[str, str]) -> dict[str, str]:
         if mode not in self.started:
-            import secrets
-            import socket
-
-            ports = []
-            for _ in range(2):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    ports.append(probe.getsockname()[1])
-            port, dashboard = ports
-            head_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-            temp = Path(tempfile.mkdtemp(prefix="tf-head-", dir="/tmp"))
             ray_cli = [sys.executable, "-m", "trainforge.driver.ray_cli"]  # the mode's package's
-            head = subprocess.Popen(
-                [*ray_cli, "start", "--head", "--block", f"--port={port}",
-                 "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-                 f"--dashboard-port={dashboard}", "--dashboard-agent-listen-port=0",
-                 "--dashboard-agent-grpc-port=0", "--runtime-env-agent-port=0",
-                 "--metrics-export-port=0", f"--temp-dir={temp}", "--disable-usage-stats"],
-                env=head_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-            address = f"127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:  # up once `ray status` answers
-                status = subprocess.run([*ray_cli, "status", f"--address={address}"],
-                                        env=head_env, capture_output=True, timeout=60)  # fmt: skip
-                if status.returncode == 0:
-                    break
-                time.sleep(1)
-            self.started[mode] = (
-                head,
-                {k: head_env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")},
-                address,
-            )
+            head, joined = start_head(ray_cli, env)
+            keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+            self.started[mode] = (head, {k: joined[k] for k in keys}, joined["RAY_ADDRESS"])
         _, auth, address = self.started[mode]
         return {**env, **auth, "RAY_ADDRESS": address}
 
