@@ -29,17 +29,19 @@ SMALL = "train.batch_size=4"  # a batch that 40 simulations fill
         ("workload.method=fmpe workload.estimator.model=mlp",
          "workload.rounds: method fmpe has no sequential rounds here; use one of npe, nle, nre, "
          "nre_c, or rounds: 1"),
-        ("workload.evaluation.observations=[1,2]", "workload.evaluation.observations: "
-                                                   "sequential rounds focus on one observation"),
-        ("workload.ensemble=2", "workload.ensemble: an ensemble of sequential runs"),
-        ("workload.simulation.path=/tmp/x", "workload.simulation.path: sequential rounds make "
-                                            "each round's simulations"),
+        ("workload.evaluation.observations=[1,2]",
+         "workload.evaluation.observations: sequential rounds (workload.rounds: 2) focus on one "
+         "observation"),
+        ("workload.ensemble=2",
+         "workload.ensemble: an ensemble of sequential runs (workload.rounds: 2)"),
+        ("workload.simulation.path=/tmp/x", "workload.simulation.path: sequential rounds "
+                                            "(workload.rounds: 2) make each round's simulations"),
         ("workload.rounds=0", "workload.rounds: must be >= 1"),
         ("workload.evaluation.observed=x_o.npy", "workload.evaluation.observed: a custom task's "
                                                  "observed x; task two_moons names one of its"),
         (f"{CUSTOM} workload.evaluation.observations=[]", "workload.evaluation.observed: "
-                                                         "sequential rounds of a custom task "
-                                                         "focus on an observed x"),
+                                                         "sequential rounds (workload.rounds: 2) "
+                                                         "of a custom task focus on an observed x"),
         (f"{CUSTOM} workload.evaluation.observed=x_o.csv",
          "workload.evaluation.observed: x_o.csv is neither a .pt nor a .npy file"),
     ],

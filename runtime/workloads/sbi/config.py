@@ -302,25 +302,27 @@ class SBIWorkloadConfig(WorkloadSection):
                 f"of {', '.join(sequential)}, or rounds: 1"
             )
         custom = self.task == CUSTOM
+        rounds = f"workload.rounds: {self.rounds}"
         refusals = {
             "workload.evaluation.observations": (
                 not custom and len(self.evaluation.observations) != 1,
-                f"sequential rounds focus on one observation; name one (now "
+                f"sequential rounds ({rounds}) focus on one observation; name one (now "
                 f"{self.evaluation.observations})",
             ),
             "workload.evaluation.observed": (
                 custom and self.evaluation.observed is None,
-                "sequential rounds of a custom task focus on an observed x; name its file "
-                "(.pt or .npy)",
+                f"sequential rounds ({rounds}) of a custom task focus on an observed x; name "
+                "its file (.pt or .npy)",
             ),
             "workload.ensemble": (
                 self.ensemble > 1,
-                "an ensemble of sequential runs is not supported; set ensemble: 1 or rounds: 1",
+                f"an ensemble of sequential runs ({rounds}) is not supported; set ensemble: 1 "
+                "or rounds: 1",
             ),
             "workload.simulation.path": (
                 self.simulation.path is not None or self.simulation.proposal is not None,
-                "sequential rounds make each round's simulations; remove simulation.path "
-                "and simulation.proposal",
+                f"sequential rounds ({rounds}) make each round's simulations; remove "
+                "simulation.path and simulation.proposal",
             ),
         }
         for key, (refused, why) in refusals.items():
