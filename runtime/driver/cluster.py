@@ -93,7 +93,22 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     session = ray_compat.session_dir()
     if session is not None:  # its agents would outlive a SIGKILLed command by a minute
         reaper.watch(session)
+    global _private
+    _private = True
     return f"ray: started a private local Ray for this command ({time.time() - started_at:.1f} s)"
+
+
+_private = False
+
+
+def private_here() -> bool:
+    """Would ``connect`` start a private Ray on this machine (no cluster named, none kept)?"""
+    return not os.environ.get("RAY_ADDRESS") and not settings.keeps_cluster()
+
+
+def started_private() -> bool:
+    """Is the Ray this process joined the private one it started for itself (``connect``)?"""
+    return _private
 
 
 GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"

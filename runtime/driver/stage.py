@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainforge import log
-from trainforge.driver import local_cluster
+from trainforge.driver import cluster, local_cluster
+from trainforge.driver.workers import own
 from trainforge.errors import RecipeError
 from trainforge.worker import task
 from trainforge.workloads.stage import Tasks
@@ -64,8 +65,15 @@ class Runner:
     """The ``StageRunner`` a command gives its workload's data stage."""
 
     def resources(self) -> dict[str, float]:
+        """The cluster's. Where this command has joined none and would start a private Ray on
+        this machine (its workers are its own processes, which need none), this machine's, as
+        that Ray counts them, without starting it: a stage found in the cache needs no Ray."""
+        ray = sys.modules.get("ray")
+        if (ray is None or not ray.is_initialized()) and cluster.private_here():
+            return own.resources()
         import ray
 
+        cluster.connect()
         return dict(ray.cluster_resources())
 
     @contextlib.contextmanager
@@ -90,9 +98,10 @@ class Runner:
             yield
 
     def run(self, tasks: Tasks) -> None:
-        cluster = self.resources()
-        slots = _slots(cluster, tasks)
-        with _processes(tasks, slots, cluster) as (members, where):
+        cluster.connect()
+        resources = self.resources()
+        slots = _slots(resources, tasks)
+        with _processes(tasks, slots, resources) as (members, where):
             if tasks.device == "cuda":
                 slots = len(members)
             size = tasks.placed(slots, where)

@@ -55,8 +55,8 @@ def test_small_simulations_are_made_here_while_the_cluster_would_start(
     assert not list(folder.glob(".*.tmp"))
 
     out = capsys.readouterr().out
-    assert "simulations: 1,200 two_moons simulations on this machine's CPU (started while the " \
-           "cluster was reached)" in out  # fmt: skip
+    assert "simulations: 1,200 two_moons simulations on this machine's CPU (begun before the " \
+           "workers started)" in out  # fmt: skip
     assert "simulations: 1,200 in " in out and "by this command's own process" in out
     assert simulate.run(section, 0, str(in_tmp / "runs"), runner) == folder
     assert "simulations: reusing " in capsys.readouterr().out
@@ -81,8 +81,8 @@ def test_simulations_made_while_ray_started_are_this_commands_not_resumed(
     simulate.run(section, 0, str(in_tmp / "runs"), runner)
 
     out = capsys.readouterr().out
-    assert "simulations: 1,200 two_moons simulations on this machine's CPU (started while the " \
-           "cluster was reached)" in out  # fmt: skip
+    assert "simulations: 1,200 two_moons simulations on this machine's CPU (begun before the " \
+           "workers started)" in out  # fmt: skip
     assert "resuming" not in out
     (line,) = [x for x in out.splitlines() if "by this command's own process" in x]
     seconds = float(line.split("simulations: 1,200 in ")[1].split(" s ")[0])

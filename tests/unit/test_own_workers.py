@@ -101,7 +101,7 @@ def test_while_a_background_start_readies_the_cluster_a_command_trains_on_its_ow
         with open(local_cluster.background_lock_path(), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # as a background start holds it
             assert own.unavailable(recipe(), str(tmp_path)) is None  # type: ignore[arg-type]
-            assert own.phase_line() == (
+            assert own.phase_line(recipe()) == (  # type: ignore[arg-type]
                 "ray: the local cluster is being readied in the background for later commands; "
                 "this run's workers are processes of this command"
             )
@@ -123,6 +123,8 @@ def test_a_process_connected_to_ray_trains_there(
 def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Where a cluster is kept, a stage spread over it starts it and its warm workers train;
+    with ``own`` the stage gets a private Ray and the workers stay the command's."""
     from tests.conftest import RECIPES
     from trainforge import config
 
@@ -135,6 +137,13 @@ def test_an_sbi_stage_that_spreads_over_the_cluster_needs_it(
     assert own.unavailable(spread, str(tmp_path)) == "its data stage runs on the cluster"
     assert own.unavailable(here, str(tmp_path)) is None
     assert own.unavailable(made, str(tmp_path)) is None  # nothing to simulate
+    monkeypatch.setenv(settings.WORKERS.name, "own")
+    assert own.unavailable(spread, str(tmp_path)) is None
+    assert own.phase_line(spread) == (
+        "ray: a private one for this command's data stage only (TRAINFORGE_WORKERS=own: nothing "
+        "outlives it); this run's workers are processes of this command"
+    )
+    assert own.phase_line(built_in).startswith("ray: none for this command")
 
 
 def test_a_worker_process_end_is_said_in_words_a_user_acts_on() -> None:

@@ -31,7 +31,7 @@ def choose(cfg: Recipe, storage_root: str) -> WorkerGroup:
     from trainforge.driver.workers import own
 
     if own.unavailable(cfg, storage_root) is None:  # no cluster runs: none is waited for
-        log.say(own.phase_line())
+        log.say(own.phase_line(cfg))
         return own.OwnWorkers(config.resolve_workers(cfg, own.resources(), "this machine"))
     import ray
 

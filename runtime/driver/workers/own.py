@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from trainforge import log, settings, storage
 from trainforge.config import Recipe
-from trainforge.driver import console, local_cluster, warm_pool
+from trainforge.driver import cluster, console, local_cluster, warm_pool
 from trainforge.driver.workers.base import (
     Failures,
     Finished,
@@ -56,11 +56,14 @@ def unavailable(cfg: Recipe, storage_path: str) -> str | None:
         return f"{settings.WORKERS.name}={settings.workers()}"
     if os.environ.get("RAY_ADDRESS"):
         return "RAY_ADDRESS names a cluster"
-    if _connected_to_ray():
+    if _connected_to_ray() and not cluster.started_private():
         return "this process is connected to Ray"
     if cfg.scaling.use_gpu != "false" and cfg.scaling.resources_per_worker.get("GPU", 1) != 1:
         return "workers of other than one GPU each"
-    if _needs_cluster(cfg):
+    # Where a cluster is kept, a stage that needs one starts it, and its warm workers train;
+    # where none is (``own``), the stage gets a private Ray and the run still trains on the
+    # command's processes: Ray Train's controller and new workers would add ~15 CPU-s.
+    if _needs_cluster(cfg) and settings.keeps_cluster():
         return "its data stage runs on the cluster"
     if storage.local_folder(storage_path) is None:
         return "remote storage"
@@ -73,13 +76,17 @@ def unavailable(cfg: Recipe, storage_path: str) -> str | None:
     return None
 
 
-def phase_line() -> str:
+def phase_line(cfg: Recipe) -> str:
     """The command's first line where its workers are its own processes."""
     if settings.keeps_cluster() and local_cluster.background_start_running():
         return ("ray: the local cluster is being readied in the background for later commands; "
                 "this run's workers are processes of this command")  # fmt: skip
     if settings.keeps_cluster():
         return "ray: no local cluster runs; this run's workers are processes of this command"
+    if _needs_cluster(cfg):
+        return (f"ray: a private one for this command's data stage only "
+                f"({settings.WORKERS.name}=own: nothing outlives it); this run's workers are "
+                "processes of this command")  # fmt: skip
     return (f"ray: none for this command ({settings.WORKERS.name}=own: nothing outlives it); "
             "this run's workers are processes of this command")  # fmt: skip
 

@@ -259,7 +259,7 @@ def _make_here(cfg: Any, seed: int, job: Plan, name: str, runner: StageRunner,
     key = str(job.folder)
     resumed = _rows_before.pop(key)  # the early process's rows are not a resumed entry's
     say(f"simulations: {total - resumed:,} {name} simulations "
-        f"on this machine's CPU{' (started while the cluster was reached)' if early else ''}"
+        f"on this machine's CPU{' (begun before the workers started)' if early else ''}"
         f" → {job.folder}" + (f" (resuming: {resumed:,} done)" if resumed else ""))  # fmt: skip
     began = runner.started_in_command(key) or time.time()
 
