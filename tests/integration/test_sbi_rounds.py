@@ -51,7 +51,7 @@ def test_two_npe_rounds_simulate_on_a_two_node_cluster_nested_under_one_run(
             [*command(), "train", "two_moons_debug", "run.name=seq", "workload.rounds=2",
              "workload.simulation.where=cluster", "workload.simulation.num_simulations=1000",
              "workload.simulation.chunk_size=250", "train.epochs=4", "checkpoint.every_epochs=2",
-             "workload.evaluation.num_samples=500", f"run.storage_path={tmp_path / 'runs'}"],
+             "workload.evaluation.num_samples=200", f"run.storage_path={tmp_path / 'runs'}"],
             cwd=tmp_path, env={**nodes.env, "RAY_ADDRESS": nodes.gcs}, capture_output=True,
             text=True, timeout=900,
         )  # fmt: skip
@@ -101,7 +101,7 @@ def test_two_npe_rounds_simulate_on_a_two_node_cluster_nested_under_one_run(
 NLE = [
     "two_moons_nle_debug", "run.name=snle", "workload.rounds=2", "scaling.num_workers=1",
     "workload.simulation.num_simulations=1000", "train.epochs=6", "checkpoint.every_epochs=1",
-    "workload.evaluation.num_samples=300",
+    "workload.evaluation.num_samples=200", "workload.posterior.warmup_steps=10",
 ]  # fmt: skip
 
 
@@ -114,9 +114,13 @@ def test_a_sequential_nle_run_stopped_in_its_second_round_resumes_there(
 
     # every step 0.05 s longer (the same computation): the Ctrl-C lands inside round r1
     slow = faults.env(env_for(home), **{faults.SLOW_FROM_STEP: 1})
-    first = subprocess.Popen([*command(), "train", *NLE], cwd=in_tmp, env=slow,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)  # fmt: skip
+    # stoppable as from a terminal, however pytest was started (a shell's background job
+    # ignores SIGINT, and its children inherit that)
+    first = subprocess.Popen(
+        [*command(), "train", *NLE], cwd=in_tmp, env=slow, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     said: list[str] = []
 
     def ctrl_c_in_round_r1() -> None:

@@ -66,8 +66,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # batch 8: 89 steps an epoch per worker (1437 samples over 2 workers), ~1 s; augmentation on,
 # so that a resume must restore every rank's random streams to end bitwise the same
 STEPS_PER_EPOCH = 89
+# no logged model (~3 CPU-s of each command here) but where a test compares them (the synced
+# run with the live one); the model's logging is tests/integration/test_tracking.py's
 COMMON = ["scaling.num_workers=2", "train.epochs=3", "train.batch_size=8",
-          "workload.augment=true", "tracking.system_metrics=false"]  # fmt: skip
+          "workload.augment=true", "tracking.system_metrics=false",
+          "tracking.log_model=false"]  # fmt: skip
 TIMEOUT_S = 20  # the hang test's scaling.timeout_s
 GROUPS = ["own", "warm", "ray-train"]
 
@@ -338,7 +341,8 @@ class Example:
 
 WAVE = Example(
     "wave", ("wave_task.py", "recipe.yaml"), "wave-regression",
-    ("train.epochs=3", "tracking.system_metrics=false", "train.log_every_steps=2"),
+    ("train.epochs=3", "tracking.system_metrics=false", "train.log_every_steps=2",
+     "tracking.log_model=false"),
     steps_per_epoch=32,  # 4096 rows in batches of 64 over 2 workers
     params={"workload.entry": "wave_task:WaveRegression", "workload.config.hidden": "64"},
     metric="val/rmse",
@@ -347,7 +351,8 @@ WAVE = Example(
 OSCILLATOR = Example(
     "oscillator", ("oscillator.py", "recipe.yaml"), "oscillator",
     ("train.epochs=3", "train.log_every_steps=2", "workload.simulation.num_simulations=4000",
-     "workload.simulation.chunk_size=2000", "workload.evaluation.sbc_runs=20"),
+     "workload.simulation.chunk_size=2000", "workload.evaluation.sbc_runs=20",
+     "tracking.log_model=false"),
     steps_per_epoch=14,  # 3600 training rows in batches of 128 over 2 workers
     params={"workload.simulator": "oscillator:simulate",
             "workload.estimator.embedding": "oscillator:Features"},
@@ -610,7 +615,7 @@ def test_credentials_and_planted_secrets_are_in_nothing_the_run_wrote_or_said(
     ran = place.train(f"run.name={name}", "train.epochs=1",
                       f"tracking.tracking_uri=http://{USER}:{PASSWORD}@{host}",
                       "tracking.system_metrics=true", "tracking.system_metrics_interval_s=0.5",
-                      env=env)  # fmt: skip
+                      "tracking.log_model=true", env=env)  # fmt: skip
     console = ran.stdout + ran.stderr
     assert ran.returncode == 0, console[-3000:]
     assert f"{USER}:***@" not in console and "***@" + host in console  # the URI, redacted, shown
@@ -646,6 +651,7 @@ def test_a_run_mlflow_never_saw_is_synced_whole(place: Place, server: MlflowServ
         f"tracking.tracking_uri=http://127.0.0.1:{free_port()}",
         "tracking.system_metrics=true",
         "tracking.system_metrics_interval_s=0.5",
+        "tracking.log_model=true",
     )
     said = ran.stdout + ran.stderr
     assert ran.returncode == 0, said[-3000:]
