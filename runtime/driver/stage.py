@@ -68,8 +68,8 @@ class Runner:
         """The cluster's. Where this command has joined none and would start a private Ray on
         this machine (its workers are its own processes, which need none), this machine's, as
         that Ray counts them, without starting it: a stage found in the cache needs no Ray."""
-        ray = sys.modules.get("ray")
-        if (ray is None or not ray.is_initialized()) and cluster.private_here():
+        imported = sys.modules.get("ray")
+        if (imported is None or not imported.is_initialized()) and cluster.private_here():
             return own.resources()
         import ray
 
