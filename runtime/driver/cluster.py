@@ -15,6 +15,11 @@ from trainforge.config.schema import RunSection
 from trainforge.driver import local_cluster, reaper
 from trainforge.errors import RecipeError
 
+GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+_held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
+_private = False  # whether the Ray this process joined is the private one it started
+
 
 def connect(local_only: bool = False, **init_options: Any) -> None:
     """Join the cluster in RAY_ADDRESS (as under `ray job submit`), else the lasting local
@@ -98,9 +103,6 @@ def _connect(ray: Any, local_only: bool, init_options: dict[str, Any]) -> str | 
     return f"ray: started a private local Ray for this command ({time.time() - started_at:.1f} s)"
 
 
-_private = False
-
-
 def private_here() -> bool:
     """Would ``connect`` start a private Ray on this machine (no cluster named, none kept)?"""
     return not os.environ.get("RAY_ADDRESS") and not settings.keeps_cluster()
@@ -109,11 +111,6 @@ def private_here() -> bool:
 def started_private() -> bool:
     """Is the Ray this process joined the private one it started for itself (``connect``)?"""
     return _private
-
-
-GCS_PORT_ENV = "RAY_GCS_SERVER_PORT"
-PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-_held = contextlib.ExitStack()  # the lasting cluster's in-use lock, held until this process ends
 
 
 def _join_lasting_cluster(ray: Any, options: dict[str, Any]) -> str:
