@@ -31,6 +31,16 @@ sampling + C2ST) and the whole command from the shell (private Ray start, worker
 
 ``--seeds N`` trains each method at ``run.seed`` / ``torch.manual_seed`` 0..N-1 on the same
 simulations (each seed its own split, initialisation and reference samples).
+
+``--device cuda`` races on one GPU: sbi trains there (``device="cuda"``, its prior and data on
+the GPU) and each command runs one GPU worker with the recipe's global batch (its step a CUDA
+graph where the method allows). With ``--sbi-defaults`` both sides train with sbi's own
+``train()`` settings (batch 200, lr 5e-4, patience 20; ``--max-epochs`` caps both), so what
+differs is the loop; each command's time to sbi's best validation loss (the arrival of the first
+``epoch N done`` line at or below it, from the shell) is set against sbi's ``train()`` wall.
+
+    python bench/sbi_methods_vs_sbi.py --device cuda --sbi-defaults --max-epochs 150 \
+        --simulations 10000 --out methods_gpu.json
 """
 
 from __future__ import annotations
@@ -73,7 +83,11 @@ def recipe(method: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT.parent / "recipes" / f"{RECIPES[method]}.yaml").read_text())
 
 
-def sbi_trainer(method: str, spec: dict[str, Any], prior: Any) -> tuple[Any, dict[str, Any]]:
+SBI_DEFAULTS = {"batch_size": 200, "lr": 5e-4, "early_stopping_patience": 20}  # sbi's train()
+
+
+def sbi_trainer(method: str, spec: dict[str, Any], prior: Any,
+                device: str) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     """sbi's trainer of ``method`` with the recipe's network, and its ``train()`` extras."""
     from sbi import inference, neural_nets
 
@@ -86,27 +100,44 @@ def sbi_trainer(method: str, spec: dict[str, Any], prior: Any) -> tuple[Any, dic
             model=est.get("model", "maf"), num_transforms=est.get("num_transforms", 5), **common
         )
         made = (inference.NPE if method == "npe" else inference.NLE)(
-            prior=prior, density_estimator=build, show_progress_bars=False
+            prior=prior, density_estimator=build, device=device, show_progress_bars=False
         )
         return made, {}
     if method == "nre":
         atoms = kwargs.pop("num_atoms", 10)
         build = neural_nets.classifier_nn(model=est.get("model", "resnet"), **common, **kwargs)
-        made = inference.NRE(prior=prior, classifier=build, show_progress_bars=False)
+        made = inference.NRE(prior=prior, classifier=build, device=device,
+                             show_progress_bars=False)  # fmt: skip
         return made, {"num_atoms": atoms}
     if method == "fmpe":
         build = neural_nets.posterior_flow_nn(model=est.get("model", "mlp"), **common, **kwargs)
-        return inference.FMPE(prior=prior, vf_estimator=build, show_progress_bars=False), {}
+        made = inference.FMPE(prior=prior, vf_estimator=build, device=device,
+                              show_progress_bars=False)  # fmt: skip
+        return made, {}
     sde = kwargs.pop("sde_type", "ve")
     build = neural_nets.posterior_score_nn(
         model=est.get("model", "mlp"), sde_type=sde, **common, **kwargs
     )
-    made = inference.NPSE(prior=prior, vf_estimator=build, sde_type=sde, show_progress_bars=False)
+    made = inference.NPSE(prior=prior, vf_estimator=build, sde_type=sde, device=device,
+                          show_progress_bars=False)  # fmt: skip
     return made, {}
 
 
-def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any,
-             reference: Any) -> dict[str, Any]:  # fmt: skip
+def train_settings(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe's training settings both sides use (``--sbi-defaults``: sbi's own)."""
+    train = recipe(method)["train"]
+    if args.sbi_defaults:
+        train = train | SBI_DEFAULTS | {"batch_size_global": SBI_DEFAULTS["batch_size"]}
+    else:
+        workers = recipe(method)["scaling"]["num_workers"]
+        train = train | {"batch_size_global": train["batch_size"] * workers}
+    if args.max_epochs:
+        train["epochs"] = args.max_epochs
+    return train
+
+
+def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any, reference: Any,
+             args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     import numpy as np
     import sbi_baseline
     import torch
@@ -115,22 +146,26 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any,
     from trainforge.workloads.sbi.tasks import get_task
 
     spec = recipe(method)
-    train = spec["train"]
-    workers = spec["scaling"]["num_workers"]
+    train = train_settings(method, args)
+    device = args.device
     torch.manual_seed(seed)
-    trainer, extra = sbi_trainer(method, spec, get_task("two_moons").prior_distribution("cpu"))
-    trainer.append_simulations(theta, x)
+    prior = get_task("two_moons").prior_distribution(device)
+    trainer, extra = sbi_trainer(method, spec, prior, device)
+    trainer.append_simulations(theta.to(device), x.to(device))
     settings = {
-        "training_batch_size": train["batch_size"] * workers,  # the command's global batch
+        "training_batch_size": train["batch_size_global"],  # the command's global batch
         "learning_rate": train["lr"],
         "stop_after_epochs": train["early_stopping_patience"],
         "max_num_epochs": train["epochs"] - 1,  # sbi's loop runs epochs 0..max: `epochs` of them
         "clip_max_norm": train["clip_grad_norm"],
         **extra,
     }
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    synchronize()
     started = time.perf_counter()
     with sbi_baseline.validation_split(split_permutation(len(theta), seed)):
         trainer.train(**settings)
+    synchronize()
     train_s = time.perf_counter() - started
 
     sampling = spec["workload"].get("posterior")
@@ -145,7 +180,8 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any,
         posterior = trainer.build_posterior()
     torch.manual_seed(seed + OBSERVATION)
     np.random.seed(seed + OBSERVATION)  # sbi's slice samplers draw from numpy's global RNG
-    samples = posterior.sample((NUM_SAMPLES,), x=x_obs, show_progress_bars=False)
+    samples = posterior.sample((NUM_SAMPLES,), x=x_obs.to(device), show_progress_bars=False)
+    samples = samples.cpu()
     sample_s = time.perf_counter() - started
     started = time.perf_counter()
     score = c2st(reference, samples, seed=seed)
@@ -160,20 +196,53 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any,
         "epochs": len(summary["epoch_durations_sec"]),
         "best_epoch": min(range(len(val)), key=val.__getitem__) + 1,
         "best_val_loss": float(summary["best_validation_loss"][-1]),
+        "best_val_loss_per_example": per_example(method, summary, settings, len(theta)),
         "c2st": round(score, 4),
     }
 
 
-def trainforge_side(method: str, seed: int, located: list[str], env: dict[str, str],
-                    work: Path) -> dict[str, Any]:  # fmt: skip
+def per_example(method: str, summary: dict[str, Any], settings: dict[str, Any],
+                simulations: int) -> float:  # fmt: skip
+    """sbi's best validation loss as the mean over examples that trainforge logs: sbi sums
+    each batch's losses and divides by batches × batch size, and NRE's loss of a batch is
+    already its mean (one value), so sbi's NRE number is that mean over the batch size."""
+    best = float(summary["best_validation_loss"][-1])
+    if method != "nre":
+        return best
+    validation = int(0.1 * simulations)  # sbi's validation_fraction, as trainforge splits
+    return best * min(settings["training_batch_size"], validation)
+
+
+def trainforge_overrides(method: str, args: argparse.Namespace) -> list[str]:
+    """The command's overrides beside the simulations: one GPU worker on ``cuda``, and the
+    training settings sbi's side uses where they are not the recipe's."""
+    train = train_settings(method, args)
+    workers = 1 if args.device == "cuda" else recipe(method)["scaling"]["num_workers"]
+    device = ["scaling.num_workers=1", "scaling.use_gpu=true"] if args.device == "cuda" else []
+    batch = [f"train.batch_size={train['batch_size_global'] // workers}"]
+    settings = (
+        [f"train.{key}={train[key]}" for key in ("lr", "early_stopping_patience")]
+        if args.sbi_defaults else []
+    )  # fmt: skip
+    capped = [f"train.epochs={args.max_epochs}"] if args.max_epochs else []
+    return [*device, *batch, *settings, *capped]
+
+
+def trainforge_side(method: str, seed: int, located: list[str], env: dict[str, str], work: Path,
+                    more: list[str], target: float | None) -> dict[str, Any]:  # fmt: skip
+    """The whole command; with ``target`` (sbi's best validation loss), when its epoch lines
+    first reach it, from the shell."""
     name = f"{method}_seed{seed}"
-    args = ["train", RECIPES[method], f"run.name={name}", *located, f"run.seed={seed}", *QUIET]
+    args = ["train", RECIPES[method], f"run.name={name}", *located, f"run.seed={seed}", *QUIET,
+            *more]  # fmt: skip
     code, lines = command(args, env, work)
     text = "\n".join(line for _, line in lines)
     finished, evaluated = FINISHED.search(text), EVALUATED.search(text)
     restored, c2st = RESTORED.search(text), C2ST.search(text)
     if code != 0 or not (finished and c2st):
         print("\n".join(line for _, line in lines[-30:]), flush=True)
+    reached = next((at for at, line in lines if (m := EPOCH_DONE.search(line))
+                    and target is not None and float(m[2]) <= target), None)  # fmt: skip
     return {
         "recipe": f"recipes/{RECIPES[method]}.yaml",
         "overrides": args[3:],
@@ -186,6 +255,7 @@ def trainforge_side(method: str, seed: int, located: list[str], env: dict[str, s
         "best_epoch": int(restored[2]) if restored else None,
         "best_val_loss": float(restored[1]) if restored else None,
         "c2st": float(c2st[1]) if c2st else None,
+        "time_to_sbi_best_val_loss_s": round(reached, 2) if reached is not None else None,
     }
 
 
@@ -196,6 +266,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="training seeds 0..N-1")
     parser.add_argument("--simulations", type=int, default=5000)
     parser.add_argument("--simulation-seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--sbi-defaults", action="store_true",
+                        help="both sides train with sbi's train() defaults (batch 200, lr 5e-4, "
+                        "patience 20)")  # fmt: skip
+    parser.add_argument("--max-epochs", type=int, help="both sides' epoch cap")
     args = parser.parse_args()
     args.out = args.out.resolve()  # the bench runs in a folder of its own (os.chdir below)
 
@@ -220,6 +295,9 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "sbi_defaults": args.sbi_defaults,
+        "max_epochs": args.max_epochs,
         "torch": torch.__version__,
         "sbi": sbi.__version__,
         "task": "two_moons",
@@ -238,10 +316,16 @@ def main() -> None:
             "two_moons", OBSERVATION, NUM_SAMPLES, seed=seed + OBSERVATION
         )
         for method in args.methods:
-            ours = sbi_side(method, theta, x, seed, x_obs, reference)
+            ours = sbi_side(method, theta, x, seed, x_obs, reference, args)
             print(f"[bench] {method} seed {seed} sbi: {json.dumps(ours)}", flush=True)
             located = [*sims, f"workload.simulation.path={path}"]
-            theirs = trainforge_side(method, seed, located, env, work)
+            more = trainforge_overrides(method, args)
+            theirs = trainforge_side(method, seed, located, env, work, more,
+                                     ours["best_val_loss_per_example"])  # fmt: skip
+            reached = theirs["time_to_sbi_best_val_loss_s"]
+            theirs["sbi_train_wall_over_time_to_its_loss"] = (
+                round(ours["train_wall_s"] / reached, 2) if reached else None
+            )
             print(f"[bench] {method} seed {seed} trainforge: {json.dumps(theirs)}", flush=True)
             report["runs"].append({"method": method, "seed": seed, "sbi": ours,
                                    "trainforge": theirs})  # fmt: skip
