@@ -1,7 +1,7 @@
 """Each SBI method's debug recipe against sbi 0.27's own trainer of that method, in one
-invocation on one machine: wall time, epochs and C2ST at the same observation.
+invocation on one machine: wall time, epochs and C2ST at the same observations.
 
-For each method (npe, nle, nre, fmpe, npse) on two_moons:
+For each method (npe, nle, nre, fmpe, npse) on one task (``--task``, default two_moons):
 
 - the SAME simulations for both sides: one ``trainforge simulate`` entry (``--simulations``,
   default 5,000, made once with ``run.seed=--simulation-seed``), given to sbi as tensors and
@@ -13,15 +13,18 @@ For each method (npe, nle, nre, fmpe, npse) on two_moons:
   (``train.batch_size`` × ``scaling.num_workers``), lr, patience, gradient clip and epoch cap;
   validated on the rows trainforge validates on (sbi's one ``torch.randperm`` is answered with
   ``run.seed``'s split, ``bench/sbi_baseline.py``). Then ``build_posterior()`` (NLE and NRE: the
-  recipe's ``workload.posterior`` MCMC settings) and 1,000 samples at the observation;
+  recipe's ``workload.posterior`` MCMC settings) and ``--samples`` (1,000) at each observation;
 - trainforge: the whole ``trainforge train recipes/sbi/two_moons_<method>_debug.yaml`` command
-  (npe: ``two_moons_debug.yaml``) with ``run.seed`` and the simulations' path, SBC and the pair
-  plot off (sbi's side makes neither); it samples and scores its own posterior;
-- the observation is trainforge's own observation 1 (``observations_from=own``); both sides'
-  1,000 samples are scored by ``trainforge.workloads.sbi.c2st`` against the same 1,000
-  reference samples (``reference_samples(task, 1, 1000, seed=run.seed + 1)``, C2ST seed
+  (npe: ``two_moons_debug.yaml``) with ``workload.task``, ``run.seed`` and the simulations'
+  path, SBC and the pair plot off (sbi's side makes neither); it samples and scores its own
+  posterior;
+- the observations are 1..``--observations`` (default 1) of ``--observations-from`` (``own``:
+  this project's seeded ones, offline; ``sbibm``: sbibm's stored ones, ``--sbibm-path``); at
+  observation k both sides' samples are scored by ``trainforge.workloads.sbi.c2st`` against the
+  same reference samples (``Observations.reference(k, samples, seed=run.seed + k)``, C2ST seed
   ``run.seed``: the command's evaluation rule, ``evaluate.scored``), drawn with torch's and
-  numpy's seeds at ``run.seed + 1`` as the command draws them.
+  numpy's seeds at ``run.seed + k`` as the command draws them; the score is the mean over
+  the observations.
 
 Times: sbi's ``train()`` wall and its posterior's build + sampling; trainforge's training
 ("finished at step N in T s", the loop's own), its evaluation ("evaluation done in T s":
@@ -69,7 +72,6 @@ from sbi_race_command import (  # noqa: E402 - bench/ is on the path from here
 METHODS = ("npe", "nle", "nre", "fmpe", "npse")
 RECIPES = {m: f"sbi/two_moons_{m}_debug" for m in METHODS} | {"npe": "sbi/two_moons_debug"}
 QUIET = ["workload.evaluation.sbc_runs=0", "workload.evaluation.pair_plot=false"]
-OBSERVATION = 1
 NUM_SAMPLES = 1000
 FINISHED = re.compile(r"finished at step (\d+) in ([\d.]+) s")
 EVALUATED = re.compile(r"evaluation done in ([\d.]+) s")
@@ -136,7 +138,7 @@ def train_settings(method: str, args: argparse.Namespace) -> dict[str, Any]:
     return train
 
 
-def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any, reference: Any,
+def sbi_side(method: str, theta: Any, x: Any, seed: int, observed: Any,
              args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     import numpy as np
     import sbi_baseline
@@ -149,7 +151,7 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any, reference: 
     train = train_settings(method, args)
     device = args.device
     torch.manual_seed(seed)
-    prior = get_task("two_moons").prior_distribution(device)
+    prior = get_task(args.task).prior_distribution(device)
     trainer, extra = sbi_trainer(method, spec, prior, device)
     trainer.append_simulations(theta.to(device), x.to(device))
     settings = {
@@ -178,13 +180,17 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any, reference: 
         )  # fmt: skip
     else:
         posterior = trainer.build_posterior()
-    torch.manual_seed(seed + OBSERVATION)
-    np.random.seed(seed + OBSERVATION)  # sbi's slice samplers draw from numpy's global RNG
-    samples = posterior.sample((NUM_SAMPLES,), x=x_obs.to(device), show_progress_bars=False)
-    samples = samples.cpu()
-    sample_s = time.perf_counter() - started
-    started = time.perf_counter()
-    score = c2st(reference, samples, seed=seed)
+    scores, scoring_s = [], 0.0
+    for k in range(1, args.observations + 1):
+        _, x_obs = observed.observation(k)
+        torch.manual_seed(seed + k)
+        np.random.seed(seed + k)  # sbi's slice samplers draw from numpy's global RNG
+        samples = posterior.sample((args.samples,), x=x_obs.to(device), show_progress_bars=False)
+        scoring = time.perf_counter()
+        reference = observed.reference(k, args.samples, seed=seed + k)
+        scores.append(c2st(reference, samples.cpu()[: len(reference)], seed=seed))
+        scoring_s += time.perf_counter() - scoring
+    sample_s = time.perf_counter() - started - scoring_s
     summary = trainer._summary
     val = [float(v) for v in summary["validation_loss"]]
     return {
@@ -192,12 +198,13 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, x_obs: Any, reference: 
         "posterior": {"mcmc": sampling} if method in ("nle", "nre") else "build_posterior()",
         "train_wall_s": round(train_s, 2),
         "posterior_and_sampling_s": round(sample_s, 2),
-        "c2st_s": round(time.perf_counter() - started, 2),
+        "c2st_s": round(scoring_s, 2),
         "epochs": len(summary["epoch_durations_sec"]),
         "best_epoch": min(range(len(val)), key=val.__getitem__) + 1,
         "best_val_loss": float(summary["best_validation_loss"][-1]),
         "best_val_loss_per_example": per_example(method, summary, settings, len(theta)),
-        "c2st": round(score, 4),
+        "c2st_per_observation": [round(score, 4) for score in scores],
+        "c2st": round(sum(scores) / len(scores), 4),
     }
 
 
@@ -271,21 +278,41 @@ def main() -> None:
                         help="both sides train with sbi's train() defaults (batch 200, lr 5e-4, "
                         "patience 20)")  # fmt: skip
     parser.add_argument("--max-epochs", type=int, help="both sides' epoch cap")
+    parser.add_argument("--task", default="two_moons")
+    parser.add_argument("--observations", type=int, default=1, help="observations 1..N")
+    parser.add_argument("--observations-from", choices=("own", "sbibm"), default="own")
+    parser.add_argument("--sbibm-path", help="sbibm's wheel or an unpacked one")
+    parser.add_argument("--samples", type=int, default=NUM_SAMPLES, help="at each observation")
     args = parser.parse_args()
     args.out = args.out.resolve()  # the bench runs in a folder of its own (os.chdir below)
 
     import sbi
     import torch
 
-    from trainforge.workloads.sbi.reference import reference_samples
+    from trainforge.workloads.sbi import sbibm_data
+    from trainforge.workloads.sbi.config import EvaluationSection
+    from trainforge.workloads.sbi.observations import Observations
     from trainforge.workloads.sbi.tasks import get_task
 
     torch.set_num_threads(1)
+    sbibm_path = (
+        str(sbibm_data.locate(args.sbibm_path)) if args.observations_from == "sbibm" else None
+    )
+    observed = Observations.of(
+        get_task(args.task),
+        EvaluationSection(observations_from=args.observations_from, sbibm_path=sbibm_path),
+    )
     work, env = work_folder("tf-sbi-methods-")
-    sims = simulation_overrides(args.simulations, args.simulation_seed)
+    sims = [*simulation_overrides(args.simulations, args.simulation_seed),
+            f"workload.task={args.task}"]  # fmt: skip
+    evaluation = [
+        f"workload.evaluation.observations=[{','.join(map(str, range(1, args.observations + 1)))}]",
+        f"workload.evaluation.observations_from={args.observations_from}",
+        f"workload.evaluation.num_samples={args.samples}",
+        *([f"workload.evaluation.sbibm_path={sbibm_path}"] if sbibm_path else []),
+    ]
     started = time.perf_counter()
     path, theta, x = make_simulations(sims, env, work)
-    _, x_obs = get_task("two_moons").observation(OBSERVATION)
     report: dict[str, Any] = {
         "machine": {
             "platform": platform.platform(),
@@ -300,25 +327,22 @@ def main() -> None:
         "max_epochs": args.max_epochs,
         "torch": torch.__version__,
         "sbi": sbi.__version__,
-        "task": "two_moons",
+        "task": args.task,
         "simulations": args.simulations,
         "simulation_seed": args.simulation_seed,
         "simulations_path": path,
         "same_simulations": True,  # one cache entry: sbi gets its tensors, trainforge its path
-        "observation": {"from": "own", "number": OBSERVATION, "x": x_obs.tolist()},
-        "num_samples": NUM_SAMPLES,
+        "observations": {"from": observed.label, "numbers": list(range(1, args.observations + 1))},
+        "num_samples": args.samples,
         "seeds": args.seeds,
         "threads": {"sbi": 1, "trainforge": f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}"},
         "runs": [],
     }
     for seed in range(args.seeds):
-        reference = reference_samples(
-            "two_moons", OBSERVATION, NUM_SAMPLES, seed=seed + OBSERVATION
-        )
         for method in args.methods:
-            ours = sbi_side(method, theta, x, seed, x_obs, reference, args)
+            ours = sbi_side(method, theta, x, seed, observed, args)
             print(f"[bench] {method} seed {seed} sbi: {json.dumps(ours)}", flush=True)
-            located = [*sims, f"workload.simulation.path={path}"]
+            located = [*sims, f"workload.simulation.path={path}", *evaluation]
             more = trainforge_overrides(method, args)
             theirs = trainforge_side(method, seed, located, env, work, more,
                                      ours["best_val_loss_per_example"])  # fmt: skip
