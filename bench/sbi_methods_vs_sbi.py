@@ -68,6 +68,7 @@ from sbi_race_command import (  # noqa: E402 - bench/ is on the path from here
     split_permutation,
     work_folder,
 )
+from startup import stop_cluster  # noqa: E402
 
 METHODS = ("npe", "nle", "nre", "fmpe", "npse")
 RECIPES = {m: f"sbi/two_moons_{m}_debug" for m in METHODS} | {"npe": "sbi/two_moons_debug"}
@@ -338,6 +339,16 @@ def main() -> None:
         "threads": {"sbi": 1, "trainforge": f"OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')}"},
         "runs": [],
     }
+    try:
+        run_all(args, report, theta, x, observed, sims, path, evaluation, env, work, started)
+    finally:  # the commands' lasting cluster, started in the bench's own home
+        stop_cluster(env)
+    print(json.dumps(report, indent=1))
+
+
+def run_all(args: argparse.Namespace, report: dict[str, Any], theta: Any, x: Any,
+            observed: Any, sims: list[str], path: str, evaluation: list[str],
+            env: dict[str, str], work: Path, started: float) -> None:  # fmt: skip
     for seed in range(args.seeds):
         for method in args.methods:
             ours = sbi_side(method, theta, x, seed, observed, args)
@@ -355,7 +366,6 @@ def main() -> None:
                                    "trainforge": theirs})  # fmt: skip
             report["total_s"] = round(time.perf_counter() - started, 1)
             args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
