@@ -86,6 +86,7 @@ def recipe(method: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT.parent / "recipes" / f"{RECIPES[method]}.yaml").read_text())
 
 
+SBI_VALIDATION_TIMES = 10  # sbi's vector-field trainers' validation_times
 SBI_DEFAULTS = {"batch_size": 200, "lr": 5e-4, "early_stopping_patience": 20}  # sbi's train()
 
 
@@ -212,9 +213,13 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, observed: Any,
 def per_example(method: str, summary: dict[str, Any], settings: dict[str, Any],
                 simulations: int) -> float:  # fmt: skip
     """sbi's best validation loss as the mean over examples that trainforge logs: sbi sums
-    each batch's losses and divides by batches × batch size, and NRE's loss of a batch is
-    already its mean (one value), so sbi's NRE number is that mean over the batch size."""
+    each batch's losses and divides by batches × batch size. NRE's loss of a batch is already
+    its mean (one value), so sbi's NRE number is that mean over the batch size; the vector
+    fields' validation repeats each row at sbi's 10 fixed times (``validation_times``), so
+    theirs is 10 times the mean over rows of the mean over times, trainforge's rule."""
     best = float(summary["best_validation_loss"][-1])
+    if method in ("fmpe", "npse"):
+        return best / SBI_VALIDATION_TIMES
     if method != "nre":
         return best
     validation = int(0.1 * simulations)  # sbi's validation_fraction, as trainforge splits
