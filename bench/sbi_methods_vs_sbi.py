@@ -20,7 +20,7 @@ For each method (npe, nle, nre, fmpe, npse) on one task (``--task``, default two
   posterior;
 - the observations are 1..``--observations`` (default 1) of ``--observations-from`` (``own``:
   this project's seeded ones, offline; ``sbibm``: sbibm's stored ones, ``--sbibm-path``); at
-  observation k both sides' samples are scored by ``trainforge.workloads.sbi.c2st`` against the
+  observation k both sides' samples are scored by ``evaluate.scored`` (C2ST) against the
   same reference samples (``Observations.reference(k, samples, seed=run.seed + k)``, C2ST seed
   ``run.seed``: the command's evaluation rule, ``evaluate.scored``), drawn with torch's and
   numpy's seeds at ``run.seed + k`` as the command draws them; the score is the mean over
@@ -129,11 +129,12 @@ def sbi_trainer(method: str, spec: dict[str, Any], prior: Any,
 
 def train_settings(method: str, args: argparse.Namespace) -> dict[str, Any]:
     """The recipe's training settings both sides use (``--sbi-defaults``: sbi's own)."""
-    train = recipe(method)["train"]
+    spec = recipe(method)
+    train = spec["train"]
     if args.sbi_defaults:
         train = train | SBI_DEFAULTS | {"batch_size_global": SBI_DEFAULTS["batch_size"]}
     else:
-        workers = recipe(method)["scaling"]["num_workers"]
+        workers = spec["scaling"]["num_workers"]
         train = train | {"batch_size_global": train["batch_size"] * workers}
     if args.max_epochs:
         train["epochs"] = args.max_epochs
@@ -146,12 +147,14 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, observed: Any,
     import sbi_baseline
     import torch
 
-    from trainforge.workloads.sbi.c2st import c2st
+    from trainforge.workloads.sbi import evaluate
+    from trainforge.workloads.sbi.config import EvaluationSection
     from trainforge.workloads.sbi.tasks import get_task
 
     spec = recipe(method)
     train = train_settings(method, args)
     device = args.device
+    evaluation = EvaluationSection(num_samples=args.samples)  # what `scored` reads of it
     torch.manual_seed(seed)
     prior = get_task(args.task).prior_distribution(device)
     trainer, extra = sbi_trainer(method, spec, prior, device)
@@ -189,8 +192,7 @@ def sbi_side(method: str, theta: Any, x: Any, seed: int, observed: Any,
         np.random.seed(seed + k)  # sbi's slice samplers draw from numpy's global RNG
         samples = posterior.sample((args.samples,), x=x_obs.to(device), show_progress_bars=False)
         scoring = time.perf_counter()
-        reference = observed.reference(k, args.samples, seed=seed + k)
-        scores.append(c2st(reference, samples.cpu()[: len(reference)], seed=seed))
+        scores.append(evaluate.scored(observed, k, samples.cpu(), evaluation, seed)[0])
         scoring_s += time.perf_counter() - scoring
     sample_s = time.perf_counter() - started - scoring_s
     summary = trainer._summary
